@@ -1,0 +1,110 @@
+"""What a request asks for (SamplingParams) and what it gets back (RequestOutput)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+MAX_LOGPROBS = 20
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # an end-of-sequence token, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens reached, or the model's context is full
+    ABORT = "abort"  # cancelled by the caller
+
+
+class SamplingError(ValueError):
+    """A sampling option outside its valid range; the message says which and why."""
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens, and when to stop. Names and ranges follow vLLM / the OpenAI API.
+
+    temperature 0 means greedy. top_k <= 0 and top_p = 1 and min_p = 0 disable those filters.
+    repetition_penalty (> 1 discourages repeats) acts on prompt and output tokens, the way
+    Hugging Face defines it; frequency_penalty and presence_penalty act on output tokens,
+    the way OpenAI defines them. A seed makes sampling reproducible per request.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-n alternatives per generated token (0: just the chosen)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        checks = [
+            (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens must be >= 1"),
+            (self.temperature >= 0, "temperature must be >= 0 (0 means greedy)"),
+            (isinstance(self.top_k, int), "top_k must be an integer (0 or -1 disables it)"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (self.repetition_penalty > 0, "repetition_penalty must be > 0 (1 disables it)"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+                f"logprobs must be between 0 and {MAX_LOGPROBS}",
+            ),
+            (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty"),
+            (
+                all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+                "stop_token_ids must be non-negative integers",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise SamplingError(f"{message}; got {self._describe()}")
+
+    def _describe(self) -> str:
+        return (
+            f"max_tokens={self.max_tokens}, temperature={self.temperature}, top_k={self.top_k}, "
+            f"top_p={self.top_p}, min_p={self.min_p}, "
+            f"repetition_penalty={self.repetition_penalty}, "
+            f"frequency_penalty={self.frequency_penalty}, "
+            f"presence_penalty={self.presence_penalty}, logprobs={self.logprobs}"
+        )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[int, str, float]]  # (id, text, logprob), best first
+
+
+@dataclass
+class CompletionOutput:
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+    stop_reason: str | int | None = None  # the stop string or token id that ended it
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool

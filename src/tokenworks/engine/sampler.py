@@ -1,0 +1,95 @@
+"""Logits -> next tokens: penalties, temperature, top-k, top-p, min-p, seeded draws, logprobs.
+
+The order matches vLLM: penalties on the raw logits, then temperature, then the truncation
+filters (top-k, top-p, min-p), then one draw from what is left. Greedy (temperature 0) takes
+the argmax after penalties. Logprobs are reported from the raw model distribution
+(log_softmax of the unpenalised logits), as vLLM and the OpenAI API do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tokenworks.engine.request import SamplingParams
+
+
+def apply_penalties(
+    logits: torch.Tensor,  # [V] float32
+    params: SamplingParams,
+    prompt_ids: torch.Tensor,  # [P] int64
+    output_ids: torch.Tensor,  # [O] int64
+) -> torch.Tensor:
+    if params.repetition_penalty != 1.0:
+        seen = torch.cat([prompt_ids, output_ids]).unique()
+        vals = logits[seen]
+        logits = logits.clone()
+        logits[seen] = torch.where(
+            vals > 0, vals / params.repetition_penalty, vals * params.repetition_penalty
+        )
+    if (params.frequency_penalty or params.presence_penalty) and output_ids.numel():
+        counts = torch.bincount(output_ids, minlength=logits.shape[0]).to(logits.dtype)
+        logits = logits - params.frequency_penalty * counts
+        logits = logits - params.presence_penalty * (counts > 0).to(logits.dtype)
+    return logits
+
+
+def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits ([V]); k <= 0 keeps all."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k).values[-1]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability sums to at least p."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, descending=True)
+    probs = sorted_logits.softmax(-1)
+    before = probs.cumsum(-1) - probs  # mass of the tokens ranked above each one
+    drop_sorted = before >= p  # the top token always survives (before = 0 < p)
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def filter_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the top token's probability."""
+    if min_p <= 0:
+        return logits
+    probs = logits.softmax(-1)
+    return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
+
+
+@dataclass
+class SampleResult:
+    token_id: int
+    logprob: float | None  # of the chosen token, in the raw distribution
+    top: list[tuple[int, float]] | None  # top-n (id, logprob), best first
+
+
+def sample_one(
+    logits: torch.Tensor,  # [V] float32, raw from the model
+    params: SamplingParams,
+    prompt_ids: torch.Tensor,
+    output_ids: torch.Tensor,
+    generator: torch.Generator | None,
+) -> SampleResult:
+    x = apply_penalties(logits, params, prompt_ids, output_ids)
+    if params.greedy:
+        token = int(torch.argmax(x))
+    else:
+        x = x / params.temperature
+        x = filter_min_p(filter_top_p(filter_top_k(x, params.top_k), params.top_p), params.min_p)
+        probs = x.softmax(-1)
+        token = int(torch.multinomial(probs, 1, generator=generator))
+    if params.logprobs is None:
+        return SampleResult(token, None, None)
+    raw = logits.log_softmax(-1)
+    top = []
+    if params.logprobs > 0:
+        vals, ids = torch.topk(raw, params.logprobs)
+        top = list(zip(ids.tolist(), vals.tolist(), strict=True))
+    return SampleResult(token, float(raw[token]), top)

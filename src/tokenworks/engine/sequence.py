@@ -1,0 +1,151 @@
+"""A request in flight: its tokens, its text so far, its random stream and its stop rules."""
+
+from __future__ import annotations
+
+import enum
+import random
+
+import torch
+
+from tokenworks.engine.request import (
+    CompletionOutput,
+    FinishReason,
+    RequestOutput,
+    SamplingParams,
+    TokenLogprob,
+)
+from tokenworks.engine.sampler import SampleResult
+from tokenworks.tokenizer import DecodeStream
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        tokenizer,
+        eos_token_ids: tuple[int, ...],
+        max_len: int,
+    ):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_ids = list(prompt_ids)
+        self.output_ids: list[int] = []
+        self.params = params
+        self.tokenizer = tokenizer
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: str | int | None = None
+        self.cache_row: int | None = None
+        self.n_cached = 0  # tokens whose K/V are in the cache
+        self.max_len = max_len  # prompt + output may not exceed this (the context)
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        self.generator = torch.Generator().manual_seed(seed)
+        self._prompt_tensor = torch.tensor(self.prompt_ids, dtype=torch.long)
+        self._stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            self._stop_ids |= set(eos_token_ids)
+        self._detok = DecodeStream(tokenizer, params.skip_special_tokens, prompt_ids)
+        self.text = ""
+        self._streamed = 0  # characters of self.text already handed to a stream
+        self._scanned = 0  # stop strings cannot start before this offset of self.text
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def output_tensor(self) -> torch.Tensor:
+        return torch.tensor(self.output_ids, dtype=torch.long)
+
+    def prompt_tensor(self) -> torch.Tensor:
+        return self._prompt_tensor
+
+    def finish(self, reason: FinishReason, stop_reason: str | int | None = None) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+
+    def append(self, result: SampleResult) -> None:
+        """Record one sampled token, update the text, and decide whether to stop."""
+        token = result.token_id
+        self.output_ids.append(token)
+        if self.logprobs is not None:
+            top = [(i, self.tokenizer.decode([i], False), lp) for i, lp in result.top or []]
+            text = self.tokenizer.decode([token], False)
+            self.logprobs.append(TokenLogprob(token, text, result.logprob, top))
+        if token in self._stop_ids:
+            self.text += self._detok.flush()
+            self.finish(FinishReason.STOP, token)
+            return
+        self.text += self._detok.step(token)
+        if self._check_stop_strings():
+            return
+        if len(self.output_ids) >= self.params.max_tokens or self.num_tokens >= self.max_len:
+            self.text += self._detok.flush()
+            self._check_stop_strings()
+            if not self.finished:
+                self.finish(FinishReason.LENGTH)
+
+    def _check_stop_strings(self) -> bool:
+        if not self.params.stop:
+            return False
+        hits = [(self.text.find(s, self._scanned), s) for s in self.params.stop]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if not hits:
+            # A match found later must end in text not yet seen, so it starts after this.
+            longest = max(len(s) for s in self.params.stop)
+            self._scanned = max(0, len(self.text) - longest + 1)
+            return False
+        i, s = min(hits)
+        keep = i + len(s) if self.params.include_stop_str_in_output else i
+        self.text = self.text[:keep]
+        self.finish(FinishReason.STOP, s)
+        return True
+
+    def take_stream_text(self) -> str:
+        """Text not yet streamed, holding back a tail that could still become a stop string."""
+        end = len(self.text)
+        if not self.finished and self.params.stop:
+            for s in self.params.stop:
+                for k in range(min(len(s) - 1, end), 0, -1):
+                    if self.text.endswith(s[:k]):
+                        end = min(end, len(self.text) - k)
+                        break
+        end = max(end, self._streamed)
+        piece = self.text[self._streamed : end]
+        self._streamed = end
+        return piece
+
+    def to_output(self) -> RequestOutput:
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_ids,
+            outputs=[
+                CompletionOutput(
+                    text=self.text,
+                    token_ids=list(self.output_ids),
+                    finish_reason=self.finish_reason,
+                    stop_reason=self.stop_reason,
+                    logprobs=self.logprobs,
+                )
+            ],
+            finished=self.finished,
+        )

@@ -1,0 +1,80 @@
+"""The offline API: LLM(...).generate(prompts, params) and .chat(messages, params)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from tqdm import tqdm
+
+from tokenworks.config import EngineConfig
+from tokenworks.engine.engine import LLMEngine
+from tokenworks.engine.request import RequestOutput, SamplingParams
+
+
+class LLM:
+    """Load a model once, then generate for many prompts in continuous batches.
+
+    >>> llm = LLM("smollm2-135m", dtype="float32")
+    >>> llm.generate(["Once upon a time"], SamplingParams(max_tokens=16, temperature=0))
+    """
+
+    def __init__(self, model: str = "smollm2-135m", dtype: str = "auto", device: str = "cpu", **kw):
+        self.config = EngineConfig(model=model, dtype=dtype, device=device, **kw)
+        self.engine = LLMEngine(self.config)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | list[str] | list[list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params_list)} SamplingParams")
+        seqs = []
+        for p, sp in zip(prompts, params_list, strict=True):
+            if isinstance(p, str):
+                seqs.append(self.engine.add_request(prompt=p, params=sp))
+            else:
+                seqs.append(self.engine.add_request(prompt_token_ids=list(p), params=sp))
+        with tqdm(total=len(seqs), desc="generate", disable=not use_tqdm or len(seqs) < 2) as bar:
+            done = 0
+            while self.engine.has_unfinished():
+                self.engine.step()
+                now = sum(s.finished for s in seqs)
+                bar.update(now - done)
+                done = now
+        return [s.to_output() for s in seqs]
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """One conversation (a list of {'role', 'content'}) or a list of them."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.render_chat(c) for c in conversations]
+        return self.generate(prompts, params, use_tqdm)
+
+    def render_chat(self, messages: list[dict]) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+    def stream(self, prompt: str, params: SamplingParams | None = None) -> Iterator[str]:
+        """Yield text pieces of one completion as they are generated."""
+        seq = self.engine.add_request(prompt=prompt, params=params)
+        try:
+            while not seq.finished:
+                self.engine.step()
+                piece = seq.take_stream_text()
+                if piece:
+                    yield piece
+            piece = seq.take_stream_text()
+            if piece:
+                yield piece
+        finally:
+            if not seq.finished:
+                self.engine.abort_request(seq.request_id)

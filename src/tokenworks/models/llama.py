@@ -1,0 +1,110 @@
+"""The Llama family as plain torch modules: Llama 2/3, SmolLM2, Mistral, Qwen2 (QKV bias).
+
+One decoder layer: x + attn(rmsnorm(x)), then x + mlp(rmsnorm(x)), where attn uses RoPE
+and grouped-query attention and mlp is SwiGLU. Q, K and V are one fused matmul, and so are
+the gate and up projections: at batch 1 each matmul is a pass over its weights plus a
+fixed per-op cost, so fewer, larger matmuls are faster.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenworks.models.spec import ModelSpec
+from tokenworks.ops.attention import AttentionMetadata, KVCache, attention
+from tokenworks.ops.rope import apply_rope, cos_sin_table
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, layer: int):
+        super().__init__()
+        self.spec, self.layer = spec, layer
+        h = spec.hidden_size
+        self.input_norm = nn.Parameter(torch.ones(h), requires_grad=False)
+        self.post_norm = nn.Parameter(torch.ones(h), requires_grad=False)
+        self.qkv = nn.Linear(h, spec.q_size + 2 * spec.kv_size, bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(spec.q_size, h, bias=False)
+        self.gate_up = nn.Linear(h, 2 * spec.intermediate_size, bias=False)
+        self.down = nn.Linear(spec.intermediate_size, h, bias=False)
+        self.scale = spec.head_dim**-0.5
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,  # [T, 1, D]
+        sin: torch.Tensor,
+        meta: AttentionMetadata,
+        cache: KVCache | None,
+    ) -> torch.Tensor:
+        s = self.spec
+        t = x.shape[0]
+        h = F.rms_norm(x, (s.hidden_size,), self.input_norm, s.norm_eps)
+        qkv = self.qkv(h)  # [T, q + 2kv]
+        qk = qkv[:, : s.q_size + s.kv_size].view(t, s.n_heads + s.n_kv_heads, s.head_dim)
+        qk = apply_rope(qk, cos, sin)
+        q, k = qk[:, : s.n_heads], qk[:, s.n_heads :]
+        v = qkv[:, s.q_size + s.kv_size :].view(t, s.n_kv_heads, s.head_dim)
+        a = attention(q, k, v, meta, cache, self.layer, self.scale, s.sliding_window)
+        x = x + self.o_proj(a)
+        h = F.rms_norm(x, (s.hidden_size,), self.post_norm, s.norm_eps)
+        gate, up = self.gate_up(h).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(LlamaLayer(spec, i) for i in range(spec.n_layers))
+        self.norm = nn.Parameter(torch.ones(spec.hidden_size), requires_grad=False)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        cos, sin = cos_sin_table(spec, spec.max_position)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def load_weights(self, w: dict[str, torch.Tensor]) -> None:
+        """Copy Hugging Face-named float32 weights in, fusing QKV and gate/up."""
+        with torch.no_grad():
+            self.embed.weight.copy_(w["model.embed_tokens.weight"])
+            self.norm.copy_(w["model.norm.weight"])
+            for i, layer in enumerate(self.layers):
+                p = f"model.layers.{i}."
+                layer.input_norm.copy_(w[p + "input_layernorm.weight"])
+                layer.post_norm.copy_(w[p + "post_attention_layernorm.weight"])
+                layer.qkv.weight.copy_(
+                    torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0)
+                )
+                if self.spec.qkv_bias:
+                    layer.qkv.bias.copy_(
+                        torch.cat([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"], dim=0)
+                    )
+                layer.o_proj.weight.copy_(w[p + "self_attn.o_proj.weight"])
+                layer.gate_up.weight.copy_(
+                    torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], dim=0)
+                )
+                layer.down.weight.copy_(w[p + "mlp.down_proj.weight"])
+            if self.spec.tie_embeddings:
+                self.lm_head.weight = self.embed.weight
+            else:
+                self.lm_head.weight.copy_(w["lm_head.weight"])
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        meta: AttentionMetadata,
+        cache: KVCache | None = None,
+        logits_rows: torch.Tensor | None = None,  # which of the T rows need logits; None: all
+    ) -> torch.Tensor:  # [N, vocab] float32
+        x = self.embed(input_ids)
+        cos = self.cos[positions].to(x.dtype).unsqueeze(1)  # [T, 1, D]
+        sin = self.sin[positions].to(x.dtype).unsqueeze(1)
+        for layer in self.layers:
+            x = layer(x, cos, sin, meta, cache)
+        if logits_rows is not None:
+            x = x[logits_rows]
+        x = F.rms_norm(x, (self.spec.hidden_size,), self.norm, self.spec.norm_eps)
+        return self.lm_head(x).float()

@@ -1,0 +1,313 @@
+"""Model sources -> (ModelSpec, float32 weights under Hugging Face names, tokenizer source).
+
+Four sources, tried in this order for a model argument:
+  1. a catalogue name (`smollm2-135m`): fetched into the cache, sha256-checked;
+  2. a path to a `.gguf` file: read with the `gguf` package, dequantised to float32;
+  3. a path to a Hugging Face-format directory: config.json, *.safetensors, tokenizer.json;
+  4. a hub id (`org/name`): fetched with `huggingface_hub` into its cache, then as 3.
+
+Weights come out under Hugging Face's names, so every architecture file reads one naming.
+No pickle is ever loaded: GGUF and safetensors only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tokenworks.models import catalogue
+from tokenworks.models.spec import ModelSpec, RopeScaling
+
+
+class ModelLoadError(ValueError):
+    """A model file or directory that cannot be used, with what to do about it."""
+
+
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    weights: dict[str, torch.Tensor]  # float32, Hugging Face names
+    tokenizer_source: dict  # {"kind": "gguf", "fields": {...}} or {"kind": "json", "path": ...}
+    chat_template: str | None
+    model_id: str  # what the user asked for
+    file_sha256: str | None  # of the weights file, where there is one file
+    file_path: str
+
+
+def load(model: str) -> LoadedModel:
+    """Resolve a model argument to weights and a spec (see the module docstring)."""
+    if model in catalogue.CATALOGUE:
+        entry = catalogue.lookup(model)
+        path = catalogue.pull(model)
+        loaded = load_gguf(path, model_id=model)
+        loaded.file_sha256 = entry.sha256
+        return loaded
+    path = Path(model).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"{path} is a file but not a .gguf; pass a .gguf or a directory")
+        return load_gguf(path, model_id=model)
+    if path.is_dir():
+        return load_hf_dir(path, model_id=model)
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", model) and not model.startswith((".", "/")):
+        return load_hf_dir(_fetch_from_hub(model), model_id=model)
+    catalogue.lookup(model)  # raises ModelNotFoundError naming the choices
+    raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------- GGUF
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row interleaving so rotate-half RoPE applies (see MODELS.md)."""
+    rows, dim = w.shape
+    return w.reshape(n_head, rows // n_head // 2, 2, dim).swapaxes(1, 2).reshape(rows, dim)
+
+
+_GGUF_LLAMA_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_GGUF_LLAMA_BLOCK = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
+    import gguf
+
+    path = Path(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # the gguf package raises ValueError/IndexError/struct errors
+        raise ModelLoadError(
+            f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); it may be truncated "
+            "or corrupt: download it again"
+        ) from e
+    arch = _field(reader, "general.architecture")
+    if arch not in ("llama", "qwen2", "mistral"):
+        raise ModelLoadError(
+            f"{path}: GGUF architecture {arch!r} is not supported yet; supported: llama, qwen2, "
+            "mistral (GPT-2 loads from a Hugging Face directory)"
+        )
+    n_heads = int(_field(reader, f"{arch}.attention.head_count"))
+    n_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_heads))
+    hidden = int(_field(reader, f"{arch}.embedding_length"))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = int(_field(reader, f"{arch}.vocab_size", len(tokens.data) if tokens else 0))
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    eot = _field(reader, "tokenizer.ggml.eot_token_id")
+    eos_ids = tuple(sorted({int(x) for x in (eos, eot) if x is not None}))
+
+    weights: dict[str, torch.Tensor] = {}
+    rope_freqs = None
+    for t in reader.tensors:
+        expected = int(np.prod(t.shape)) * gguf.GGML_QUANT_SIZES[t.tensor_type][1] // (
+            gguf.GGML_QUANT_SIZES[t.tensor_type][0]
+        )
+        if t.data.nbytes != expected:
+            raise ModelLoadError(f"{path}: tensor {t.name} is truncated; download the file again")
+        arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        arr = arr.reshape([int(d) for d in reversed(t.shape)])
+        if t.name == "rope_freqs.weight":
+            rope_freqs = arr
+            continue
+        if t.name.endswith(("attn_q.weight", "attn_q.bias")) and arch == "llama":
+            arr = _unpermute(arr if arr.ndim == 2 else arr[:, None], n_heads).reshape(arr.shape)
+        elif t.name.endswith(("attn_k.weight", "attn_k.bias")) and arch == "llama":
+            arr = _unpermute(arr if arr.ndim == 2 else arr[:, None], n_kv).reshape(arr.shape)
+        name = _GGUF_LLAMA_NAMES.get(t.name)
+        if name is None:
+            m = re.fullmatch(r"blk\.(\d+)\.(.+)", t.name)
+            if not m or m.group(2) not in _GGUF_LLAMA_BLOCK:
+                raise ModelLoadError(f"{path}: unexpected tensor {t.name} for {arch}")
+            name = f"model.layers.{m.group(1)}.{_GGUF_LLAMA_BLOCK[m.group(2)]}"
+        weights[name] = torch.from_numpy(np.array(arr, dtype=np.float32))  # owned, writable
+
+    spec = ModelSpec(
+        arch="llama",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        n_layers=int(_field(reader, f"{arch}.block_count")),
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=int(_field(reader, f"{arch}.rope.dimension_count", hidden // n_heads)),
+        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
+        max_position=int(_field(reader, f"{arch}.context_length")),
+        norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        tie_embeddings="lm_head.weight" not in weights,
+        qkv_bias="model.layers.0.self_attn.q_proj.bias" in weights,
+        sliding_window=_field(reader, f"{arch}.attention.sliding_window"),
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=eos_ids,
+        name=str(_field(reader, "general.name", path.stem)),
+        source=f"gguf:{path.name}",
+        extra={"rope_freqs": rope_freqs} if rope_freqs is not None else {},
+    )
+    fields = {
+        k: _field(reader, k)
+        for k in reader.fields
+        if k.startswith("tokenizer.ggml.") and k != "tokenizer.ggml.scores"
+    }
+    return LoadedModel(
+        spec=spec,
+        weights=weights,
+        tokenizer_source={"kind": "gguf", "fields": fields},
+        chat_template=_field(reader, "tokenizer.chat_template"),
+        model_id=model_id or str(path),
+        file_sha256=None,
+        file_path=str(path),
+    )
+
+
+# --------------------------------------------------------------------------- HF directory
+
+
+def spec_from_hf_config(cfg: dict, source: str = "") -> ModelSpec:
+    """Read a transformers config.json into a ModelSpec."""
+    mtype = cfg.get("model_type")
+    eos = cfg.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+    if mtype == "gpt2":
+        return ModelSpec(
+            arch="gpt2",
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["n_embd"],
+            n_layers=cfg["n_layer"],
+            n_heads=cfg["n_head"],
+            n_kv_heads=cfg["n_head"],
+            head_dim=cfg["n_embd"] // cfg["n_head"],
+            intermediate_size=cfg.get("n_inner") or 4 * cfg["n_embd"],
+            max_position=cfg["n_positions"],
+            norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
+            tie_embeddings=True,
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            name=cfg.get("_name_or_path", "gpt2"),
+            source=source,
+        )
+    if mtype not in ("llama", "mistral", "qwen2"):
+        raise ModelLoadError(
+            f"model_type {mtype!r} is not supported yet; supported: llama, mistral, qwen2, gpt2"
+        )
+    n_heads = cfg["num_attention_heads"]
+    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    rope_theta = cfg.get("rope_theta", rs.get("rope_theta", 10000.0))
+    scaling = None
+    if rs.get("rope_type", rs.get("type")) == "llama3":
+        scaling = RopeScaling(
+            factor=rs["factor"],
+            low_freq_factor=rs["low_freq_factor"],
+            high_freq_factor=rs["high_freq_factor"],
+            original_max_position=rs["original_max_position_embeddings"],
+        )
+    elif rs.get("rope_type", rs.get("type")) not in (None, "default"):
+        raise ModelLoadError(f"rope scaling {rs!r} is not supported yet")
+    window = cfg.get("sliding_window") if mtype == "mistral" or cfg.get("use_sliding_window") else None
+    return ModelSpec(
+        arch="llama",
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        n_layers=cfg["num_hidden_layers"],
+        n_heads=n_heads,
+        n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
+        intermediate_size=cfg["intermediate_size"],
+        max_position=cfg.get("max_position_embeddings", 2048),
+        norm_eps=cfg.get("rms_norm_eps", 1e-6),
+        rope_theta=float(rope_theta),
+        rope_scaling=scaling,
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=mtype == "qwen2" or bool(cfg.get("attention_bias", False)),
+        sliding_window=window,
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=eos_ids,
+        name=cfg.get("_name_or_path", mtype),
+        source=source,
+    )
+
+
+def load_hf_dir(path: Path, model_id: str | None = None) -> LoadedModel:
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    cfg_path = path / "config.json"
+    if not cfg_path.exists():
+        raise ModelLoadError(f"{path} has no config.json; is it a Hugging Face model directory?")
+    cfg = json.loads(cfg_path.read_text())
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(
+            f"{path} has no *.safetensors files (pickled .bin weights are not loaded, for "
+            "safety); convert them with `save_pretrained(..., safe_serialization=True)`"
+        )
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update({k: v.float() for k, v in load_file(f).items()})
+    spec = spec_from_hf_config(cfg, source=f"hf:{path.name}")
+    tok_json = path / "tokenizer.json"
+    chat_template = None
+    tc_path = path / "tokenizer_config.json"
+    if tc_path.exists():
+        chat_template = json.loads(tc_path.read_text()).get("chat_template")
+    if (path / "chat_template.jinja").exists():
+        chat_template = (path / "chat_template.jinja").read_text()
+    return LoadedModel(
+        spec=spec,
+        weights=weights,
+        tokenizer_source={"kind": "json", "path": str(tok_json)} if tok_json.exists() else {},
+        chat_template=chat_template,
+        model_id=model_id or str(path),
+        file_sha256=None,
+        file_path=str(path),
+    )
+
+
+def _fetch_from_hub(repo_id: str) -> Path:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise ModelLoadError(
+            f"{repo_id!r} looks like a hub id, but huggingface_hub is not installed: "
+            "`pip install 'tokenworks[hub]'`, or download the files yourself and pass the "
+            "directory (config.json, *.safetensors, tokenizer.json)"
+        ) from None
+    try:
+        return Path(
+            snapshot_download(
+                repo_id,
+                allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"],
+            )
+        )
+    except Exception as e:
+        raise ModelLoadError(
+            f"could not fetch {repo_id!r} from the hub ({type(e).__name__}: {e}). Without "
+            "network access, download config.json, *.safetensors and tokenizer.json on another "
+            f"machine and pass their directory, or use a catalogue model: "
+            f"{', '.join(catalogue.CATALOGUE)}"
+        ) from e
