@@ -31,7 +31,9 @@ class LLM:
     ) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        params_list = (
+            params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        )
         if len(params_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} SamplingParams")
         seqs = []

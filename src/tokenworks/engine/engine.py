@@ -41,7 +41,9 @@ class LLMEngine:
         self.spec = loaded.spec
         self.tokenizer = TokenizerWrapper.from_loaded(loaded)
         self.model = build_model(self.spec, loaded.weights, config.torch_dtype, config.device)
-        self.max_model_len = min(config.max_model_len or self.spec.max_position, self.spec.max_position)
+        self.max_model_len = min(
+            config.max_model_len or self.spec.max_position, self.spec.max_position
+        )
         self.cache = KVCache(
             self.spec.n_layers,
             config.max_num_seqs,
@@ -75,7 +77,9 @@ class LLMEngine:
             raise ValueError("the prompt is empty: give at least one token")
         bad = [t for t in prompt_token_ids if not 0 <= t < self.spec.vocab_size]
         if bad:
-            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.spec.vocab_size})")
+            raise ValueError(
+                f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.spec.vocab_size})"
+            )
         if len(prompt_token_ids) >= self.max_model_len:
             raise PromptTooLongError(
                 f"the prompt has {len(prompt_token_ids)} tokens, but the context holds "

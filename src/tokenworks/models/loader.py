@@ -1,6 +1,6 @@
 """Model sources -> (ModelSpec, float32 weights under Hugging Face names, tokenizer source).
 
-Four sources, tried in this order for a model argument:
+Four sources, tried in this order for a model argument (after the builtin "toy"):
   1. a catalogue name (`smollm2-135m`): fetched into the cache, sha256-checked;
   2. a path to a `.gguf` file: read with the `gguf` package, dequantised to float32;
   3. a path to a Hugging Face-format directory: config.json, *.safetensors, tokenizer.json;
@@ -41,6 +41,10 @@ class LoadedModel:
 
 def load(model: str) -> LoadedModel:
     """Resolve a model argument to weights and a spec (see the module docstring)."""
+    if model == "toy":
+        from tokenworks.models.toy import load_toy
+
+        return load_toy()
     if model in catalogue.CATALOGUE:
         entry = catalogue.lookup(model)
         path = catalogue.pull(model)
@@ -126,8 +130,10 @@ def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
     weights: dict[str, torch.Tensor] = {}
     rope_freqs = None
     for t in reader.tensors:
-        expected = int(np.prod(t.shape)) * gguf.GGML_QUANT_SIZES[t.tensor_type][1] // (
-            gguf.GGML_QUANT_SIZES[t.tensor_type][0]
+        expected = (
+            int(np.prod(t.shape))
+            * gguf.GGML_QUANT_SIZES[t.tensor_type][1]
+            // (gguf.GGML_QUANT_SIZES[t.tensor_type][0])
         )
         if t.data.nbytes != expected:
             raise ModelLoadError(f"{path}: tensor {t.name} is truncated; download the file again")
@@ -228,7 +234,9 @@ def spec_from_hf_config(cfg: dict, source: str = "") -> ModelSpec:
         )
     elif rs.get("rope_type", rs.get("type")) not in (None, "default"):
         raise ModelLoadError(f"rope scaling {rs!r} is not supported yet")
-    window = cfg.get("sliding_window") if mtype == "mistral" or cfg.get("use_sliding_window") else None
+    window = (
+        cfg.get("sliding_window") if mtype == "mistral" or cfg.get("use_sliding_window") else None
+    )
     return ModelSpec(
         arch="llama",
         vocab_size=cfg["vocab_size"],

@@ -101,7 +101,9 @@ def attention(
         start += n
         if cache is not None:
             if ctx + n > cache.max_len:
-                raise ValueError(f"sequence of {ctx + n} tokens exceeds cache rows of {cache.max_len}")
+                raise ValueError(
+                    f"sequence of {ctx + n} tokens exceeds cache rows of {cache.max_len}"
+                )
             kc, vc = cache.k[layer][row], cache.v[layer][row]  # [KVH, max_len, D]
             kc[:, ctx : ctx + n] = ki.transpose(0, 1)
             vc[:, ctx : ctx + n] = vi.transpose(0, 1)

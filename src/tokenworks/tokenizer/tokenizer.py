@@ -36,9 +36,7 @@ def _pre_tokenizer(pre: str):
     if pre in ("default", "gpt2", "gpt-2", None):
         return bytelevel
     if pre in _DIGITS_THEN_BYTELEVEL:
-        return pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), bytelevel]
-        )
+        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), bytelevel])
     pattern = {"llama-bpe": _LLAMA3_PATTERN, "llama3": _LLAMA3_PATTERN, "qwen2": _QWEN2_PATTERN}
     if pre in pattern:
         return pre_tokenizers.Sequence(
@@ -63,9 +61,7 @@ def tokenizer_from_gguf_fields(fields: dict) -> Tokenizer:
     tokens: list[str] = fields["tokenizer.ggml.tokens"]
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
-    tok = Tokenizer(
-        models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
-    )
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
     tok.pre_tokenizer = _pre_tokenizer(fields.get("tokenizer.ggml.pre"))
     tok.decoder = decoders.ByteLevel()
     types = fields.get("tokenizer.ggml.token_type") or []
@@ -105,6 +101,8 @@ class TokenizerWrapper:
             f = src["fields"]
             tk = tokenizer_from_gguf_fields(f)
             add_bos = bool(f.get("tokenizer.ggml.add_bos_token", False))
+        elif src.get("kind") == "object":
+            tk, add_bos = src["tokenizer"], False
         elif src.get("kind") == "json":
             tk = Tokenizer.from_file(src["path"])
             add_bos = False  # tokenizer.json's post-processor adds BOS where the model wants it

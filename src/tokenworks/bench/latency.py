@@ -1,0 +1,145 @@
+"""`tokenworks bench latency`: single-stream prefill and decode speed, with peers, one record.
+
+Prefill: tokens per second of one forward pass over a P-token prompt (the first token's
+compute). Decode: tokens per second of N single-token steps after a short prompt, EOS
+ignored. Peers run the same token ids in their own virtual environments, in the same run,
+and the record keeps every repeat so ratios can be recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from tokenworks.bench.record import make_record, write_record
+from tokenworks.bench.workload import latency_prompt
+
+PEER_SCRIPTS = {
+    "llama.cpp": "llamacpp_latency.py",
+    "transformers": "transformers_latency.py",
+    "vllm": "vllm_latency.py",
+}
+SHORT_PROMPT_TOKENS = 16
+
+
+def measure_tokenworks(llm, prompt: list[int], short: list[int], n_decode: int, repeats: int):
+    from tokenworks import SamplingParams
+
+    engine = llm.engine
+    prefill, decode = [], []
+    for i in tqdm(range(repeats + 1), desc="tokenworks"):  # round 0 warms up, dropped
+        seq = engine.add_request(
+            prompt_token_ids=prompt, params=SamplingParams(max_tokens=1, temperature=0)
+        )
+        t = time.perf_counter()
+        engine.step()
+        dt = time.perf_counter() - t
+        assert seq.finished
+        params = SamplingParams(max_tokens=n_decode + 1, temperature=0, ignore_eos=True)
+        seq = engine.add_request(prompt_token_ids=short, params=params)
+        engine.step()  # prefill + first token
+        t = time.perf_counter()
+        while not seq.finished:
+            engine.step()
+        dd = time.perf_counter() - t
+        if i:
+            prefill.append(len(prompt) / dt)
+            decode.append(n_decode / dd)
+    return {"prefill_tok_s": prefill, "decode_tok_s": decode}
+
+
+def run_peer(name: str, python: str, args: dict) -> dict:
+    script = Path(__file__).parent / "peers" / PEER_SCRIPTS[name]
+    env = dict(os.environ)
+    if name == "vllm":
+        venv = Path(python).parent.parent
+        env.update(
+            VLLM_CPU_KVCACHE_SPACE="2",
+            VLLM_CPU_OMP_THREADS_BIND=f"0-{args['threads'] - 1}",
+            LD_PRELOAD=str(venv / "lib" / "libiomp5.so"),
+        )
+    t = time.perf_counter()
+    proc = subprocess.run(
+        [python, str(script), json.dumps(args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
+    if proc.returncode != 0:
+        return {"status": "FAILED", "stderr_tail": proc.stderr[-3000:]}
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"status": "OK", "python": python, "wall_s": time.perf_counter() - t, **result}
+
+
+def summarise(results: dict) -> dict:
+    return {k: statistics.median(v) for k, v in results.items() if k.endswith("_tok_s") and v}
+
+
+def run_latency(args) -> Path:
+    from tokenworks import LLM
+
+    peers = dict(p.split("=", 1) for p in args.peer)
+    unknown = set(peers) - set(PEER_SCRIPTS)
+    if unknown:
+        raise ValueError(f"unknown peer(s) {sorted(unknown)}; known: {sorted(PEER_SCRIPTS)}")
+    threads = args.threads or 2
+    llm = LLM(args.model, dtype=args.dtype, device=args.device, threads=threads)
+    prompt = latency_prompt(args.prompt_tokens, llm.engine.spec.vocab_size)
+    short = prompt[:SHORT_PROMPT_TOKENS]
+    ours = measure_tokenworks(llm, prompt, short, args.decode_tokens, args.repeats)
+    summary = {"tokenworks": summarise(ours)}
+    peer_results = {}
+    peer_args = {
+        "gguf": llm.engine.loaded.file_path,
+        "hf_dir": os.environ.get("TOKENWORKS_PEER_HF_DIR", ""),
+        "prompt": prompt,
+        "short": short,
+        "decode_tokens": args.decode_tokens,
+        "repeats": args.repeats,
+        "threads": threads,
+    }
+    for name, python in peers.items():
+        print(f"measuring peer {name} with {python}")
+        peer_results[name] = run_peer(name, python, peer_args)
+        if peer_results[name]["status"] == "OK":
+            summary[name] = summarise(peer_results[name])
+    ratios = {}
+    for name, s in summary.items():
+        if name != "tokenworks":
+            ratios[name] = {k: summary["tokenworks"][k] / v for k, v in s.items() if v}
+    loaded = llm.engine.loaded
+    record = make_record(
+        kind="latency",
+        engine=llm.config.to_dict(),
+        model={
+            "id": loaded.model_id,
+            "file": loaded.file_path,
+            "sha256": loaded.file_sha256,
+            "dtype": llm.config.resolved_dtype,
+            "spec": loaded.spec.name,
+        },
+        workload={
+            "prompt_tokens": args.prompt_tokens,
+            "short_prompt_tokens": SHORT_PROMPT_TOKENS,
+            "decode_tokens": args.decode_tokens,
+            "repeats": args.repeats,
+            "threads": threads,
+            "prompt_ids": prompt,
+            "eos": "ignored",
+            "sampling": "greedy",
+        },
+        results={"tokenworks": ours, "summary_median": summary, "ratio_tokenworks_to_peer": ratios},
+        seeds=[0],
+        peers=peer_results,
+    )
+    path = write_record(record, args.out)
+    print(json.dumps({"summary_median": summary, "ratios": ratios}, indent=2))
+    print(f"record: {path}")
+    return path

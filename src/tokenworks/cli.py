@@ -1,0 +1,184 @@
+"""tokenworks generate | chat | pull | models | bench latency"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tokenworks.models.catalogue import DEFAULT_MODEL
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", "-m", default=DEFAULT_MODEL, help="catalogue name, .gguf, dir or hub id"
+    )
+    p.add_argument(
+        "--dtype", default="auto", help="auto (fast for the device), float32, bfloat16, float16"
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+
+
+def _params(args):
+    from tokenworks import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=args.stop,
+    )
+
+
+def _llm(args):
+    from tokenworks import LLM
+
+    return LLM(args.model, dtype=args.dtype, device=args.device, threads=args.threads)
+
+
+def cmd_generate(args) -> int:
+    params = _params(args)  # validate before the model loads
+    llm = _llm(args)
+    prompt = args.prompt
+    if args.chat_template:
+        prompt = llm.render_chat([{"role": "user", "content": prompt}])
+    for piece in llm.stream(prompt, params):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_chat(args) -> int:
+    params = _params(args)
+    llm = _llm(args)
+    messages: list[dict] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    print("chat with the model; an empty line or Ctrl-D ends it, /reset forgets the conversation")
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            return 0
+        if not line.strip():
+            return 0
+        if line.strip() == "/reset":
+            messages = messages[:1] if args.system else []
+            continue
+        messages.append({"role": "user", "content": line})
+        reply = []
+        for piece in llm.stream(llm.render_chat(messages), params):
+            reply.append(piece)
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        print()
+        messages.append({"role": "assistant", "content": "".join(reply)})
+
+
+def cmd_pull(args) -> int:
+    from tokenworks.models import catalogue
+
+    path = catalogue.pull(args.name, force=args.force)
+    print(path)
+    return 0
+
+
+def cmd_models(args) -> int:
+    from tokenworks.models import catalogue
+
+    print(f"cache: {catalogue.home()}")
+    for e in catalogue.CATALOGUE.values():
+        cached = catalogue.cached_path(e).exists()
+        mark = "cached" if cached else "not cached"
+        default = " (default)" if e.name == DEFAULT_MODEL else ""
+        print(
+            f"{e.name}{default}\t{mark}\t{e.size_bytes / 1e6:.0f} MB\t{e.licence}\t{e.description}"
+        )
+    return 0
+
+
+def cmd_bench_latency(args) -> int:
+    from tokenworks.bench.latency import run_latency
+
+    run_latency(args)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tokenworks", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("generate", help="complete a prompt, streaming to stdout")
+    p.add_argument("prompt")
+    p.add_argument("--chat-template", action="store_true", help="wrap the prompt as a user turn")
+    _engine_args(p)
+    _sampling_args(p)
+    p.set_defaults(fn=cmd_generate)
+
+    p = sub.add_parser("chat", help="an interactive conversation using the model's chat template")
+    p.add_argument("--system", default=None, help="a system message")
+    _engine_args(p)
+    _sampling_args(p)
+    p.set_defaults(fn=cmd_chat)
+
+    p = sub.add_parser("pull", help="fetch a catalogue model into the cache")
+    p.add_argument("name", nargs="?", default=DEFAULT_MODEL)
+    p.add_argument("--force", action="store_true", help="fetch again even if cached")
+    p.set_defaults(fn=cmd_pull)
+
+    p = sub.add_parser("models", help="list the catalogue and what is cached")
+    p.set_defaults(fn=cmd_models)
+
+    bench = sub.add_parser("bench", help="measurements that write evidence records")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+    p = bsub.add_parser("latency", help="single-stream prefill and decode speed")
+    _engine_args(p)
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default="benchmarks/results", help="directory for the record")
+    p.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="NAME=PYTHON",
+        help="also measure a peer in the same run: llama.cpp=/path/to/venv/bin/python, "
+        "transformers=..., vllm=... (repeatable)",
+    )
+    p.set_defaults(fn=cmd_bench_latency)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from tokenworks.models.catalogue import ChecksumError, ModelNotFoundError
+    from tokenworks.models.loader import ModelLoadError
+
+    try:
+        return args.fn(args)
+    except (ValueError, ModelNotFoundError, ModelLoadError, ChecksumError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

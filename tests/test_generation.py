@@ -1,0 +1,99 @@
+"""The engine loop on the toy model: stopping, finish reasons, logprobs, streaming, batching."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenworks import FinishReason, SamplingParams
+from tokenworks.engine.engine import PromptTooLongError
+
+
+def gen(llm, prompt="hello", **kw):
+    return llm.generate([prompt], SamplingParams(**kw), use_tqdm=False)[0].outputs[0]
+
+
+def test_max_tokens_ends_with_length(toy_llm):
+    out = gen(toy_llm, max_tokens=7, temperature=0, ignore_eos=True)
+    assert len(out.token_ids) == 7 and out.finish_reason is FinishReason.LENGTH
+
+
+def test_a_stop_token_id_ends_with_stop(toy_llm):
+    free = gen(toy_llm, max_tokens=12, temperature=0, ignore_eos=True)
+    target = free.token_ids[5]
+    out = gen(toy_llm, max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=[target])
+    first = free.token_ids.index(target)
+    assert out.token_ids == free.token_ids[: first + 1]
+    assert out.finish_reason is FinishReason.STOP and out.stop_reason == target
+
+
+def test_a_stop_string_is_cut_from_the_text(toy_llm):
+    free = gen(toy_llm, "the quick brown fox", max_tokens=40, temperature=0, ignore_eos=True)
+    text = free.text
+    stop = next(text[i : i + 2] for i in range(10, len(text) - 2) if text[i : i + 2].isprintable())
+    out = gen(
+        toy_llm, "the quick brown fox", max_tokens=40, temperature=0, ignore_eos=True, stop=[stop]
+    )
+    assert out.text == text[: text.index(stop)]
+    assert out.finish_reason is FinishReason.STOP and out.stop_reason == stop
+    kept = gen(
+        toy_llm,
+        "the quick brown fox",
+        max_tokens=40,
+        temperature=0,
+        ignore_eos=True,
+        stop=[stop],
+        include_stop_str_in_output=True,
+    )
+    assert kept.text == text[: text.index(stop) + len(stop)]
+
+
+def test_the_same_seed_gives_the_same_text(toy_llm):
+    a = gen(toy_llm, max_tokens=20, temperature=1.0, seed=11, ignore_eos=True)
+    b = gen(toy_llm, max_tokens=20, temperature=1.0, seed=11, ignore_eos=True)
+    c = gen(toy_llm, max_tokens=20, temperature=1.0, seed=12, ignore_eos=True)
+    assert a.token_ids == b.token_ids and a.text == b.text
+    assert a.token_ids != c.token_ids
+
+
+def test_logprobs_come_with_each_token(toy_llm):
+    out = gen(toy_llm, max_tokens=5, temperature=0, logprobs=3, ignore_eos=True)
+    assert len(out.logprobs) == 5
+    for tok, lp in zip(out.token_ids, out.logprobs, strict=True):
+        assert lp.token_id == tok and len(lp.top) == 3
+        assert lp.top[0][0] == tok  # greedy picks the most likely token
+        assert lp.logprob == pytest.approx(lp.top[0][2])
+
+
+def test_streamed_pieces_add_up_to_the_final_text(toy_llm):
+    params = SamplingParams(max_tokens=30, temperature=0.9, seed=4, ignore_eos=True, stop=["zz"])
+    streamed = "".join(toy_llm.stream("stream me", params))
+    final = toy_llm.generate(["stream me"], params, use_tqdm=False)[0].outputs[0].text
+    assert streamed == final
+
+
+def test_more_requests_than_slots_all_finish_and_match_one_by_one(toy_llm):
+    prompts = [f"prompt number {i}" for i in range(7)]  # 7 requests, 4 cache rows
+    params = SamplingParams(max_tokens=9, temperature=0, ignore_eos=True)
+    batch = [o.outputs[0].token_ids for o in toy_llm.generate(prompts, params)]
+    single = [
+        gen(toy_llm, p, max_tokens=9, temperature=0, ignore_eos=True).token_ids for p in prompts
+    ]
+    assert batch == single
+
+
+def test_a_prompt_longer_than_the_context_is_refused(toy_llm):
+    with pytest.raises(PromptTooLongError, match="shorten the prompt"):
+        toy_llm.generate(["x" * 600], SamplingParams(max_tokens=4))
+
+
+def test_generation_stops_at_the_context_end(toy_llm):
+    out = toy_llm.generate(
+        [[5] * 500], SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
+    )
+    assert len(out[0].outputs[0].token_ids) == 12  # 512-token context
+    assert out[0].outputs[0].finish_reason is FinishReason.LENGTH
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(toy_llm):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        toy_llm.generate([[1, 2, 100000]])
