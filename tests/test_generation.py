@@ -97,3 +97,36 @@ def test_generation_stops_at_the_context_end(toy_llm):
 def test_token_ids_outside_the_vocabulary_are_refused(toy_llm):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         toy_llm.generate([[1, 2, 100000]])
+
+
+def test_int8_weights_stay_close_to_the_dense_model(toy_llm):
+    import torch
+
+    from tokenworks.models import build_model
+    from tokenworks.ops.attention import AttentionMetadata
+
+    loaded = toy_llm.engine.loaded
+    ids = torch.arange(3, 40)
+    meta = AttentionMetadata.single(len(ids))
+    with torch.no_grad():
+        dense = build_model(loaded.spec, loaded.weights, torch.bfloat16)(
+            ids, torch.arange(37), meta
+        )
+        q = build_model(loaded.spec, loaded.weights, torch.bfloat16, quantization="int8")
+        quant = q(ids, torch.arange(37), meta)
+    assert (dense.softmax(-1) - quant.softmax(-1)).abs().max() < 0.05
+
+
+def test_int8_linear_is_the_product_with_its_dequantised_weights():
+    import torch
+
+    from tokenworks.ops.linear import Int8Linear
+
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(96, 40).to(torch.bfloat16)
+    q = Int8Linear(dense)
+    x = torch.randn(5, 96, dtype=torch.bfloat16)
+    w = q.qweight.float() * q.scale.float()[:, None]
+    assert (w - dense.weight.float()).abs().max() <= q.scale.float().max() / 2 + 1e-3
+    expected = x.float() @ w.T + dense.bias.float()
+    assert (q(x).float() - expected).abs().max() < 0.05

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from tokenworks import SamplingParams
-from tokenworks.bench.workload import latency_prompt
 from tokenworks.models import reference
 from tokenworks.ops.attention import AttentionMetadata
 
@@ -116,13 +115,14 @@ def test_a_batch_gives_the_same_tokens_as_one_by_one(smol_llm):
     assert batch == single
 
 
-def test_bfloat16_runs_and_stays_close(smol_loaded):
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_bfloat16_and_int8_stay_close_to_the_oracle(smol_llm, smol_loaded, quantization):
     from tokenworks.models import build_model
 
-    model = build_model(smol_loaded.spec, smol_loaded.weights, torch.bfloat16)
-    ids = latency_prompt(32, seed=5)
+    model = build_model(smol_loaded.spec, smol_loaded.weights, torch.bfloat16, "cpu", quantization)
+    ids = text_ids(smol_llm, 32)
     with torch.no_grad():
         lo = model(torch.tensor(ids), torch.arange(32), AttentionMetadata.single(32))
     oracle = reference.forward(ids, smol_loaded.weights, smol_loaded.spec)
     top_ours, top_ref = lo.argmax(-1).numpy(), oracle.argmax(-1)
-    assert (top_ours == top_ref).mean() > 0.9
+    assert (top_ours == top_ref).mean() > 0.8

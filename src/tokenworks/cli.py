@@ -17,6 +17,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    p.add_argument("--quantization", default=None, choices=["int8"], help="weight-only int8")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -48,7 +49,13 @@ def _params(args):
 def _llm(args):
     from tokenworks import LLM
 
-    return LLM(args.model, dtype=args.dtype, device=args.device, threads=args.threads)
+    return LLM(
+        args.model,
+        dtype=args.dtype,
+        device=args.device,
+        threads=args.threads,
+        quantization=args.quantization,
+    )
 
 
 def cmd_generate(args) -> int:

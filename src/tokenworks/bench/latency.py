@@ -90,7 +90,13 @@ def run_latency(args) -> Path:
     if unknown:
         raise ValueError(f"unknown peer(s) {sorted(unknown)}; known: {sorted(PEER_SCRIPTS)}")
     threads = args.threads or 2
-    llm = LLM(args.model, dtype=args.dtype, device=args.device, threads=threads)
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        device=args.device,
+        threads=threads,
+        quantization=args.quantization,
+    )
     prompt = latency_prompt(args.prompt_tokens, llm.engine.spec.vocab_size)
     short = prompt[:SHORT_PROMPT_TOKENS]
     ours = measure_tokenworks(llm, prompt, short, args.decode_tokens, args.repeats)
@@ -123,6 +129,7 @@ def run_latency(args) -> Path:
             "file": loaded.file_path,
             "sha256": loaded.file_sha256,
             "dtype": llm.config.resolved_dtype,
+            "quantization": llm.config.quantization,
             "spec": loaded.spec.name,
         },
         workload={

