@@ -138,10 +138,13 @@ class LLMEngine:
         if not batch:
             return []
         logits = self.runner.run(batch).cpu()
+        no_history = torch.empty(0, dtype=torch.long)
         for seq, row in zip(batch, logits, strict=True):
-            result = sample_one(
-                row, seq.params, seq.prompt_tensor(), seq.output_tensor(), seq.generator
-            )
+            if seq.params.uses_penalties:  # only penalties read the token history
+                prompt, output = seq.prompt_tensor(), seq.output_tensor()
+            else:
+                prompt = output = no_history
+            result = sample_one(row, seq.params, prompt, output, seq.generator)
             seq.append(result)
         self._release_finished()
         return batch

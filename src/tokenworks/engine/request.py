@@ -80,6 +80,13 @@ class SamplingParams:
         )
 
     @property
+    def uses_penalties(self) -> bool:
+        """Whether sampling needs the token history (so the hot path can skip building it)."""
+        return bool(
+            self.repetition_penalty != 1.0 or self.frequency_penalty or self.presence_penalty
+        )
+
+    @property
     def greedy(self) -> bool:
         return self.temperature == 0
 

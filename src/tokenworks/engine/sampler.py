@@ -21,6 +21,8 @@ def apply_penalties(
     prompt_ids: torch.Tensor,  # [P] int64
     output_ids: torch.Tensor,  # [O] int64
 ) -> torch.Tensor:
+    if not params.uses_penalties:
+        return logits
     if params.repetition_penalty != 1.0:
         seen = torch.cat([prompt_ids, output_ids]).unique()
         vals = logits[seen]
