@@ -115,8 +115,8 @@ def test_a_batch_gives_the_same_tokens_as_one_by_one(smol_llm):
     assert batch == single
 
 
-@pytest.mark.parametrize("quantization", [None, "int8"])
-def test_bfloat16_and_int8_stay_close_to_the_oracle(smol_llm, smol_loaded, quantization):
+@pytest.mark.parametrize("quantization", [None, "int8", "int4"])
+def test_bfloat16_int8_and_int4_stay_close_to_the_oracle(smol_llm, smol_loaded, quantization):
     from tokenworks.models import build_model
 
     model = build_model(smol_loaded.spec, smol_loaded.weights, torch.bfloat16, "cpu", quantization)

@@ -17,7 +17,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
-    p.add_argument("--quantization", default=None, choices=["int8"], help="weight-only int8")
+    p.add_argument(
+        "--quantization",
+        default=None,
+        choices=["int8", "int4"],
+        help="weight-only quantisation (CPU): int8 per row, int4 in groups of 32",
+    )
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:

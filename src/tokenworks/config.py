@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+QUANTIZATIONS = (None, "int8", "int4")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -27,7 +28,7 @@ class EngineConfig:
     max_num_seqs: int = 8  # sequences decoded together
     max_model_len: int | None = None  # context limit; None: the model's own
     attention: str = "sdpa"  # the attention kernel (recorded; more backends come later)
-    quantization: str | None = None  # None (the file's weights, dequantised) or "int8"
+    quantization: str | None = None  # None (the file's weights, dequantised), "int8", "int4"
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -38,10 +39,15 @@ class EngineConfig:
             raise ValueError(f"device {self.device!r} requested but torch sees no CUDA device")
         if self.dtype == "float16" and self.device == "cpu":
             raise ValueError("float16 runs on CUDA only; on CPU use bfloat16 or float32")
-        if self.quantization not in (None, "int8"):
-            raise ValueError(f"quantization {self.quantization!r}: expected none or int8")
-        if self.quantization == "int8" and self.device != "cpu":
-            raise ValueError("int8 weight-only quantization is implemented for the CPU only")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization {self.quantization!r}: expected none, {', '.join(QUANTIZATIONS[1:])}"
+            )
+        if self.quantization is not None and self.device != "cpu":
+            raise ValueError(
+                f"{self.quantization} weight-only quantization uses torch's CPU kernels; "
+                "on CUDA run without --quantization"
+            )
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         if self.threads is not None and self.threads < 1:

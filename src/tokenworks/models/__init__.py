@@ -8,7 +8,7 @@ from tokenworks.models.gpt2 import GPT2Model
 from tokenworks.models.llama import LlamaModel
 from tokenworks.models.loader import LoadedModel, ModelLoadError, load
 from tokenworks.models.spec import ModelSpec
-from tokenworks.ops.linear import quantize_int8_
+from tokenworks.ops.linear import Int8Linear, quantize_
 
 ARCHITECTURES = {"llama": LlamaModel, "gpt2": GPT2Model}
 
@@ -23,8 +23,13 @@ def build_model(
     model = ARCHITECTURES[spec.arch](spec)
     model.load_weights(weights)
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    if quantization == "int8":
-        quantize_int8_(model)
+    if quantization is not None:
+        head = model.lm_head
+        quantize_(model, quantization)
+        if quantization == "int4":
+            # The output layer is the most sensitive to rounding; GGUF files keep it at 8
+            # bits or more (the default model: Q8_0), and so do we.
+            model.lm_head = Int8Linear(head)
     return model
 
 

@@ -1,15 +1,23 @@
-"""Linear layers: dense (nn.Linear) and weight-only int8 with one scale per output row.
+"""Linear layers: dense (nn.Linear) and weight-only int8 / int4.
 
 Batch-1 decode reads every weight once per token, so its speed is bytes moved: int8
-weights move half the bytes of bfloat16 and a quarter of float32. Activations stay in the
-model dtype; `torch.ops.aten._weight_int8pack_mm` dequantises on the fly. Quantisation
-changes numerics, so it is a named engine option (`quantization="int8"`), never a default.
+weights move half the bytes of bfloat16, int4 a quarter. Activations stay in the model
+dtype; torch's CPU kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`)
+dequantise on the fly. Quantisation changes numerics, so it is a named engine option
+(`quantization="int8"` or `"int4"`), never a default.
+
+- int8: symmetric, one scale per output row.
+- int4: asymmetric, one scale and one minimum per group of 32 inputs, the layout of the
+  GGUF Q4_1 format the default model ships in, so re-quantising its dequantised weights
+  recovers (up to bfloat16 rounding of scales) the very grid the file holds.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+INT4_GROUP = 32
 
 
 class Int8Linear(nn.Module):
@@ -30,11 +38,71 @@ class Int8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
-def quantize_int8_(model: nn.Module) -> nn.Module:
-    """Replace every nn.Linear in the model (the LM head included) with Int8Linear."""
+def int4_quantize(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] float -> (q [N, K] int32 in 0..15, scales_and_zeros [K/group, N, 2]).
+
+    Dequantised value = (q - 8) * scale + zero, the convention of torch's int4 kernels,
+    with zero = min + 8 * scale so that q = 0 is the group's minimum.
+    """
+    n, k = w.shape
+    wg = w.float().reshape(n, k // group, group)
+    lo, hi = wg.amin(-1), wg.amax(-1)  # [N, K/g]
+    scale = ((hi - lo) / 15.0).clamp(min=1e-10)
+    q = torch.round((wg - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+    sz = torch.stack([scale, lo + 8.0 * scale], dim=-1).transpose(0, 1).contiguous()
+    return q.reshape(n, k), sz
+
+
+def int4_dequantize(q: torch.Tensor, sz: torch.Tensor, group: int = INT4_GROUP) -> torch.Tensor:
+    """The float weights [N, K] that an int4 layer multiplies by (for tests and oracles)."""
+    n, k = q.shape
+    scale, zero = sz[..., 0].T, sz[..., 1].T  # [N, K/g]
+    wg = (q.float().reshape(n, k // group, group) - 8.0) * scale[..., None] + zero[..., None]
+    return wg.reshape(n, k)
+
+
+class Int4Linear(nn.Module):
+    def __init__(self, linear: nn.Linear, group: int = INT4_GROUP):
+        super().__init__()
+        q, sz = int4_quantize(linear.weight.detach(), group)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", sz.to(linear.weight.dtype))
+        self.bias = linear.bias
+        self.group = group
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    @staticmethod
+    def supports(linear: nn.Linear, group: int = INT4_GROUP) -> bool:
+        """torch's packing needs out % 16 == 0 and in % group == 0."""
+        return linear.out_features % 16 == 0 and linear.in_features % group == 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        # The kernel's float32 path is ~10x slower than its bfloat16 one, and int4 weights
+        # are approximate anyway: multiply in bfloat16, hand back the caller's dtype.
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        sz = self.scales_and_zeros.to(torch.bfloat16)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, sz)
+        y = y.to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+QUANTIZED_LINEARS = {"int8": Int8Linear, "int4": Int4Linear}
+
+
+def quantize_(model: nn.Module, method: str) -> nn.Module:
+    """Replace every nn.Linear in the model (the LM head included) by its quantised form.
+
+    Layers whose shape the kernel cannot take (int4: out not a multiple of 16) stay dense.
+    """
+    cls = QUANTIZED_LINEARS[method]
     for name, child in list(model.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(model, name, Int8Linear(child))
+            if method != "int4" or Int4Linear.supports(child):
+                setattr(model, name, cls(child))
         else:
-            quantize_int8_(child)
+            quantize_(child, method)
     return model
+
