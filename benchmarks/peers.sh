@@ -6,7 +6,8 @@ PEERS=${PEERS:-peers}
 mkdir -p "$PEERS"
 # llama.cpp through llama-cpp-python: compiled here (~7 min on 2 cores) for this CPU.
 python3.11 -m venv "$PEERS/llamacpp"
-CMAKE_ARGS="-DGGML_NATIVE=ON" "$PEERS/llamacpp/bin/pip" install --no-cache-dir llama-cpp-python numpy
+# AMX tiles fault (SIGILL) in these VMs, so build for AVX-512 without AMX.
+CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" "$PEERS/llamacpp/bin/pip" install --no-cache-dir llama-cpp-python numpy
 # vLLM's CPU build, beside the CPU torch.
 python3.11 -m venv "$PEERS/vllm"
 "$PEERS/vllm/bin/pip" install torch==2.13.0

@@ -18,7 +18,7 @@ torch.set_num_threads(2)
 def smol_llm():
     from tokenworks import LLM
 
-    return LLM("smollm2-135m", dtype="float32", threads=2, max_num_seqs=4)
+    return LLM("smollm2-135m", dtype="float32", threads=2, max_num_seqs=16, kv_cache_memory=0.5)
 
 
 @pytest.fixture(scope="session")

@@ -79,21 +79,25 @@ def test_the_float64_reference_matches_transformers(saved):
     assert np.abs(reference.forward(ids, loaded.weights, loaded.spec) - b).max() < 1e-4, name
 
 
-def test_decoding_with_the_cache_matches_one_full_pass(saved):
-    """Prefill 10 tokens, then decode one at a time: every step's logits equal the full pass."""
-    from tokenworks.ops.attention import KVCache
+@pytest.mark.parametrize("batch_decode", [True, False])
+def test_decoding_through_paged_blocks_matches_one_full_pass(saved, batch_decode):
+    """Prefill 10 tokens in chunks of 3, 7, then decode one at a time through a scattered
+    block table: every step's logits equal the full pass (fast and reference paths)."""
+    from tokenworks.engine.kv_cache import KVPool
 
     _, _, path = saved
     loaded = load(str(path))
     spec = loaded.spec
     model = build_model(spec, loaded.weights, torch.float32)
     ids = torch.arange(5, 25)
+    table = [5, 0, 3, 6, 1]  # block size 4: 20 tokens in 5 blocks, out of order on purpose
+    pool = KVPool(spec.n_layers, 8, 4, spec.n_kv_heads, spec.head_dim, torch.float32)
+
+    def run(start, n):
+        meta = AttentionMetadata.paged([n], [start], [table], 4, batch_decode=batch_decode)
+        return model(ids[start : start + n], torch.arange(start, start + n), meta, pool)
+
     with torch.no_grad():
         full = model(ids, torch.arange(20), AttentionMetadata.single(20))
-        cache = KVCache(spec.n_layers, 1, spec.n_kv_heads, 32, spec.head_dim, torch.float32)
-        steps = [model(ids[:10], torch.arange(10), AttentionMetadata.single(10), cache)]
-        for i in range(10, 20):
-            steps.append(
-                model(ids[i : i + 1], torch.tensor([i]), AttentionMetadata.single(1, i), cache)
-            )
+        steps = [run(0, 3), run(3, 7)] + [run(i, 1) for i in range(10, 20)]
     assert (torch.cat(steps) - full).abs().max().item() < 1e-4

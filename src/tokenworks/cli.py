@@ -1,4 +1,4 @@
-"""tokenworks generate | chat | pull | models | bench latency"""
+"""tokenworks generate | chat | pull | models | bench latency | bench throughput"""
 
 from __future__ import annotations
 
@@ -133,6 +133,13 @@ def cmd_bench_latency(args) -> int:
     return 0
 
 
+def cmd_bench_throughput(args) -> int:
+    from tokenworks.bench.throughput import run_throughput
+
+    run_throughput(args)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenworks", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -175,6 +182,23 @@ def build_parser() -> argparse.ArgumentParser:
         "transformers=..., vllm=... (repeatable)",
     )
     p.set_defaults(fn=cmd_bench_latency)
+
+    p = bsub.add_parser("throughput", help="offline throughput of many requests at once")
+    _engine_args(p)
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--input-tokens", type=int, default=128)
+    p.add_argument("--output-tokens", type=int, default=128)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--out", default="benchmarks/results", help="directory for the record")
+    p.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="NAME=PYTHON",
+        help="also measure a peer in the same run: transformers=..., llama.cpp=... (repeatable)",
+    )
+    p.set_defaults(fn=cmd_bench_throughput)
     return parser
 
 

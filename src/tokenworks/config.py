@@ -25,10 +25,21 @@ class EngineConfig:
     dtype: str = "auto"
     device: str = "cpu"
     threads: int | None = None  # torch intra-op threads on CPU; None leaves torch's default
-    max_num_seqs: int = 8  # sequences decoded together
     max_model_len: int | None = None  # context limit; None: the model's own
     attention: str = "sdpa"  # the attention kernel (recorded; more backends come later)
     quantization: str | None = None  # None (the file's weights, dequantised), "int8", "int4"
+    # KV memory (engine/kv_cache.py)
+    block_size: int = 16  # tokens per KV block
+    kv_cache_memory: float | None = None  # GiB for the block pool; None: see kv_budget_bytes
+    kv_cache_fraction: float = 0.2  # with kv_cache_memory None: at most this much of free RAM
+    enable_prefix_caching: bool = True
+    # scheduling (engine/scheduler.py)
+    max_num_seqs: int = 64  # sequences running at once
+    max_num_batched_tokens: int = 2048  # tokens per forward pass (the per-step budget)
+    enable_chunked_prefill: bool = True  # split long prompts across steps beside decodes
+    max_waiting: int = 4096  # queued requests beyond this are refused (admission control)
+    scheduling_policy: str = "fcfs"  # or "priority": lower SamplingParams.priority first
+    batch_invariant: bool = False  # a sequence's numerics never depend on its batch
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -48,8 +59,17 @@ class EngineConfig:
                 f"{self.quantization} weight-only quantization uses torch's CPU kernels; "
                 "on CUDA run without --quantization"
             )
-        if self.max_num_seqs < 1:
-            raise ValueError("max_num_seqs must be >= 1")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError("kv_cache_memory (GiB) must be > 0")
+        if not 0 < self.kv_cache_fraction <= 1:
+            raise ValueError("kv_cache_fraction must be in (0, 1]")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"scheduling_policy {self.scheduling_policy!r}: expected fcfs or priority"
+            )
         if self.threads is not None and self.threads < 1:
             raise ValueError("threads must be >= 1")
 

@@ -9,6 +9,7 @@ from tqdm import tqdm
 from tokenworks.config import EngineConfig
 from tokenworks.engine.engine import LLMEngine
 from tokenworks.engine.request import RequestOutput, SamplingParams
+from tokenworks.models.loader import LoadedModel
 
 
 class LLM:
@@ -18,9 +19,17 @@ class LLM:
     >>> llm.generate(["Once upon a time"], SamplingParams(max_tokens=16, temperature=0))
     """
 
-    def __init__(self, model: str = "smollm2-135m", dtype: str = "auto", device: str = "cpu", **kw):
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        dtype: str = "auto",
+        device: str = "cpu",
+        loaded: LoadedModel | None = None,
+        **kw,
+    ):
+        """kw: any EngineConfig field. `loaded` reuses weights already read by `load()`."""
         self.config = EngineConfig(model=model, dtype=dtype, device=device, **kw)
-        self.engine = LLMEngine(self.config)
+        self.engine = LLMEngine(self.config, loaded)
         self.tokenizer = self.engine.tokenizer
 
     def generate(
@@ -46,7 +55,7 @@ class LLM:
             done = 0
             while self.engine.has_unfinished():
                 self.engine.step()
-                now = sum(s.finished for s in seqs)
+                now = sum(s.group_finished for s in seqs)
                 bar.update(now - done)
                 done = now
         return [s.to_output() for s in seqs]
@@ -69,7 +78,7 @@ class LLM:
         """Yield text pieces of one completion as they are generated."""
         seq = self.engine.add_request(prompt=prompt, params=params)
         try:
-            while not seq.finished:
+            while not seq.group_finished:
                 self.engine.step()
                 piece = seq.take_stream_text()
                 if piece:
@@ -78,5 +87,5 @@ class LLM:
             if piece:
                 yield piece
         finally:
-            if not seq.finished:
+            if not seq.group_finished:
                 self.engine.abort_request(seq.request_id)

@@ -54,8 +54,9 @@ def measure_tokenworks(llm, prompt: list[int], short: list[int], n_decode: int, 
     return {"prefill_tok_s": prefill, "decode_tok_s": decode}
 
 
-def run_peer(name: str, python: str, args: dict) -> dict:
-    script = Path(__file__).parent / "peers" / PEER_SCRIPTS[name]
+def run_peer(name: str, python: str, args: dict, script: str | None = None) -> dict:
+    """Run a peer's standalone script (default: its latency script) in the peer's Python."""
+    script = Path(__file__).parent / "peers" / (script or PEER_SCRIPTS[name])
     env = dict(os.environ)
     if name == "vllm":
         venv = Path(python).parent.parent

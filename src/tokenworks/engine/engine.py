@@ -1,34 +1,72 @@
 """LLMEngine: the heartbeat. step() = schedule -> run the model -> sample -> postprocess.
 
-Everything that generates (the offline LLM API, the CLI, benchmarks, later the server) is
-built on step(). The scheduling here is the simplest continuous batching: new requests are
-admitted into free cache rows and prefilled together; otherwise every running sequence
-decodes one token in one flat batch. Finished sequences free their row at once, so a
-waiting request joins the batch on the next step.
+Everything that generates (the offline LLM API, the CLI, benchmarks, the server) is built
+on step(). Each step the scheduler picks a flat batch that mixes prefill chunks and decode
+tokens under a token budget (engine/scheduler.py); the runner writes their keys and values
+into the paged block pool and computes logits for the sequences that reached their last
+token; the sampler picks one token for each; finished sequences free their blocks at once,
+so a waiting request can join on the very next step (continuous batching).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import time
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
 from tokenworks.config import EngineConfig
+from tokenworks.engine.kv_cache import BlockManager, KVPool, kv_bytes_per_token
 from tokenworks.engine.request import FinishReason, SamplingParams
 from tokenworks.engine.runner import ModelRunner
 from tokenworks.engine.sampler import sample_one
-from tokenworks.engine.sequence import Sequence, SequenceStatus
+from tokenworks.engine.scheduler import (
+    QueueFullError,
+    RequestTooLargeError,
+    Scheduler,
+    SchedulerOutput,
+)
+from tokenworks.engine.sequence import Sequence
 from tokenworks.models import build_model, load
 from tokenworks.models.loader import LoadedModel
-from tokenworks.ops.attention import KVCache
 from tokenworks.tokenizer import TokenizerWrapper
 
-_CACHE_GRANULE = 256  # cache rows grow in steps of this many tokens
+GiB = 1024**3
+
+__all__ = ["LLMEngine", "PromptTooLongError", "QueueFullError", "RequestTooLargeError", "StepStats"]
 
 
 class PromptTooLongError(ValueError):
     pass
+
+
+@dataclass
+class StepStats:
+    """What one step did; the engine keeps recent ones for metrics and benchmarks."""
+
+    step: int
+    time: float  # wall-clock seconds when the step ended (time.time())
+    duration_s: float
+    batch_size: int  # sequences in the forward pass
+    prefill_tokens: int
+    decode_tokens: int
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # fraction of KV blocks referenced by live sequences
+    prefix_hit_tokens: int  # prompt tokens admitted from the prefix cache this step
+    preemptions: int
+    cow_copies: int
+
+
+def available_memory_bytes() -> int:
+    """Free memory the KV pool may take a fraction of (RAM on CPU, device memory on CUDA)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 4 * GiB
 
 
 class LLMEngine:
@@ -41,25 +79,65 @@ class LLMEngine:
         self.spec = loaded.spec
         self.tokenizer = TokenizerWrapper.from_loaded(loaded)
         self.model = build_model(
-            self.spec, loaded.weights, config.torch_dtype, config.device, config.quantization
+            self.spec,
+            loaded.weights,
+            config.torch_dtype,
+            config.device,
+            config.quantization,
+            config.batch_invariant,
         )
         self.max_model_len = min(
             config.max_model_len or self.spec.max_position, self.spec.max_position
         )
-        self.cache = KVCache(
+        bs = config.block_size
+        self.kv_bytes_per_token = kv_bytes_per_token(
+            self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, config.torch_dtype
+        )
+        num_blocks = self.kv_budget_bytes() // (self.kv_bytes_per_token * bs)
+        if num_blocks < 1:
+            raise ValueError(
+                f"kv_cache_memory {config.kv_cache_memory} GiB holds no {bs}-token block "
+                f"({self.kv_bytes_per_token * bs} bytes each); give it more"
+            )
+        self.pool = KVPool(
             self.spec.n_layers,
-            config.max_num_seqs,
+            num_blocks,
+            bs,
             self.spec.n_kv_heads,
-            _CACHE_GRANULE,
             self.spec.head_dim,
             config.torch_dtype,
             config.device,
         )
-        self.runner = ModelRunner(self.model, self.cache, config.device)
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
-        self.free_rows = list(range(config.max_num_seqs))
+        self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.blocks)
+        self.runner = ModelRunner(
+            self.model, self.pool, bs, config.device, batch_decode=not config.batch_invariant
+        )
         self._ids = itertools.count()
+        self._arrivals = itertools.count()
+        self._steps = itertools.count()
+        self.requests: dict[str, Sequence] = {}  # unfinished requests by id (group heads)
+        self.stats: deque[StepStats] = deque(maxlen=100_000)
+        self.totals = {
+            "prompt_tokens": 0,  # prompt tokens of admitted requests
+            "prefill_tokens": 0,  # tokens actually computed in prefill (cache hits excluded)
+            "generation_tokens": 0,
+            "preemptions": 0,
+            "steps": 0,
+        }
+
+    def kv_budget_bytes(self) -> int:
+        """kv_cache_memory GiB if given; else what max_num_seqs full contexts need, capped
+        at kv_cache_fraction of free memory."""
+        c = self.config
+        if c.kv_cache_memory is not None:
+            return int(c.kv_cache_memory * GiB)
+        want = c.max_num_seqs * self.max_model_len * self.kv_bytes_per_token
+        if c.device.startswith("cuda"):
+            free = torch.cuda.mem_get_info(torch.device(c.device))[0]
+        else:
+            free = available_memory_bytes()
+        return int(min(want, c.kv_cache_fraction * free))
 
     # ------------------------------------------------------------------ requests
 
@@ -69,7 +147,14 @@ class LLMEngine:
         params: SamplingParams | None = None,
         prompt_token_ids: list[int] | None = None,
         request_id: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
     ) -> Sequence:
+        """Queue a request; return its first sequence (its `.group` holds all n).
+
+        Raises ValueError subclasses for bad input (PromptTooLongError, RequestTooLargeError)
+        and QueueFullError when the waiting queue is full.
+        """
         params = params or SamplingParams()
         if prompt_token_ids is None:
             if prompt is None:
@@ -87,64 +172,112 @@ class LLMEngine:
                 f"the prompt has {len(prompt_token_ids)} tokens, but the context holds "
                 f"{self.max_model_len} (prompt plus at least one new token); shorten the prompt"
             )
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in flight")
         seq = Sequence(
-            request_id or f"req-{next(self._ids)}",
+            request_id,
             prompt,
             prompt_token_ids,
             params,
             self.tokenizer,
             self.tokenizer.eos_token_ids,
             self.max_model_len,
+            arrival=next(self._arrivals),
+            priority=priority,
+            cache_salt=cache_salt,
         )
-        self.waiting.append(seq)
+        self.scheduler.add(seq)
+        self.requests[request_id] = seq
+        self.totals["prompt_tokens"] += len(prompt_token_ids)
         return seq
 
     def abort_request(self, request_id: str) -> None:
-        for seq in [*self.waiting, *self.running]:
-            if seq.request_id == request_id and not seq.finished:
+        """Cancel a request: its sequences finish with reason abort and free their blocks."""
+        head = self.requests.pop(request_id, None)
+        if head is None:
+            return
+        for seq in head.group:
+            if not seq.finished:
                 seq.finish(FinishReason.ABORT)
-        self.waiting = deque(s for s in self.waiting if not s.finished)
-        self._release_finished()
+            self.scheduler.remove(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.blocks.num_free
 
     # ------------------------------------------------------------------ the loop
 
-    def _admit(self) -> list[Sequence]:
-        admitted = []
-        while self.waiting and self.free_rows:
-            seq = self.waiting.popleft()
-            seq.cache_row = self.free_rows.pop(0)
-            seq.status = SequenceStatus.RUNNING
-            need = min(seq.num_tokens + seq.params.max_tokens, self.max_model_len)
-            if need > self.cache.max_len:
-                granules = -(-need // _CACHE_GRANULE)
-                self.cache.grow(min(granules * _CACHE_GRANULE, self.max_model_len))
-            admitted.append(seq)
-        self.running.extend(admitted)
-        return admitted
-
-    def _release_finished(self) -> None:
-        for seq in self.running:
-            if seq.finished and seq.cache_row is not None:
-                self.free_rows.append(seq.cache_row)
-                seq.cache_row = None
-        self.running = [s for s in self.running if not s.finished]
-
     def step(self) -> list[Sequence]:
         """Run one forward pass; return the sequences that got a new token."""
-        batch = self._admit() or list(self.running)
-        if not batch:
-            return []
-        logits = self.runner.run(batch).cpu()
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        sampled: list[Sequence] = []
+        if out.scheduled:
+            self.pool.copy_blocks(out.copies)
+            try:
+                logits = self.runner.run(out.scheduled).float().cpu()
+            except Exception:
+                self._fail(out)
+                raise
+            rows = iter(logits)
+            for item in out.scheduled:
+                if item.sample:
+                    sampled += self._sample(item.seq, next(rows))
+        self._record(out, sampled, time.perf_counter() - t0)
+        return sampled
+
+    def _fail(self, out: SchedulerOutput) -> None:
+        """The forward pass raised: abort the requests it touched, free their blocks and
+        forget their prefix hashes, so the engine stays usable for everyone else."""
+        for item in out.scheduled:
+            self.blocks.forget_seq(item.seq)
+        for item in out.scheduled:
+            self.abort_request(item.seq.request_id)
+
+    def _sample(self, seq: Sequence, row: torch.Tensor) -> list[Sequence]:
+        group = [seq]
+        if seq.params.n > 1 and len(seq.group) == 1:  # the prompt is done: fork the siblings
+            for i in range(1, seq.params.n):
+                child = seq.spawn(i)
+                self.blocks.fork(seq, child)
+                self.scheduler.add_running(child)
+                group.append(child)
         no_history = torch.empty(0, dtype=torch.long)
-        for seq, row in zip(batch, logits, strict=True):
-            if seq.params.uses_penalties:  # only penalties read the token history
-                prompt, output = seq.prompt_tensor(), seq.output_tensor()
+        for s in group:
+            if s.params.uses_penalties:  # only penalties read the token history
+                prompt, output = s.prompt_tensor(), s.output_tensor()
             else:
                 prompt = output = no_history
-            result = sample_one(row, seq.params, prompt, output, seq.generator)
-            seq.append(result)
-        self._release_finished()
-        return batch
+            s.append(sample_one(row, s.params, prompt, output, s.generator))
+            if s.finished:
+                self.scheduler.remove(s)
+                if s.group_finished:
+                    self.requests.pop(s.request_id, None)
+        return group
+
+    def _record(self, out: SchedulerOutput, sampled: list[Sequence], duration: float) -> None:
+        t = self.totals
+        t["prefill_tokens"] += out.num_prefill_tokens
+        t["generation_tokens"] += len(sampled)
+        t["preemptions"] += len(out.preempted)
+        t["steps"] += 1
+        self.stats.append(
+            StepStats(
+                step=next(self._steps),
+                time=time.time(),
+                duration_s=duration,
+                batch_size=len(out.scheduled),
+                prefill_tokens=out.num_prefill_tokens,
+                decode_tokens=out.num_decode_tokens,
+                num_running=len(self.scheduler.running),
+                num_waiting=len(self.scheduler.waiting),
+                kv_usage=self.blocks.usage,
+                prefix_hit_tokens=out.prefix_hit_tokens,
+                preemptions=len(out.preempted),
+                cow_copies=self.blocks.cow_copies,
+            )
+        )

@@ -43,12 +43,14 @@ class SamplingParams:
     logprobs: int | None = None  # top-n alternatives per generated token (0: just the chosen)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    n: int = 1  # completions per prompt; they share the prompt's KV blocks (copy-on-write)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         checks = [
             (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens must be >= 1"),
+            (isinstance(self.n, int) and 1 <= self.n <= 128, "n must be an integer in [1, 128]"),
             (self.temperature >= 0, "temperature must be >= 0 (0 means greedy)"),
             (isinstance(self.top_k, int), "top_k must be an integer (0 or -1 disables it)"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
@@ -76,7 +78,7 @@ class SamplingParams:
             f"top_p={self.top_p}, min_p={self.min_p}, "
             f"repetition_penalty={self.repetition_penalty}, "
             f"frequency_penalty={self.frequency_penalty}, "
-            f"presence_penalty={self.presence_penalty}, logprobs={self.logprobs}"
+            f"presence_penalty={self.presence_penalty}, logprobs={self.logprobs}, n={self.n}"
         )
 
     @property
@@ -101,6 +103,7 @@ class TokenLogprob:
 
 @dataclass
 class CompletionOutput:
+    index: int  # which of the request's n completions
     text: str
     token_ids: list[int]
     finish_reason: FinishReason | None
@@ -115,3 +118,4 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache

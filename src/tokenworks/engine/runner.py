@@ -4,38 +4,53 @@ from __future__ import annotations
 
 import torch
 
-from tokenworks.engine.sequence import Sequence
-from tokenworks.ops.attention import AttentionMetadata, KVCache
+from tokenworks.engine.scheduler import ScheduledSeq
+from tokenworks.ops.attention import AttentionMetadata
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, cache: KVCache | None, device: str):
-        self.model = model
-        self.cache = cache
-        self.device = device
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pool,  # engine.kv_cache.KVPool
+        block_size: int,
+        device: str,
+        batch_decode: bool = True,
+    ):
+        self.model, self.pool, self.block_size = model, pool, block_size
+        self.device, self.batch_decode = device, batch_decode
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Feed each sequence its uncached tokens; return last-token logits [len(seqs), V]."""
-        ids, positions, q_lens, ctx_lens, rows = [], [], [], [], []
-        for s in seqs:
-            new = s.all_ids[s.n_cached :]
-            ids.extend(new)
-            positions.extend(range(s.n_cached, s.n_cached + len(new)))
-            q_lens.append(len(new))
+    def run(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+        """Feed each sequence its scheduled tokens; return logits [sampling seqs, V].
+
+        Rows come back in batch order for the sequences whose chunk reaches their last
+        token (the others are mid-prefill and sample nothing yet).
+        """
+        ids, positions, q_lens, ctx_lens, tables, last_rows = [], [], [], [], [], []
+        end = 0
+        for item in batch:
+            s, n = item.seq, item.n_tokens
+            ids.extend(s.all_ids[s.n_cached : s.n_cached + n])
+            positions.extend(range(s.n_cached, s.n_cached + n))
+            q_lens.append(n)
             ctx_lens.append(s.n_cached)
-            rows.append(s.cache_row)
-        last_rows = torch.tensor(q_lens).cumsum(0) - 1
-        meta = AttentionMetadata(q_lens, ctx_lens, rows)
+            tables.append(s.block_table)
+            end += n
+            if item.sample:
+                last_rows.append(end - 1)
+        meta = AttentionMetadata.paged(
+            q_lens, ctx_lens, tables, self.block_size, self.device, self.batch_decode
+        )
         logits = self.model(
             torch.tensor(ids, device=self.device),
             torch.tensor(positions, device=self.device),
             meta,
-            self.cache,
-            logits_rows=last_rows.to(self.device),
+            self.pool,
+            logits_rows=torch.tensor(last_rows, dtype=torch.long, device=self.device),
         )
-        for s, n in zip(seqs, q_lens, strict=True):
-            s.n_cached += n
+        for item in batch:
+            item.seq.n_cached += item.n_tokens
         return logits
 
     @torch.inference_mode()

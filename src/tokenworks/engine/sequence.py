@@ -25,6 +25,14 @@ class SequenceStatus(enum.Enum):
 
 
 class Sequence:
+    """One completion. A request with n > 1 is a group of sequences forked after its prompt.
+
+    KV state: `block_table` (the KV blocks holding its tokens), `n_cached` (how many of its
+    tokens have K/V written), `block_hashes`/`n_registered` (prefix-cache bookkeeping).
+    Scheduling: `priority` (lower runs first under the priority policy) and `arrival`
+    (a counter: earlier arrivals first, and a preempted sequence keeps its place).
+    """
+
     def __init__(
         self,
         request_id: str,
@@ -34,8 +42,22 @@ class Sequence:
         tokenizer,
         eos_token_ids: tuple[int, ...],
         max_len: int,
+        arrival: int = 0,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        index: int = 0,
+        seed: int | None = None,
     ):
         self.request_id = request_id
+        self.index = index
+        self.arrival, self.priority, self.cache_salt = arrival, priority, cache_salt
+        self.group: list[Sequence] = [self]  # the request's completions, in index order
+        self.block_table: list[int] = []
+        self.block_hashes: list[bytes] = []
+        self.n_registered = 0
+        self.num_cached_prompt_tokens = 0  # prefix-cache hit on first admission
+        self.num_preemptions = 0
+        self._eos_token_ids = eos_token_ids
         self.prompt = prompt
         self.prompt_ids = list(prompt_ids)
         self.output_ids: list[int] = []
@@ -44,10 +66,10 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.stop_reason: str | int | None = None
-        self.cache_row: int | None = None
         self.n_cached = 0  # tokens whose K/V are in the cache
         self.max_len = max_len  # prompt + output may not exceed this (the context)
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        if seed is None:
+            seed = params.seed if params.seed is not None else random.getrandbits(63)
         self.generator = torch.Generator().manual_seed(seed)
         self._prompt_tensor = torch.tensor(self.prompt_ids, dtype=torch.long)
         self._stop_ids = set(params.stop_token_ids)
@@ -58,6 +80,40 @@ class Sequence:
         self._streamed = 0  # characters of self.text already handed to a stream
         self._scanned = 0  # stop strings cannot start before this offset of self.text
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+
+    def spawn(self, index: int) -> Sequence:
+        """A sibling for parallel sampling, made right after the prompt: same prompt, own
+        random stream (seed + index when the request has a seed), no output yet."""
+        seed = self.params.seed + index if self.params.seed is not None else None
+        child = Sequence(
+            self.request_id,
+            self.prompt,
+            self.prompt_ids,
+            self.params,
+            self.tokenizer,
+            self._eos_token_ids,
+            self.max_len,
+            self.arrival,
+            self.priority,
+            self.cache_salt,
+            index,
+            seed,
+        )
+        child.status = self.status
+        child.group = self.group
+        self.group.append(child)
+        return child
+
+    @property
+    def in_prefill(self) -> bool:
+        """More than the last sampled token is still to be fed to the model."""
+        return self.num_tokens - self.n_cached > 1
+
+    @property
+    def group_finished(self) -> bool:
+        done = all(s.finished for s in self.group)
+        # siblings are spawned when the first token is sampled; an abort can come before
+        return done and (len(self.group) == self.params.n or self.group[0].finish_reason == "abort")
 
     @property
     def all_ids(self) -> list[int]:
@@ -133,19 +189,24 @@ class Sequence:
         self._streamed = end
         return piece
 
+    def completion(self) -> CompletionOutput:
+        return CompletionOutput(
+            index=self.index,
+            text=self.text,
+            token_ids=list(self.output_ids),
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+            logprobs=self.logprobs,
+        )
+
     def to_output(self) -> RequestOutput:
+        """The whole request: every completion of the group, in index order."""
+        head = self.group[0]
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_ids,
-            outputs=[
-                CompletionOutput(
-                    text=self.text,
-                    token_ids=list(self.output_ids),
-                    finish_reason=self.finish_reason,
-                    stop_reason=self.stop_reason,
-                    logprobs=self.logprobs,
-                )
-            ],
-            finished=self.finished,
+            outputs=[s.completion() for s in self.group],
+            finished=self.group_finished,
+            num_cached_tokens=head.num_cached_prompt_tokens,
         )

@@ -8,7 +8,7 @@ from tokenworks.models.gpt2 import GPT2Model
 from tokenworks.models.llama import LlamaModel
 from tokenworks.models.loader import LoadedModel, ModelLoadError, load
 from tokenworks.models.spec import ModelSpec
-from tokenworks.ops.linear import Int8Linear, quantize_
+from tokenworks.ops.linear import Int8Linear, quantize_, tile_linears_
 
 ARCHITECTURES = {"llama": LlamaModel, "gpt2": GPT2Model}
 
@@ -19,6 +19,7 @@ def build_model(
     dtype: torch.dtype,
     device: str = "cpu",
     quantization: str | None = None,
+    batch_invariant: bool = False,
 ) -> torch.nn.Module:
     model = ARCHITECTURES[spec.arch](spec)
     model.load_weights(weights)
@@ -30,6 +31,8 @@ def build_model(
             # The output layer is the most sensitive to rounding; GGUF files keep it at 8
             # bits or more (the default model: Q8_0), and so do we.
             model.lm_head = Int8Linear(head)
+    if batch_invariant:
+        tile_linears_(model)
     return model
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenworks.models.spec import ModelSpec
-from tokenworks.ops.attention import AttentionMetadata, KVCache, attention
+from tokenworks.ops.attention import AttentionMetadata, attention
 
 
 class GPT2Block(nn.Module):
@@ -27,7 +27,7 @@ class GPT2Block(nn.Module):
         self.mlp_proj = nn.Linear(spec.intermediate_size, h)
         self.scale = spec.head_dim**-0.5
 
-    def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache: KVCache | None):
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache):
         s = self.spec
         t = x.shape[0]
         q, k, v = self.c_attn(self.ln_1(x)).view(t, 3, s.n_heads, s.head_dim).unbind(1)
@@ -72,7 +72,7 @@ class GPT2Model(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
-        cache: KVCache | None = None,
+        cache=None,
         logits_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = self.wte(input_ids) + self.wpe(positions)

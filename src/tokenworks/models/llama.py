@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenworks.models.spec import ModelSpec
-from tokenworks.ops.attention import AttentionMetadata, KVCache, attention
+from tokenworks.ops.attention import AttentionMetadata, attention
 from tokenworks.ops.rope import apply_rope, cos_sin_table
 
 
@@ -36,7 +36,7 @@ class LlamaLayer(nn.Module):
         cos: torch.Tensor,  # [T, 1, D]
         sin: torch.Tensor,
         meta: AttentionMetadata,
-        cache: KVCache | None,
+        cache,
     ) -> torch.Tensor:
         s = self.spec
         t = x.shape[0]
@@ -96,7 +96,7 @@ class LlamaModel(nn.Module):
         input_ids: torch.Tensor,  # [T] int64
         positions: torch.Tensor,  # [T] int64
         meta: AttentionMetadata,
-        cache: KVCache | None = None,
+        cache=None,
         logits_rows: torch.Tensor | None = None,  # which of the T rows need logits; None: all
     ) -> torch.Tensor:  # [N, vocab] float32
         x = self.embed(input_ids)

@@ -1,13 +1,18 @@
-"""Attention over a flat batch of sequences, and the KV store it reads and writes.
+"""Attention over a flat batch of sequences, reading and writing paged KV memory.
 
-A forward pass sees one flat batch of tokens from many sequences (prefill chunks and
-decode steps mixed). `AttentionMetadata` says where each sequence's tokens lie in the
-batch, how many of its tokens are already cached, and which cache row it owns. The
-attention op writes the new keys/values into the cache, then attends each sequence's
-queries to its whole cached context.
+A forward pass sees one flat batch of tokens from many sequences: prefill chunks and
+decode steps mixed. `AttentionMetadata` says how many new tokens each sequence has in the
+batch (in order), how many it already has cached, where each new token's key and value are
+written (`slot_mapping`, into the flat block pool of `engine/kv_cache.py`), and which
+slots hold each sequence's whole context (`kv_index`, from its block table).
 
-The KV store here is one contiguous row per sequence (`max_len` slots each), the simplest
-layout that is right; the paged block pool replaces it in the batching work.
+Two paths compute the same thing:
+- the reference path gathers each sequence's keys and values through its block table and
+  runs one attention call per sequence (simple, exact, and batch-invariant: a sequence's
+  result never depends on what else is in the batch);
+- the fast path runs every decode sequence (one new token each) in one padded, masked
+  attention call, which removes a per-sequence Python loop and many small kernels.
+Prefill chunks always take the per-sequence path (each is already a large kernel).
 """
 
 from __future__ import annotations
@@ -19,57 +24,71 @@ import torch.nn.functional as F
 
 
 @dataclass
+class DecodeBatch:
+    """The decode sequences of a batch, laid out for one padded attention call."""
+
+    token_rows: torch.Tensor  # [B] long: each decode token's row in the flat batch
+    kv_index: torch.Tensor  # [B, L] long: slots of each context, padded with slot 0
+    context_lens: torch.Tensor  # [B] long: keys each decode token attends to (itself included)
+
+
+@dataclass
 class AttentionMetadata:
     query_lens: list[int]  # new tokens of each sequence in this batch, in batch order
     context_lens: list[int]  # tokens of each sequence already in the cache
-    cache_rows: list[int]  # the KV cache row each sequence owns (ignored without a cache)
+    slot_mapping: torch.Tensor | None = None  # [T] long: pool slot for each new token
+    kv_index: list[torch.Tensor | None] | None = None  # per sequence: slots of its context
+    decode: DecodeBatch | None = None  # set when the fast path batches the decode tokens
 
     def __post_init__(self) -> None:
-        if not (len(self.query_lens) == len(self.context_lens) == len(self.cache_rows)):
-            raise ValueError("query_lens, context_lens and cache_rows must have equal lengths")
+        if len(self.query_lens) != len(self.context_lens):
+            raise ValueError("query_lens and context_lens must have equal lengths")
 
     @classmethod
-    def single(cls, n_new: int, n_cached: int = 0, row: int = 0) -> AttentionMetadata:
-        return cls([n_new], [n_cached], [row])
+    def single(cls, n_new: int) -> AttentionMetadata:
+        """One sequence, no cache (a whole-sequence forward pass)."""
+        return cls([n_new], [0])
+
+    @classmethod
+    def paged(
+        cls,
+        query_lens: list[int],
+        context_lens: list[int],
+        block_tables: list[list[int]],
+        block_size: int,
+        device: torch.device | str = "cpu",
+        batch_decode: bool = True,
+    ) -> AttentionMetadata:
+        """Slots and gather indices from block tables (built once per step, used by every layer)."""
+        slots, kv_index, dec_rows, dec_seq = [], [], [], []
+        start = 0
+        for n, ctx, table in zip(query_lens, context_lens, block_tables, strict=True):
+            total = ctx + n
+            pos = torch.arange(total)
+            blocks = torch.tensor(table, dtype=torch.long)[pos // block_size]
+            index = blocks * block_size + pos % block_size  # [ctx + n]
+            slots.append(index[ctx:])
+            if batch_decode and n == 1:
+                dec_rows.append(start)
+                dec_seq.append(index)
+                kv_index.append(None)
+            else:
+                kv_index.append(index.to(device))
+            start += n
+        decode = None
+        if dec_rows:
+            lens = torch.tensor([len(x) for x in dec_seq])
+            padded = torch.zeros(len(dec_seq), int(lens.max()), dtype=torch.long)
+            for j, x in enumerate(dec_seq):
+                padded[j, : len(x)] = x
+            decode = DecodeBatch(
+                torch.tensor(dec_rows, device=device), padded.to(device), lens.to(device)
+            )
+        return cls(query_lens, context_lens, torch.cat(slots).to(device), kv_index, decode)
 
     @property
     def num_tokens(self) -> int:
         return sum(self.query_lens)
-
-
-class KVCache:
-    """Per layer, K and V of shape [rows, n_kv_heads, max_len, head_dim]."""
-
-    def __init__(
-        self,
-        n_layers: int,
-        rows: int,
-        n_kv_heads: int,
-        max_len: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device | str = "cpu",
-    ):
-        shape = (rows, n_kv_heads, max_len, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.rows = rows
-        self.max_len = max_len
-
-    def grow(self, max_len: int) -> None:
-        """Lengthen every row to max_len slots, keeping what is cached."""
-        if max_len <= self.max_len:
-            return
-        for kv in (self.k, self.v):
-            for i, old in enumerate(kv):
-                new = old.new_zeros(old.shape[0], old.shape[1], max_len, old.shape[3])
-                new[:, :, : self.max_len] = old
-                kv[i] = new
-        self.max_len = max_len
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 
 def _causal_mask(n_q: int, n_k: int, window: int | None, device) -> torch.Tensor:
@@ -82,55 +101,89 @@ def _causal_mask(n_q: int, n_k: int, window: int | None, device) -> torch.Tensor
     return allowed
 
 
+def _one_sequence(qi, keys, values, scale, window) -> torch.Tensor:
+    """qi [n, H, D]; keys, values [KVH, L, D] (the last n keys are qi's own) -> [n, H*D]."""
+    n, n_heads, d = qi.shape
+    n_kv, n_k = keys.shape[0], keys.shape[1]
+    # SDPA takes 4-D [batch, heads, len, D]: only then does the CPU use its fused kernel
+    # (3-D inputs fall back to the unfused math path, ~15x slower at 512 tokens).
+    keys, values = keys[None], values[None]
+    if n == 1 and (window is None or n_k <= window):
+        # Decode: group the query heads that share a KV head; no mask is needed.
+        qg = qi.reshape(1, n_kv, n_heads // n_kv, d)  # [1, KVH, G, D]
+        o = F.scaled_dot_product_attention(qg, keys, values, scale=scale)
+        return o.reshape(1, n_heads * d)
+    qh = qi.transpose(0, 1)[None]  # [1, H, n, D]
+    if n_k == n and window is None:
+        o = F.scaled_dot_product_attention(
+            qh, keys, values, is_causal=True, scale=scale, enable_gqa=True
+        )
+    else:
+        mask = _causal_mask(n, n_k, window, qi.device)
+        o = F.scaled_dot_product_attention(
+            qh, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+        )
+    return o[0].transpose(0, 1).reshape(n, n_heads * d)
+
+
+def _decode_batch(q, k_pool, v_pool, dec: DecodeBatch, scale, window) -> torch.Tensor:
+    """All decode tokens in one masked call: q [T, H, D] -> [B, H*D]."""
+    n_heads, d = q.shape[1], q.shape[2]
+    b, length = dec.kv_index.shape
+    keys = k_pool[dec.kv_index].permute(0, 2, 1, 3)  # [B, KVH, L, D]
+    values = v_pool[dec.kv_index].permute(0, 2, 1, 3)
+    n_kv = keys.shape[1]
+    qg = q[dec.token_rows].reshape(b, n_kv, n_heads // n_kv, d)  # [B, KVH, G, D]
+    j = torch.arange(length, device=q.device)[None, :]
+    allowed = j < dec.context_lens[:, None]  # [B, L]
+    if window is not None:
+        allowed &= j >= dec.context_lens[:, None] - window
+    mask = allowed[:, None, None, :]  # [B, 1, 1, L]
+    o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
+    return o.reshape(b, n_heads * d)
+
+
 def attention(
     q: torch.Tensor,  # [T, H, D]
     k: torch.Tensor,  # [T, KVH, D]
     v: torch.Tensor,  # [T, KVH, D]
     meta: AttentionMetadata,
-    cache: KVCache | None,
+    cache,  # engine.kv_cache.KVPool or None
     layer: int,
     scale: float,
     window: int | None = None,
 ) -> torch.Tensor:  # [T, H*D]
-    n_heads, n_kv, d = q.shape[1], k.shape[1], q.shape[2]
-    group = n_heads // n_kv
-    outs = []
-    start = 0
-    for n, ctx, row in zip(meta.query_lens, meta.context_lens, meta.cache_rows, strict=True):
-        qi, ki, vi = q[start : start + n], k[start : start + n], v[start : start + n]
-        start += n
-        if cache is not None:
-            if ctx + n > cache.max_len:
-                raise ValueError(
-                    f"sequence of {ctx + n} tokens exceeds cache rows of {cache.max_len}"
-                )
-            kc, vc = cache.k[layer][row], cache.v[layer][row]  # [KVH, max_len, D]
-            kc[:, ctx : ctx + n] = ki.transpose(0, 1)
-            vc[:, ctx : ctx + n] = vi.transpose(0, 1)
-            keys, values = kc[:, : ctx + n], vc[:, : ctx + n]  # [KVH, L, D]
-        elif ctx:
+    if cache is None:
+        if any(meta.context_lens):
             raise ValueError("context_lens must be 0 when running without a KV cache")
-        else:
-            keys, values = ki.transpose(0, 1), vi.transpose(0, 1)
-        n_k = keys.shape[1]
-        # SDPA takes 4-D [batch, heads, len, D]: only then does the CPU use its fused kernel
-        # (3-D inputs fall back to the unfused math path, ~15x slower at 512 tokens).
-        keys, values = keys[None], values[None]
-        if n == 1 and (window is None or n_k <= window):
-            # Decode: group the query heads that share a KV head; no mask is needed.
-            qg = qi.reshape(1, n_kv, group, d)  # [1, KVH, G, D]
-            o = F.scaled_dot_product_attention(qg, keys, values, scale=scale)
-            outs.append(o.reshape(1, n_heads * d))
-            continue
-        qh = qi.transpose(0, 1)[None]  # [1, H, n, D]
-        if n_k == n and window is None:
-            o = F.scaled_dot_product_attention(
-                qh, keys, values, is_causal=True, scale=scale, enable_gqa=True
+        return _uncached(q, k, v, meta, scale, window)
+    k_pool, v_pool = cache.k[layer], cache.v[layer]
+    k_pool.index_copy_(0, meta.slot_mapping, k)
+    v_pool.index_copy_(0, meta.slot_mapping, v)
+    n_heads, d = q.shape[1], q.shape[2]
+    if meta.decode is not None and meta.decode.token_rows.numel() == q.shape[0]:
+        return _decode_batch(q, k_pool, v_pool, meta.decode, scale, window)  # decode only
+    out = q.new_empty(q.shape[0], n_heads * d)
+    if meta.decode is not None:
+        out[meta.decode.token_rows] = _decode_batch(q, k_pool, v_pool, meta.decode, scale, window)
+    start = 0
+    for n, index in zip(meta.query_lens, meta.kv_index, strict=True):
+        if index is not None:
+            keys = k_pool[index].transpose(0, 1)  # [KVH, ctx + n, D]
+            values = v_pool[index].transpose(0, 1)
+            out[start : start + n] = _one_sequence(
+                q[start : start + n], keys, values, scale, window
             )
-        else:
-            mask = _causal_mask(n, n_k, window, q.device)
-            o = F.scaled_dot_product_attention(
-                qh, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
-            )
-        outs.append(o[0].transpose(0, 1).reshape(n, n_heads * d))
+        start += n
+    return out
+
+
+def _uncached(q, k, v, meta, scale, window) -> torch.Tensor:
+    outs, start = [], 0
+    for n in meta.query_lens:
+        sl = slice(start, start + n)
+        outs.append(
+            _one_sequence(q[sl], k[sl].transpose(0, 1), v[sl].transpose(0, 1), scale, window)
+        )
+        start += n
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

@@ -106,3 +106,40 @@ def quantize_(model: nn.Module, method: str) -> nn.Module:
             quantize_(child, method)
     return model
 
+
+class TiledLinear(nn.Module):
+    """A linear layer whose every output row is computed the same way whatever the batch.
+
+    BLAS picks different kernels (and so different float rounding) for different numbers
+    of rows: a row computed alone (a matrix-vector product) can differ in the last bits
+    from the same row inside a 16-row batch, which flips greedy ties now and then. Here
+    every product runs on exactly `tile` rows (the last tile padded with zeros), so a row's
+    result does not depend on its neighbours: the batch-invariant numerics mode.
+    """
+
+    def __init__(self, inner: nn.Module, tile: int = 16):
+        super().__init__()
+        self.inner, self.tile = inner, tile
+        self.in_features, self.out_features = inner.in_features, inner.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        m = flat.shape[0]
+        if m == 0:
+            return self.inner(x)
+        pad = -m % self.tile
+        if pad:
+            flat = torch.cat([flat, flat.new_zeros(pad, self.in_features)])
+        out = torch.cat([self.inner(t) for t in flat.split(self.tile)])[:m]
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def tile_linears_(model: nn.Module, tile: int = 16) -> nn.Module:
+    """Wrap every linear layer (dense or quantised) of the model in TiledLinear."""
+    kinds = (nn.Linear, *QUANTIZED_LINEARS.values())
+    for name, child in list(model.named_children()):
+        if isinstance(child, kinds):
+            setattr(model, name, TiledLinear(child, tile))
+        else:
+            tile_linears_(child, tile)
+    return model

@@ -1,0 +1,156 @@
+"""Lab: prefix-cache hit rate versus cache size on the real model.
+
+G groups of requests each share a system prompt of L tokens (different per group); each
+request adds its own short question. Requests arrive in a random order, a few at a time.
+With room for every group's prefix the cache serves almost every prompt token after the
+first request of each group; as the pool shrinks below G x L tokens, LRU eviction throws
+prefixes out before their group comes back and the hit rate falls.
+
+    python labs/prefix_cache_size.py [--groups 8] [--prefix-tokens 256]
+
+Writes an evidence record and a PNG (hit rate and computed prefill tokens versus pool size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from tokenworks import LLM, SamplingParams  # noqa: E402
+from tokenworks.bench.record import make_record, write_record  # noqa: E402
+from tokenworks.bench.workload import latency_prompt  # noqa: E402
+from tokenworks.models import load  # noqa: E402
+
+
+def run(llm: LLM, prompts: list[list[int]], concurrency: int) -> dict:
+    engine = llm.engine
+    params = SamplingParams(max_tokens=1, temperature=0)
+    t = time.perf_counter()
+    for i in range(0, len(prompts), concurrency):
+        for p in prompts[i : i + concurrency]:
+            engine.add_request(prompt_token_ids=p, params=params)
+        while engine.has_unfinished():
+            engine.step()
+    prefix = engine.blocks.prefix
+    return {
+        "elapsed_s": time.perf_counter() - t,
+        "hit_rate": prefix.hit_rate,
+        "hit_tokens": prefix.hit_tokens,
+        "queried_tokens": prefix.queried_tokens,
+        "prefill_tokens": engine.totals["prefill_tokens"],
+        "evictions": prefix.evictions,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--groups", type=int, default=8)
+    ap.add_argument("--prefix-tokens", type=int, default=256)
+    ap.add_argument("--suffix-tokens", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=96)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args()
+
+    loaded = load(args.model)
+    vocab = loaded.spec.vocab_size
+    rng = random.Random(0)
+    prefixes = [latency_prompt(args.prefix_tokens, vocab, seed=100 + g) for g in range(args.groups)]
+    groups = [rng.randrange(args.groups) for _ in range(args.requests)]
+    prompts = [
+        prefixes[g] + latency_prompt(args.suffix_tokens, vocab, seed=10_000 + i)
+        for i, g in enumerate(groups)
+    ]
+    bs = args.block_size
+    prefix_blocks = args.prefix_tokens // bs
+    need_all = args.groups * prefix_blocks
+    # the smallest pool must hold one whole request plus the concurrent ones' tails
+    floor = (args.prefix_tokens + args.suffix_tokens) // bs + 2 * args.concurrency
+    sizes = sorted({max(floor, int(need_all * f)) for f in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)})
+    results = []
+    for n_blocks in tqdm(sizes, desc="pool sizes"):
+        probe = LLM(
+            args.model,
+            dtype="bfloat16",
+            loaded=loaded,
+            threads=args.threads,
+            block_size=bs,
+            kv_cache_memory=1e-3,
+        )
+        block_bytes = probe.engine.kv_bytes_per_token * bs
+        del probe
+        llm = LLM(
+            args.model,
+            dtype="bfloat16",
+            loaded=loaded,
+            threads=args.threads,
+            block_size=bs,
+            kv_cache_memory=n_blocks * block_bytes / 1024**3,
+        )
+        r = run(llm, prompts, args.concurrency)
+        r.update(num_blocks=llm.engine.blocks.num_blocks, pool_mib=n_blocks * block_bytes / 2**20)
+        results.append(r)
+    no_cache_prefill = sum(len(p) for p in prompts)
+
+    fig, ax1 = plt.subplots(figsize=(7, 4))
+    xs = [r["num_blocks"] for r in results]
+    ax1.plot(xs, [100 * r["hit_rate"] for r in results], "o-", color="tab:blue")
+    ax1.set_xlabel(f"KV pool size (blocks of {bs} tokens)")
+    ax1.set_ylabel("prefix-cache hit rate (% of prompt tokens)", color="tab:blue")
+    ax1.axvline(need_all, color="gray", ls="--", lw=1)
+    ax1.text(need_all, 5, " all prefixes fit", color="gray")
+    ax2 = ax1.twinx()
+    ax2.plot(xs, [r["prefill_tokens"] / no_cache_prefill for r in results], "s--", color="tab:red")
+    ax2.set_ylabel("prefill tokens computed / without cache", color="tab:red")
+    ax1.set_title(
+        f"{args.groups} system prompts of {args.prefix_tokens} tokens, {args.requests} requests"
+    )
+    fig.tight_layout()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / "lab-prefix-cache-size.png"
+    fig.savefig(png, dpi=110)
+
+    record = make_record(
+        kind="lab.prefix_cache_size",
+        engine={"dtype": "bfloat16", "block_size": bs, "threads": args.threads},
+        model={"id": loaded.model_id, "sha256": loaded.file_sha256, "dtype": "bfloat16"},
+        workload={
+            "groups": args.groups,
+            "prefix_tokens": args.prefix_tokens,
+            "suffix_tokens": args.suffix_tokens,
+            "requests": args.requests,
+            "concurrency": args.concurrency,
+            "request_groups": groups,
+            "max_tokens": 1,
+        },
+        results={
+            "by_pool_size": results,
+            "prefill_tokens_without_cache": no_cache_prefill,
+            "blocks_for_all_prefixes": need_all,
+            "figure": str(png),
+        },
+        seeds=[0],
+    )
+    path = write_record(record, args.out)
+    for r in results:
+        print(
+            f"{r['num_blocks']:5d} blocks: hit rate {100 * r['hit_rate']:5.1f}%, "
+            f"prefill {r['prefill_tokens']} tokens, evictions {r['evictions']}"
+        )
+    print(f"record {path}, figure {png}")
+
+
+if __name__ == "__main__":
+    main()

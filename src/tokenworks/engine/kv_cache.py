@@ -1,0 +1,233 @@
+"""Paged KV memory: a pool of fixed-size blocks, block tables, reference counts, copy-on-write.
+
+The pool is sized once from a memory budget. A sequence owns a block table (the list of
+block ids that hold its tokens' keys and values, in order); token position p lives in slot
+`table[p // block_size] * block_size + p % block_size` of the flat pool. Memory is
+committed one block at a time as a sequence grows, instead of reserving its whole
+possible length up front the way a contiguous cache must.
+
+Blocks are shared by reference count: a prefix-cache hit or a fork (parallel sampling
+with n > 1) points several tables at the same block. Writing into a shared block copies
+it first (copy-on-write), so a writer never changes what another sequence reads.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from tokenworks.engine.prefix_cache import PrefixCache, prefix_hashes
+
+
+class NoFreeBlocksError(RuntimeError):
+    pass
+
+
+def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    return n_layers * 2 * n_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
+class KVPool:
+    """The tensors: per layer, K and V of shape [num_blocks * block_size, n_kv_heads, head_dim]."""
+
+    def __init__(
+        self,
+        n_layers: int,
+        num_blocks: int,
+        block_size: int,
+        n_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ):
+        shape = (num_blocks * block_size, n_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.num_blocks, self.block_size = num_blocks, block_size
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy each src block's K/V into dst (the copy half of copy-on-write)."""
+        if not pairs:
+            return
+        bs = self.block_size
+        src = torch.cat([torch.arange(s * bs, (s + 1) * bs) for s, _ in pairs])
+        dst = torch.cat([torch.arange(d * bs, (d + 1) * bs) for _, d in pairs])
+        src, dst = src.to(self.k[0].device), dst.to(self.k[0].device)
+        for t in self.k + self.v:
+            t[dst] = t[src]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+class BlockManager:
+    """Which blocks are free, who references each, and what each sequence's table holds.
+
+    The sequence objects it manages carry `block_table` (list[int]), `n_cached` (tokens
+    whose K/V are written), `all_ids`, `num_tokens`, `cache_salt`, `block_hashes` and
+    `n_registered` (leading full blocks already offered to the prefix cache).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be >= 1")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.ref = [0] * num_blocks
+        self.free: deque[int] = deque(range(num_blocks))
+        self.prefix = PrefixCache() if enable_prefix_caching else None
+        self.cow_copies = 0
+
+    # ------------------------------------------------------------------ counting
+
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be handed out now: never used, or cached but unreferenced."""
+        return len(self.free) + (len(self.prefix.evictable) if self.prefix else 0)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool referenced by live sequences (vLLM's kv_cache_usage)."""
+        return 1.0 - self.num_free / self.num_blocks
+
+    def blocks_for(self, n_tokens: int) -> int:
+        return -(-n_tokens // self.block_size)
+
+    def _needs_copy(self, seq, n_cached: int) -> bool:
+        i = n_cached // self.block_size
+        return i < len(seq.block_table) and self.ref[seq.block_table[i]] > 1
+
+    def blocks_needed(self, seq, n_new: int) -> int:
+        """New blocks that writing n_new more tokens of seq would take (copies included)."""
+        grow = self.blocks_for(seq.n_cached + n_new) - len(seq.block_table)
+        return max(grow, 0) + (1 if n_new and self._needs_copy(seq, seq.n_cached) else 0)
+
+    def can_append(self, seq, n_new: int) -> bool:
+        return self.blocks_needed(seq, n_new) <= self.num_free
+
+    # ------------------------------------------------------------------ references
+
+    def _take(self) -> int:
+        if self.free:
+            b = self.free.popleft()
+        else:
+            b = self.prefix.evict() if self.prefix else None
+            if b is None:
+                raise NoFreeBlocksError("the KV block pool is exhausted")
+        self.ref[b] = 1
+        return b
+
+    def _incref(self, b: int) -> None:
+        if self.ref[b] == 0 and self.prefix:
+            self.prefix.unpark(b)
+        self.ref[b] += 1
+
+    def _decref(self, b: int) -> None:
+        self.ref[b] -= 1
+        if self.ref[b] < 0:
+            raise AssertionError(f"block {b} freed more often than referenced")
+        if self.ref[b] == 0:
+            if self.prefix and self.prefix.is_cached(b):
+                self.prefix.park(b)
+            else:
+                self.free.append(b)
+
+    # ------------------------------------------------------------------ sequences
+
+    def match_prefix(self, seq) -> int:
+        """Point a fresh sequence's table at cached blocks of its prefix; return tokens hit.
+
+        At most num_tokens - 1 tokens are reused: the last one must run to give logits.
+        """
+        if self.prefix is None or seq.block_table:
+            return 0
+        usable = (seq.num_tokens - 1) // self.block_size
+        seq.block_hashes = prefix_hashes(
+            seq.all_ids[: usable * self.block_size],
+            self.block_size,
+            seq.cache_salt,
+            seq.block_hashes[:usable],
+        )
+        found = self.prefix.lookup(seq.block_hashes[:usable])
+        for b in found:
+            self._incref(b)
+        seq.block_table = list(found)
+        seq.n_cached = len(found) * self.block_size
+        return seq.n_cached
+
+    def append(self, seq, n_new: int) -> list[tuple[int, int]]:
+        """Make room for n_new tokens after seq.n_cached; return (src, dst) blocks to copy."""
+        if self.blocks_needed(seq, n_new) > self.num_free:
+            raise NoFreeBlocksError(f"{seq.request_id}: not enough free KV blocks")
+        copies = []
+        if n_new and self._needs_copy(seq, seq.n_cached):
+            i = seq.n_cached // self.block_size
+            old, new = seq.block_table[i], self._take()
+            copies.append((old, new))
+            self._decref(old)
+            seq.block_table[i] = new
+            self.cow_copies += 1
+        while len(seq.block_table) < self.blocks_for(seq.n_cached + n_new):
+            seq.block_table.append(self._take())
+        return copies
+
+    def commit(self, seq, n_tokens: int) -> None:
+        """Make the blocks that n_tokens fill findable by later lookups.
+
+        Called when a chunk is scheduled, before the forward pass: a request admitted later
+        in the same step may then share blocks another sequence is computing in this very
+        pass. That is safe because each layer writes every new token's K/V into the pool
+        before any sequence's attention reads it.
+        """
+        if self.prefix is None:
+            return
+        full = n_tokens // self.block_size
+        if full > len(seq.block_hashes):
+            seq.block_hashes = prefix_hashes(
+                seq.all_ids[: full * self.block_size],
+                self.block_size,
+                seq.cache_salt,
+                seq.block_hashes,
+            )
+        for i in range(seq.n_registered, full):
+            self.prefix.register(seq.block_table[i], seq.block_hashes[i])
+        seq.n_registered = max(seq.n_registered, full)
+
+    def forget_seq(self, seq) -> None:
+        """Drop the prefix-cache entries of seq's blocks (their content is not to be trusted,
+        e.g. the forward pass that was to fill them failed)."""
+        if self.prefix is not None:
+            for b in seq.block_table:
+                self.prefix.forget(b)
+        seq.n_registered = 0
+
+    def fork(self, parent, child) -> None:
+        """child shares every block of parent (parallel sampling): references, not copies."""
+        for b in parent.block_table:
+            self._incref(b)
+        child.block_table = list(parent.block_table)
+        child.n_cached = parent.n_cached
+        child.block_hashes = list(parent.block_hashes)
+        child.n_registered = parent.n_registered
+
+    def free_seq(self, seq) -> None:
+        for b in seq.block_table:
+            self._decref(b)
+        seq.block_table = []
+        seq.n_registered = 0
+
+    def slot(self, seq, position: int) -> int:
+        return seq.block_table[position // self.block_size] * self.block_size + (
+            position % self.block_size
+        )
+
+    def check(self) -> None:
+        """Invariants (for tests): every block is free, parked or referenced, exactly once."""
+        free = set(self.free)
+        parked = set(self.prefix.evictable) if self.prefix else set()
+        assert len(free) == len(self.free), "a block is on the free list twice"
+        assert not free & parked, "a block is both free and parked"
+        for b in range(self.num_blocks):
+            state = (b in free) + (b in parked) + (self.ref[b] > 0)
+            assert state == 1, f"block {b}: free={b in free} parked={b in parked} ref={self.ref[b]}"

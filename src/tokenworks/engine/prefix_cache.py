@@ -1,0 +1,110 @@
+"""Prefix caching: full KV blocks found again by the content they hold.
+
+A full block's identity is a chained hash: sha256(parent block's hash, the block's token
+ids, an optional isolation salt). Two sequences that share their first k full blocks of
+tokens (a system prompt, a few-shot preamble, an earlier turn) therefore share the first k
+hashes, and the second one reuses the first one's blocks instead of recomputing them. The
+salt keeps tenants apart: the same tokens under a different salt hash differently, so one
+tenant can never read (or time) another's cached prefix.
+
+A cached block whose reference count drops to zero is not freed at once: it waits in an
+LRU list, still findable, and is evicted (its hash forgotten) only when the pool needs a
+block and has no truly free one left.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+
+_NONE = b"\x00" * 32
+
+
+def block_hash(parent: bytes | None, token_ids: Sequence[int], salt: str | None = None) -> bytes:
+    """The chained content hash of one full block."""
+    h = hashlib.sha256(parent or _NONE)
+    h.update(array("q", token_ids).tobytes())
+    if salt:
+        h.update(b"\x01salt:" + salt.encode())
+    return h.digest()
+
+
+def prefix_hashes(
+    token_ids: Sequence[int], block_size: int, salt: str | None = None, start: list[bytes] = ()
+) -> list[bytes]:
+    """Hashes of every full block of token_ids, extending an already-computed chain."""
+    hashes = list(start)
+    for i in range(len(hashes), len(token_ids) // block_size):
+        parent = hashes[-1] if hashes else None
+        hashes.append(block_hash(parent, token_ids[i * block_size : (i + 1) * block_size], salt))
+    return hashes
+
+
+class PrefixCache:
+    """hash -> block id for full blocks, plus the LRU of cached blocks nobody references."""
+
+    def __init__(self) -> None:
+        self.by_hash: dict[bytes, int] = {}
+        self.hash_of: dict[int, bytes] = {}
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self.queried_tokens = 0  # prompt tokens looked up (vLLM: prefix_cache_queries)
+        self.hit_tokens = 0  # of which found cached (vLLM: prefix_cache_hits)
+        self.evictions = 0
+
+    def lookup(self, hashes: Sequence[bytes]) -> list[int]:
+        """Block ids of the longest run of leading hashes that are cached."""
+        found = []
+        for h in hashes:
+            b = self.by_hash.get(h)
+            if b is None:
+                break
+            found.append(b)
+        return found
+
+    def record_query(self, queried: int, hit: int) -> None:
+        self.queried_tokens += queried
+        self.hit_tokens += hit
+
+    def register(self, block: int, h: bytes) -> None:
+        """A block just became full with this content; make it findable (first one wins)."""
+        if h not in self.by_hash and block not in self.hash_of:
+            self.by_hash[h] = block
+            self.hash_of[block] = h
+
+    def is_cached(self, block: int) -> bool:
+        return block in self.hash_of
+
+    def park(self, block: int) -> None:
+        """Its last reference went away: keep it, most recently used last."""
+        self.evictable[block] = None
+        self.evictable.move_to_end(block)
+
+    def unpark(self, block: int) -> None:
+        """Referenced again (a hit): no longer a candidate for eviction."""
+        self.evictable.pop(block, None)
+
+    def evict(self) -> int | None:
+        """Forget the least recently used unreferenced block and hand it back to be reused."""
+        if not self.evictable:
+            return None
+        block, _ = self.evictable.popitem(last=False)
+        del self.by_hash[self.hash_of.pop(block)]
+        self.evictions += 1
+        return block
+
+    def forget(self, block: int) -> None:
+        """The block's content is about to change (it is being reused): drop its hash."""
+        h = self.hash_of.pop(block, None)
+        if h is not None and self.by_hash.get(h) == block:
+            del self.by_hash[h]
+        self.evictable.pop(block, None)
+
+    def reset(self) -> None:
+        for b in list(self.evictable):
+            self.forget(b)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0

@@ -1,0 +1,187 @@
+"""The scheduler: which sequences run in the next forward pass, and how many tokens each.
+
+Continuous batching under two limits, the way vLLM's scheduler works:
+- a token budget per step (`max_num_batched_tokens`): decodes cost one token each, a
+  prompt costs its length, and a prompt longer than what is left of the budget is split
+  into chunks (chunked prefill) that share steps with the running decodes;
+- a cap on running sequences (`max_num_seqs`).
+
+Running sequences go first, oldest first (or by priority), so decodes are never starved
+by new prompts. Then waiting requests are admitted in order while the budget, the cap and
+the KV pool allow. When the pool cannot give a running sequence the block it needs, the
+newest (lowest-priority) running sequence is preempted: its blocks are freed and it goes
+back to the front of the waiting queue to be recomputed later (its cached prefix blocks
+often survive in the prefix cache). Because a preempted sequence keeps its arrival order,
+it is admitted again before anything that came after it: no starvation.
+
+Admission control: the waiting queue is bounded (`QueueFullError`), and a request that
+could never fit in the pool even alone is refused up front (`RequestTooLargeError`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from tokenworks.config import EngineConfig
+from tokenworks.engine.kv_cache import BlockManager
+from tokenworks.engine.sequence import Sequence, SequenceStatus
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is full; the caller should retry later (HTTP 429 / 529)."""
+
+
+class RequestTooLargeError(ValueError):
+    """The request cannot fit in the KV pool even with nothing else running."""
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    n_tokens: int  # tokens fed this step (a prefill chunk, or 1 for a decode)
+    sample: bool  # the chunk reaches the sequence's last token, so a new token is sampled
+    prefill: bool  # a prompt chunk (or a recompute after preemption), not a decode step
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write block copies
+    preempted: list[Sequence] = field(default_factory=list)
+    prefix_hit_tokens: int = 0  # prompt tokens newly admitted from the prefix cache
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(s.n_tokens for s in self.scheduled if s.prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(s.n_tokens for s in self.scheduled if not s.prefill)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, blocks: BlockManager):
+        self.config, self.blocks = config, blocks
+        self.waiting: list[Sequence] = []  # sorted by _key
+        self.running: list[Sequence] = []  # sorted by _key
+        self.num_preemptions = 0
+
+    def _key(self, seq: Sequence) -> tuple[int, int, int]:
+        prio = seq.priority if self.config.scheduling_policy == "priority" else 0
+        return (prio, seq.arrival, seq.index)
+
+    # ------------------------------------------------------------------ queue
+
+    def add(self, seq: Sequence) -> None:
+        n = seq.params.n
+        total = min(seq.num_tokens + seq.params.max_tokens, seq.max_len)
+        need = self.blocks.blocks_for(total) + (n - 1) * (
+            self.blocks.blocks_for(seq.params.max_tokens) + 1
+        )
+        need = min(need, n * self.blocks.blocks_for(seq.max_len))
+        if need > self.blocks.num_blocks:
+            bs = self.blocks.block_size
+            raise RequestTooLargeError(
+                f"the request needs up to {need} KV blocks of {bs} tokens ({total} tokens x "
+                f"n={n}) but the whole pool has {self.blocks.num_blocks}; lower max_tokens or "
+                "n, shorten the prompt, or give the engine more KV memory (kv_cache_memory)"
+            )
+        if len(self.waiting) >= self.config.max_waiting:
+            raise QueueFullError(
+                f"the waiting queue is full ({self.config.max_waiting} requests); retry later"
+            )
+        bisect.insort(self.waiting, seq, key=self._key)
+
+    def add_running(self, seq: Sequence) -> None:
+        """A forked sibling joins the running set directly (its blocks are shared)."""
+        bisect.insort(self.running, seq, key=self._key)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a finished or aborted sequence out of the queues and free its blocks."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        self.blocks.free_seq(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ one step
+
+    def _chunk(self, seq: Sequence, budget: int) -> int:
+        """Tokens of seq to feed now given the budget left (0: none this step)."""
+        remaining = seq.num_tokens - seq.n_cached
+        if self.config.batch_invariant:
+            # Chunk boundaries at fixed multiples of the budget from the sequence's start,
+            # so a sequence is cut the same way whatever else shares its steps.
+            size = self.config.max_num_batched_tokens
+            n = min(remaining, size - seq.n_cached % size)
+            return n if n <= budget else 0
+        n = min(remaining, budget)
+        if n > 1:  # a prompt chunk: shrink it to the blocks there are rather than wait
+            room = (len(seq.block_table) + self.blocks.num_free) * self.blocks.block_size
+            n = max(1, min(n, room - seq.n_cached))
+        if n < remaining and not self.config.enable_chunked_prefill:
+            return 0
+        return n
+
+    def _item(self, seq: Sequence, n: int) -> ScheduledSeq:
+        self.blocks.commit(seq, seq.n_cached + n)
+        decode = n == 1 and seq.num_tokens - seq.n_cached == 1 and bool(seq.output_ids)
+        return ScheduledSeq(seq, n, seq.n_cached + n == seq.num_tokens, not decode)
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.blocks.free_seq(seq)
+        seq.n_cached = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(seq)
+        bisect.insort(self.waiting, seq, key=self._key)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        run = list(self.running)
+        i = 0
+        while i < len(run) and budget > 0:
+            seq = run[i]
+            n = self._chunk(seq, budget)
+            if n == 0:
+                i += 1
+                continue
+            while not self.blocks.can_append(seq, n):
+                victim = run.pop()  # the newest, or lowest priority
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.copies += self.blocks.append(seq, n)
+                out.scheduled.append(self._item(seq, n))
+                budget -= n
+                i += 1
+        self.running = run
+        if out.preempted:
+            return out  # memory is short: admit nothing new this step
+        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
+            seq = self.waiting[0]
+            hit = self.blocks.match_prefix(seq)
+            n = self._chunk(seq, budget)
+            if n == 0 or not self.blocks.can_append(seq, n):
+                self.blocks.free_seq(seq)  # undo the prefix match; its blocks stay cached
+                seq.n_cached = 0
+                break
+            self.waiting.pop(0)
+            if self.blocks.prefix is not None:
+                self.blocks.prefix.record_query(seq.num_tokens, hit)
+            if seq.num_preemptions == 0:
+                seq.num_cached_prompt_tokens = hit
+            out.prefix_hit_tokens += hit
+            seq.status = SequenceStatus.RUNNING
+            out.copies += self.blocks.append(seq, n)
+            out.scheduled.append(self._item(seq, n))
+            bisect.insort(self.running, seq, key=self._key)
+            budget -= n
+        return out

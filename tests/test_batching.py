@@ -1,0 +1,246 @@
+"""Continuous batching on the real model: invariance, prefix caching, chunking, preemption."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tokenworks import LLM, SamplingParams
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+def mixed_prompts(tok, n: int, seed: int = 0) -> list[list[int]]:
+    """n prompts of 3 to ~300 tokens cut from English text, all different."""
+    words = (
+        "the engine reads a prompt turns it into tokens runs the model over a batch of "
+        "sequences writes keys and values into blocks and samples one token at a time while "
+        "the scheduler decides who runs next under a budget of tokens and a cap on sequences"
+    ).split()
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        length = rng.choice([3, 9, 17, 40, 75, 130, 210, 300])
+        text = f"Story {i}: " + " ".join(rng.choice(words) for _ in range(length))
+        out.append(tok.encode(text)[:length] if length > 3 else tok.encode(text)[:3])
+    return out
+
+
+def tokens(outputs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def invariant_llm(smol_loaded):
+    """Batch-invariant numerics, a small budget so prompts are chunked beside decodes."""
+    return LLM(
+        "smollm2-135m",
+        dtype="float32",
+        loaded=smol_loaded,
+        batch_invariant=True,
+        max_num_batched_tokens=128,
+        max_num_seqs=16,
+        kv_cache_memory=0.25,
+    )
+
+
+def test_sixteen_mixed_prompts_together_give_what_each_gives_alone(invariant_llm):
+    prompts = mixed_prompts(invariant_llm.tokenizer, 16)
+    together = tokens(invariant_llm.generate(prompts, GREEDY))
+    stats = list(invariant_llm.engine.stats)
+    assert max(s.batch_size for s in stats) >= 5  # they really ran together
+    assert any(s.prefill_tokens and s.decode_tokens for s in stats)  # chunks beside decodes
+    alone = [tokens(invariant_llm.generate([p], GREEDY, use_tqdm=False))[0] for p in prompts]
+    assert together == alone
+
+
+def test_a_chunked_prompt_gives_the_logits_of_one_pass(smol_llm, smol_loaded):
+    chunked = LLM(
+        "smollm2-135m",
+        dtype="float32",
+        loaded=smol_loaded,
+        max_num_batched_tokens=48,
+        kv_cache_memory=0.1,
+    )
+    prompt = mixed_prompts(chunked.tokenizer, 8, seed=3)[-1]
+    while len(prompt) < 200:
+        prompt = prompt + prompt
+    out = chunked.generate([prompt], SamplingParams(max_tokens=1, temperature=0, logprobs=10))
+    assert sum(s.prefill_tokens > 0 for s in chunked.engine.stats) >= 4  # it was chunked
+    full = chunked.engine.runner.run_uncached(prompt)[-1].float().log_softmax(-1)
+    top = out[0].outputs[0].logprobs[0].top
+    for token_id, _, logprob in top:
+        assert abs(full[token_id].item() - logprob) < 1e-4
+
+
+def test_a_prefix_cache_hit_gives_the_tokens_of_a_miss(smol_llm, smol_loaded):
+    cold = LLM(
+        "smollm2-135m",
+        dtype="float32",
+        loaded=smol_loaded,
+        enable_prefix_caching=False,
+        kv_cache_memory=0.1,
+    )
+    prompts = mixed_prompts(smol_llm.tokenizer, 4, seed=5)
+    shared = prompts[0] * 3  # > 2 blocks of common prefix
+    batch = [shared + p for p in prompts]
+    expected = tokens(cold.generate(batch, GREEDY))
+    warm = LLM("smollm2-135m", dtype="float32", loaded=smol_loaded, kv_cache_memory=0.1)
+    first = tokens(warm.generate(batch[:1], GREEDY))
+    rest = warm.generate(batch[1:], GREEDY)
+    assert all(o.num_cached_tokens >= len(shared) - 16 for o in rest)  # hits
+    assert first + tokens(rest) == expected
+
+
+def test_a_shared_system_prompt_is_computed_once(smol_llm, smol_loaded):
+    llm = LLM("smollm2-135m", dtype="float32", loaded=smol_loaded, kv_cache_memory=0.25)
+    tok = llm.tokenizer
+    system = (tok.encode("You are a careful assistant. " * 120))[:512]
+    prompts = [system + tok.encode(f" Question {i}: what is {i} plus {i}?") for i in range(32)]
+    llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0))
+    t = llm.engine.totals
+    assert t["prompt_tokens"] == sum(len(p) for p in prompts)
+    saved = 1 - t["prefill_tokens"] / t["prompt_tokens"]
+    assert saved >= 0.90, t
+    prefix = llm.engine.blocks.prefix
+    assert prefix.hit_tokens >= 31 * 512 and prefix.queried_tokens == t["prompt_tokens"]
+
+
+def test_without_the_cache_every_prompt_token_is_computed(toy_llm):
+    llm = LLM("toy", dtype="float32", loaded=toy_llm.engine.loaded, enable_prefix_caching=False)
+    prompts = [[5] * 40 + [i] for i in range(6)]
+    llm.generate(prompts, SamplingParams(max_tokens=2, temperature=0))
+    assert llm.engine.totals["prefill_tokens"] == sum(len(p) for p in prompts)
+
+
+def test_salted_requests_do_not_share_cached_blocks(toy_llm):
+    llm = LLM("toy", dtype="float32", loaded=toy_llm.engine.loaded)
+    eng = llm.engine
+    prompt = list(range(3, 70))
+    for salt in ("tenant-a", "tenant-b", "tenant-a"):
+        eng.add_request(prompt_token_ids=prompt, params=GREEDY, cache_salt=salt)
+        while eng.has_unfinished():
+            eng.step()
+    assert eng.blocks.prefix.hit_tokens == 64  # only the second tenant-a request hit
+
+
+def test_too_little_kv_memory_preempts_and_still_gives_each_output(invariant_llm, smol_loaded):
+    prompts = mixed_prompts(invariant_llm.tokenizer, 8, seed=7)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    alone = [tokens(invariant_llm.generate([p], params, use_tqdm=False))[0] for p in prompts]
+    # 24 blocks of 16 tokens: the longest request (340 tokens) only just fits alone
+    block_bytes = invariant_llm.engine.kv_bytes_per_token * 16
+    tight = LLM(
+        "smollm2-135m",
+        dtype="float32",
+        loaded=smol_loaded,
+        batch_invariant=True,
+        max_num_batched_tokens=128,
+        kv_cache_memory=24 * block_bytes / 1024**3,
+    )
+    assert tight.engine.blocks.num_blocks == 24
+    together = tokens(tight.generate(prompts, params))
+    assert tight.engine.totals["preemptions"] > 0
+    assert together == alone
+    assert tight.engine.blocks.num_free == 24
+
+
+def test_parallel_samples_share_the_prompt_blocks_and_copy_on_write(toy_llm):
+    llm = LLM("toy", dtype="float32", loaded=toy_llm.engine.loaded, block_size=8)
+    prompt = list(range(3, 23))  # 20 tokens: 2 full blocks and a partial one
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=11, n=3)
+    out = llm.generate([prompt], params)[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2] and out.finished
+    assert all(len(c.token_ids) == 6 for c in out.outputs)
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # independent samples
+    assert llm.engine.blocks.cow_copies >= 2  # two siblings copied the shared partial block
+    again = llm.generate([prompt], params)[0]
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]
+    greedy = llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0, n=2))[0]
+    assert greedy.outputs[0].token_ids == greedy.outputs[1].token_ids
+    assert llm.engine.blocks.num_free == llm.engine.blocks.num_blocks
+
+
+def test_the_waiting_queue_is_bounded_and_oversized_requests_are_refused(toy_llm):
+    from tokenworks.engine.scheduler import QueueFullError, RequestTooLargeError
+
+    llm = LLM(
+        "toy",
+        dtype="float32",
+        loaded=toy_llm.engine.loaded,
+        max_waiting=3,
+        kv_cache_memory=64 * toy_llm.engine.kv_bytes_per_token / 1024**3,
+        block_size=16,
+    )
+    eng = llm.engine
+    for _ in range(3):
+        eng.add_request(prompt_token_ids=[5, 6, 7], params=GREEDY)
+    with pytest.raises(QueueFullError, match="queue is full"):
+        eng.add_request(prompt_token_ids=[5, 6, 7], params=GREEDY)
+    with pytest.raises(RequestTooLargeError, match="KV blocks"):
+        eng.add_request(prompt_token_ids=[5] * 60, params=SamplingParams(max_tokens=100))
+    while eng.has_unfinished():
+        eng.step()
+
+
+def test_priority_policy_runs_urgent_requests_first(toy_llm):
+    llm = LLM(
+        "toy",
+        dtype="float32",
+        loaded=toy_llm.engine.loaded,
+        max_num_seqs=1,
+        scheduling_policy="priority",
+    )
+    eng = llm.engine
+    low = eng.add_request(prompt_token_ids=[5, 6], params=GREEDY, priority=5)
+    high = eng.add_request(prompt_token_ids=[7, 8], params=GREEDY, priority=0)
+    eng.step()
+    assert high.output_ids and not low.output_ids
+
+
+def test_a_thousand_random_requests_with_cancellations_leak_no_blocks(toy_llm):
+    llm = LLM(
+        "toy",
+        dtype="float32",
+        loaded=toy_llm.engine.loaded,
+        block_size=4,
+        max_num_seqs=24,
+        max_num_batched_tokens=96,
+        kv_cache_memory=60 * toy_llm.engine.kv_bytes_per_token * 4 / 1024**3,
+    )
+    eng = llm.engine
+    total = eng.blocks.num_blocks
+    rng = random.Random(0)
+    live: list[str] = []
+    for i in range(1000):
+        prompt = [rng.randrange(3, 200) for _ in range(rng.randint(1, 40))]
+        if rng.random() < 0.3:  # shared prefixes exercise the cache
+            prompt = [9] * 8 + prompt
+        params = SamplingParams(
+            max_tokens=rng.randint(1, 12), temperature=1.0, seed=i, n=rng.choice([1, 1, 2])
+        )
+        eng.add_request(prompt_token_ids=prompt, params=params, request_id=f"r{i}")
+        live.append(f"r{i}")
+        if rng.random() < 0.6:
+            eng.step()
+        if rng.random() < 0.15 and live:
+            eng.abort_request(live.pop(rng.randrange(len(live))))
+        eng.blocks.check()
+    while eng.has_unfinished():
+        eng.step()
+    eng.blocks.check()
+    assert eng.blocks.num_free == total
+    assert not eng.requests
+    assert eng.totals["preemptions"] > 0  # the pool was small enough to matter
+
+
+def test_step_stats_describe_each_step(toy_llm):
+    llm = LLM("toy", dtype="float32", loaded=toy_llm.engine.loaded)
+    llm.generate([[5] * 30, [6] * 10], SamplingParams(max_tokens=4, temperature=0))
+    stats = list(llm.engine.stats)
+    assert stats[0].prefill_tokens == 40 and stats[0].batch_size == 2
+    assert stats[-1].decode_tokens >= 1 and all(0 <= s.kv_usage <= 1 for s in stats)
+    assert sum(s.prefill_tokens + s.decode_tokens for s in stats) == 40 + 2 * 3
+    assert torch.is_tensor(torch.tensor([s.duration_s for s in stats]))
