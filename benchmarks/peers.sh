@@ -15,3 +15,6 @@ python3.11 -m venv "$PEERS/vllm"
 "$PEERS/vllm/bin/pip" uninstall -y torchvision torchaudio torchcodec || true
 echo "transformers runs from the project venv: --peer transformers=.venv/bin/python"
 echo "vllm reads a bfloat16 HF copy of the GGUF: set TOKENWORKS_PEER_HF_DIR (see README)"
+# The bfloat16 Hugging Face copy vLLM reads (same weights as the GGUF), made with our venv.
+.venv/bin/python benchmarks/hf_copy.py smollm2-135m "$PEERS/smol-hf"
+echo "then: export TOKENWORKS_PEER_HF_DIR=$PEERS/smol-hf"

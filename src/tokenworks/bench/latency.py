@@ -75,7 +75,17 @@ def run_peer(name: str, python: str, args: dict, script: str | None = None) -> d
     )
     if proc.returncode != 0:
         return {"status": "FAILED", "stderr_tail": proc.stderr[-3000:]}
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = None
+    for line in reversed(proc.stdout.strip().splitlines()):  # peers may log after it
+        if line.startswith("{"):
+            result = json.loads(line)
+            break
+    if result is None:
+        return {
+            "status": "FAILED",
+            "stderr_tail": proc.stderr[-3000:],
+            "stdout_tail": proc.stdout[-3000:],
+        }
     return {"status": "OK", "python": python, "wall_s": time.perf_counter() - t, **result}
 
 

@@ -10,6 +10,7 @@ peak against what a contiguous cache (one max-length row per sequence) would res
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from tokenworks.bench.workload import latency_prompt
 PEER_SCRIPTS = {
     "transformers": "transformers_throughput.py",
     "llama.cpp": "llamacpp_throughput.py",
+    "vllm": "vllm_throughput.py",
 }
 
 
@@ -77,6 +79,7 @@ def run_throughput(args) -> Path:
     }
     peer_args = {
         "gguf": engine.loaded.file_path,
+        "hf_dir": os.environ.get("TOKENWORKS_PEER_HF_DIR", ""),
         "prompts": prompts,
         "output_tokens": args.output_tokens,
         "threads": threads,

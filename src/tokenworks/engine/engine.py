@@ -22,7 +22,7 @@ from tokenworks.config import EngineConfig
 from tokenworks.engine.kv_cache import BlockManager, KVPool, kv_bytes_per_token
 from tokenworks.engine.request import FinishReason, SamplingParams
 from tokenworks.engine.runner import ModelRunner
-from tokenworks.engine.sampler import sample_one
+from tokenworks.engine.sampler import SampleResult, sample_one
 from tokenworks.engine.scheduler import (
     QueueFullError,
     RequestTooLargeError,
@@ -223,10 +223,12 @@ class LLMEngine:
             except Exception:
                 self._fail(out)
                 raise
-            rows = iter(logits)
+            # Plain greedy rows (no penalties, no logprobs) take one argmax over the batch.
+            argmax = logits.argmax(-1).tolist() if logits.shape[0] else []
+            rows = iter(zip(logits, argmax, strict=True))
             for item in out.scheduled:
                 if item.sample:
-                    sampled += self._sample(item.seq, next(rows))
+                    sampled += self._sample(item.seq, *next(rows))
         self._record(out, sampled, time.perf_counter() - t0)
         return sampled
 
@@ -238,7 +240,7 @@ class LLMEngine:
         for item in out.scheduled:
             self.abort_request(item.seq.request_id)
 
-    def _sample(self, seq: Sequence, row: torch.Tensor) -> list[Sequence]:
+    def _sample(self, seq: Sequence, row: torch.Tensor, argmax: int) -> list[Sequence]:
         group = [seq]
         if seq.params.n > 1 and len(seq.group) == 1:  # the prompt is done: fork the siblings
             for i in range(1, seq.params.n):
@@ -248,11 +250,15 @@ class LLMEngine:
                 group.append(child)
         no_history = torch.empty(0, dtype=torch.long)
         for s in group:
-            if s.params.uses_penalties:  # only penalties read the token history
-                prompt, output = s.prompt_tensor(), s.output_tensor()
+            p = s.params
+            if p.greedy and p.logprobs is None and not p.uses_penalties:
+                s.append(SampleResult(argmax, None, None))
             else:
-                prompt = output = no_history
-            s.append(sample_one(row, s.params, prompt, output, s.generator))
+                if p.uses_penalties:  # only penalties read the token history
+                    prompt, output = s.prompt_tensor(), s.output_tensor()
+                else:
+                    prompt = output = no_history
+                s.append(sample_one(row, p, prompt, output, s.generator))
             if s.finished:
                 self.scheduler.remove(s)
                 if s.group_finished:
