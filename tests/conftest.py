@@ -13,6 +13,23 @@ import torch
 
 torch.set_num_threads(2)
 
+# Tests that take a `device` run on the CPU, and on CUDA too where torch sees a GPU.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+REAL_MODEL_FIXTURES = {"smol_llm", "smol_loaded", "hf_smol", "invariant_llm"}
+
+
+def pytest_collection_modifyitems(items):
+    """Mark tests that need the real model file, so `-m "not real_model"` can leave them out
+    (on a machine that cannot fetch it, e.g. a lent GPU with no network)."""
+    for item in items:
+        if REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real_model)
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
 
 @pytest.fixture(scope="session")
 def smol_llm():

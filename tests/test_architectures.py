@@ -59,15 +59,15 @@ def saved(request, tmp_path_factory):
     return request.param, model, path
 
 
-def test_logits_match_transformers_within_1e_4(saved):
+def test_logits_match_transformers_within_1e_4(saved, device):
     name, hf, path = saved
     loaded = load(str(path))
-    ours = build_model(loaded.spec, loaded.weights, torch.float32)
+    ours = build_model(loaded.spec, loaded.weights, torch.float32, device)
     ids = torch.randint(0, 320, (40,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        a = ours(ids, torch.arange(40), AttentionMetadata.single(40))
+        a = ours(ids.to(device), torch.arange(40, device=device), AttentionMetadata.single(40))
         b = hf(ids[None]).logits[0]
-    assert (a - b).abs().max().item() < 1e-4, name
+    assert (a.cpu() - b).abs().max().item() < 1e-4, name
 
 
 def test_the_float64_reference_matches_transformers(saved):
@@ -80,7 +80,7 @@ def test_the_float64_reference_matches_transformers(saved):
 
 
 @pytest.mark.parametrize("batch_decode", [True, False])
-def test_decoding_through_paged_blocks_matches_one_full_pass(saved, batch_decode):
+def test_decoding_through_paged_blocks_matches_one_full_pass(saved, batch_decode, device):
     """Prefill 10 tokens in chunks of 3, 7, then decode one at a time through a scattered
     block table: every step's logits equal the full pass (fast and reference paths)."""
     from tokenworks.engine.kv_cache import KVPool
@@ -88,16 +88,17 @@ def test_decoding_through_paged_blocks_matches_one_full_pass(saved, batch_decode
     _, _, path = saved
     loaded = load(str(path))
     spec = loaded.spec
-    model = build_model(spec, loaded.weights, torch.float32)
-    ids = torch.arange(5, 25)
+    model = build_model(spec, loaded.weights, torch.float32, device)
+    ids = torch.arange(5, 25, device=device)
     table = [5, 0, 3, 6, 1]  # block size 4: 20 tokens in 5 blocks, out of order on purpose
-    pool = KVPool(spec.n_layers, 8, 4, spec.n_kv_heads, spec.head_dim, torch.float32)
+    pool = KVPool(spec.n_layers, 8, 4, spec.n_kv_heads, spec.head_dim, torch.float32, device)
 
     def run(start, n):
-        meta = AttentionMetadata.paged([n], [start], [table], 4, batch_decode=batch_decode)
-        return model(ids[start : start + n], torch.arange(start, start + n), meta, pool)
+        meta = AttentionMetadata.paged([n], [start], [table], 4, device, batch_decode)
+        positions = torch.arange(start, start + n, device=device)
+        return model(ids[start : start + n], positions, meta, pool)
 
     with torch.no_grad():
-        full = model(ids, torch.arange(20), AttentionMetadata.single(20))
+        full = model(ids, torch.arange(20, device=device), AttentionMetadata.single(20))
         steps = [run(0, 3), run(3, 7)] + [run(i, 1) for i in range(10, 20)]
     assert (torch.cat(steps) - full).abs().max().item() < 1e-4

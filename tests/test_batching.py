@@ -147,8 +147,8 @@ def test_too_little_kv_memory_preempts_and_still_gives_each_output(invariant_llm
     assert tight.engine.blocks.num_free == 24
 
 
-def test_parallel_samples_share_the_prompt_blocks_and_copy_on_write(toy_llm):
-    llm = LLM("toy", dtype="float32", loaded=toy_llm.engine.loaded, block_size=8)
+def test_parallel_samples_share_the_prompt_blocks_and_copy_on_write(toy_llm, device):
+    llm = LLM("toy", dtype="float32", loaded=toy_llm.engine.loaded, block_size=8, device=device)
     prompt = list(range(3, 23))  # 20 tokens: 2 full blocks and a partial one
     params = SamplingParams(max_tokens=6, temperature=1.0, seed=11, n=3)
     out = llm.generate([prompt], params)[0]
@@ -200,9 +200,10 @@ def test_priority_policy_runs_urgent_requests_first(toy_llm):
     assert high.output_ids and not low.output_ids
 
 
-def test_a_thousand_random_requests_with_cancellations_leak_no_blocks(toy_llm):
+def test_a_thousand_random_requests_with_cancellations_leak_no_blocks(toy_llm, device):
     llm = LLM(
         "toy",
+        device=device,
         dtype="float32",
         loaded=toy_llm.engine.loaded,
         block_size=4,

@@ -194,3 +194,18 @@ def test_int4_model_equals_the_dense_model_with_dequantised_weights(toy_llm):
     # and far closer than to the original weights (so the quantised grid is what runs)
     assert (lq - ld).abs().max() < 0.05 * ld.abs().max()
     assert (lq - ld).abs().mean() < 0.25 * (lq - l_orig).abs().mean()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_every_dtype_generates_on_every_device(toy_llm, device, dtype):
+    from tokenworks import LLM
+
+    if dtype == "float16" and device == "cpu":
+        pytest.skip("float16 runs on CUDA only")
+    llm = LLM("toy", dtype=dtype, device=device, loaded=toy_llm.engine.loaded)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=2)
+    outs = llm.generate([[5, 6, 7], [9] * 40], params)
+    for o in outs:
+        c = o.outputs[0]
+        assert len(c.token_ids) == 8 and c.finish_reason == "length"
+        assert all(lp.logprob <= 0 and lp.logprob > -1e4 for lp in c.logprobs)

@@ -5,24 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tokenworks.config import add_engine_arguments, engine_kwargs
 from tokenworks.models.catalogue import DEFAULT_MODEL
-
-
-def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model", "-m", default=DEFAULT_MODEL, help="catalogue name, .gguf, dir or hub id"
-    )
-    p.add_argument(
-        "--dtype", default="auto", help="auto (fast for the device), float32, bfloat16, float16"
-    )
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
-    p.add_argument(
-        "--quantization",
-        default=None,
-        choices=["int8", "int4"],
-        help="weight-only quantisation (CPU): int8 per row, int4 in groups of 32",
-    )
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -54,13 +38,7 @@ def _params(args):
 def _llm(args):
     from tokenworks import LLM
 
-    return LLM(
-        args.model,
-        dtype=args.dtype,
-        device=args.device,
-        threads=args.threads,
-        quantization=args.quantization,
-    )
+    return LLM(args.model, **engine_kwargs(args))
 
 
 def cmd_generate(args) -> int:
@@ -147,13 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="complete a prompt, streaming to stdout")
     p.add_argument("prompt")
     p.add_argument("--chat-template", action="store_true", help="wrap the prompt as a user turn")
-    _engine_args(p)
+    add_engine_arguments(p)
     _sampling_args(p)
     p.set_defaults(fn=cmd_generate)
 
     p = sub.add_parser("chat", help="an interactive conversation using the model's chat template")
     p.add_argument("--system", default=None, help="a system message")
-    _engine_args(p)
+    add_engine_arguments(p)
     _sampling_args(p)
     p.set_defaults(fn=cmd_chat)
 
@@ -168,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measurements that write evidence records")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     p = bsub.add_parser("latency", help="single-stream prefill and decode speed")
-    _engine_args(p)
+    add_engine_arguments(p)
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
@@ -184,12 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_bench_latency)
 
     p = bsub.add_parser("throughput", help="offline throughput of many requests at once")
-    _engine_args(p)
+    add_engine_arguments(p)
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=128)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--out", default="benchmarks/results", help="directory for the record")
     p.add_argument(
         "--peer",

@@ -6,9 +6,12 @@ compared knowing exactly what differed.
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict, dataclass
 
 import torch
+
+from tokenworks.models.catalogue import DEFAULT_MODEL
 
 QUANTIZATIONS = (None, "int8", "int4")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -83,3 +86,62 @@ class EngineConfig:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "dtype": self.resolved_dtype}
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """The command-line flags of every command that builds an engine."""
+    p.add_argument(
+        "--model", "-m", default=DEFAULT_MODEL, help="catalogue name, .gguf, dir or hub id"
+    )
+    p.add_argument(
+        "--dtype", default="auto", help="auto (fast for the device), float32, bfloat16, float16"
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    p.add_argument(
+        "--quantization",
+        default=None,
+        choices=["int8", "int4"],
+        help="weight-only quantisation (CPU): int8 per row, int4 in groups of 32",
+    )
+    g = p.add_argument_group("KV memory and scheduling")
+    g.add_argument(
+        "--kv-cache-memory",
+        type=float,
+        default=None,
+        metavar="GIB",
+        help="GiB for the KV block pool (default: what max-num-seqs full contexts "
+        "need, at most 20%% of free memory)",
+    )
+    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    g.add_argument("--max-num-seqs", type=int, default=64, help="sequences running at once")
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        help="tokens per forward pass (prompts beyond it are chunked)",
+    )
+    g.add_argument("--max-model-len", type=int, default=None, help="context limit")
+    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
+    g.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="numerics that never depend on the batch (slower)",
+    )
+
+
+def engine_kwargs(args) -> dict:
+    """EngineConfig fields from the common engine flags."""
+    return dict(
+        dtype=args.dtype,
+        device=args.device,
+        threads=args.threads,
+        quantization=args.quantization,
+        kv_cache_memory=args.kv_cache_memory,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching,
+        batch_invariant=args.batch_invariant,
+    )

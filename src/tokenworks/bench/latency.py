@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from tokenworks.bench.record import make_record, write_record
 from tokenworks.bench.workload import latency_prompt
+from tokenworks.config import engine_kwargs
 
 PEER_SCRIPTS = {
     "llama.cpp": "llamacpp_latency.py",
@@ -101,13 +102,7 @@ def run_latency(args) -> Path:
     if unknown:
         raise ValueError(f"unknown peer(s) {sorted(unknown)}; known: {sorted(PEER_SCRIPTS)}")
     threads = args.threads or 2
-    llm = LLM(
-        args.model,
-        dtype=args.dtype,
-        device=args.device,
-        threads=threads,
-        quantization=args.quantization,
-    )
+    llm = LLM(args.model, **{**engine_kwargs(args), "threads": threads})
     prompt = latency_prompt(args.prompt_tokens, llm.engine.spec.vocab_size)
     short = prompt[:SHORT_PROMPT_TOKENS]
     ours = measure_tokenworks(llm, prompt, short, args.decode_tokens, args.repeats)

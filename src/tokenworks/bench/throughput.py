@@ -17,6 +17,7 @@ from pathlib import Path
 from tokenworks.bench.latency import run_peer
 from tokenworks.bench.record import make_record, write_record
 from tokenworks.bench.workload import latency_prompt
+from tokenworks.config import engine_kwargs
 
 PEER_SCRIPTS = {
     "transformers": "transformers_throughput.py",
@@ -37,15 +38,7 @@ def run_throughput(args) -> Path:
     if unknown:
         raise ValueError(f"unknown peer(s) {sorted(unknown)}; known: {sorted(PEER_SCRIPTS)}")
     threads = args.threads or 2
-    llm = LLM(
-        args.model,
-        dtype=args.dtype,
-        device=args.device,
-        threads=threads,
-        quantization=args.quantization,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-    )
+    llm = LLM(args.model, **{**engine_kwargs(args), "threads": threads})
     engine = llm.engine
     prompts = distinct_prompts(args.num_prompts, args.input_tokens, engine.spec.vocab_size)
     params = SamplingParams(max_tokens=args.output_tokens, temperature=0, ignore_eos=True)
