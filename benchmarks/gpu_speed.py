@@ -28,14 +28,30 @@ from tokenworks.models.toy import byte_tokenizer, toy_spec, toy_weights
 
 def smol_shaped() -> LoadedModel:
     spec = dataclasses.replace(
-        toy_spec(), vocab_size=49152, hidden_size=576, n_layers=30, n_heads=9, n_kv_heads=3,
-        head_dim=64, intermediate_size=1536, max_position=8192, tie_embeddings=True,
-        name="random weights in SmolLM2-135M's shape", source="random (seed 0)",
+        toy_spec(),
+        vocab_size=49152,
+        hidden_size=576,
+        n_layers=30,
+        n_heads=9,
+        n_kv_heads=3,
+        head_dim=64,
+        intermediate_size=1536,
+        max_position=8192,
+        tie_embeddings=True,
+        name="random weights in SmolLM2-135M's shape",
+        source="random (seed 0)",
     )
     weights = toy_weights(spec)
     weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
-    return LoadedModel(spec, weights, {"kind": "object", "tokenizer": byte_tokenizer()}, None,
-                       "random-smollm2-shape", None, "builtin:random")
+    return LoadedModel(
+        spec,
+        weights,
+        {"kind": "object", "tokenizer": byte_tokenizer()},
+        None,
+        "random-smollm2-shape",
+        None,
+        "builtin:random",
+    )
 
 
 def sync(device: str) -> None:
@@ -65,9 +81,14 @@ def main() -> None:
     loaded = smol_shaped()
     results = {"device_name": torch.cuda.get_device_name() if args.device != "cpu" else "cpu"}
     for batch in [int(b) for b in args.batches.split(",")]:
-        config = EngineConfig(model="random", dtype=args.dtype, device=args.device,
-                              max_num_seqs=max(batch, 1), max_num_batched_tokens=8192,
-                              kv_cache_memory=4.0)
+        config = EngineConfig(
+            model="random",
+            dtype=args.dtype,
+            device=args.device,
+            max_num_seqs=max(batch, 1),
+            max_num_batched_tokens=8192,
+            kv_cache_memory=4.0,
+        )
         engine = LLMEngine(config, loaded)
         prompts = [latency_prompt(128, 49152, seed=1000 + i) for i in range(batch)]
         run_all(engine, prompts[:1], 4, args.device)  # warm up
@@ -80,7 +101,8 @@ def main() -> None:
             "decode_step_ms_median": 1e3 * sorted(decode)[len(decode) // 2] if decode else None,
         }
         print(batch, results[f"batch_{batch}"], flush=True)
-        engine = LLMEngine(config, loaded)
+        # the same prompt is timed repeatedly: no prefix cache, or a hit would time nothing
+        engine = LLMEngine(dataclasses.replace(config, enable_prefix_caching=False), loaded)
         prompt = latency_prompt(512, 49152, seed=7)
         times = []
         for _ in range(4):
@@ -96,8 +118,14 @@ def main() -> None:
         kind="gpu_speed",
         engine=config.to_dict(),
         model={"id": loaded.model_id, "shape": dataclasses.asdict(loaded.spec)},
-        workload={"input_tokens": 128, "output_tokens": 128, "batches": args.batches,
-                  "prefill_tokens": 512, "eos": "ignored", "sampling": "greedy"},
+        workload={
+            "input_tokens": 128,
+            "output_tokens": 128,
+            "batches": args.batches,
+            "prefill_tokens": 512,
+            "eos": "ignored",
+            "sampling": "greedy",
+        },
         results=results,
         seeds=[0, 7, 1000],
     )

@@ -85,6 +85,12 @@ class BlockMachine(RuleBasedStateMachine):
         self.seqs.append(child)
 
     @precondition(lambda self: self.seqs)
+    @rule()
+    def reset_cache(self):
+        self.bm.reset_prefix_cache()
+        assert not self.bm.prefix or not self.bm.prefix.evictable
+
+    @precondition(lambda self: self.seqs)
     @rule(data=st.data())
     def finish(self, data):
         seq = data.draw(st.sampled_from(self.seqs))

@@ -102,7 +102,10 @@ def run_latency(args) -> Path:
     if unknown:
         raise ValueError(f"unknown peer(s) {sorted(unknown)}; known: {sorted(PEER_SCRIPTS)}")
     threads = args.threads or 2
-    llm = LLM(args.model, **{**engine_kwargs(args), "threads": threads})
+    # The same prompt is timed repeatedly: a prefix-cache hit would time nothing.
+    llm = LLM(
+        args.model, **{**engine_kwargs(args), "threads": threads, "enable_prefix_caching": False}
+    )
     prompt = latency_prompt(args.prompt_tokens, llm.engine.spec.vocab_size)
     short = prompt[:SHORT_PROMPT_TOKENS]
     ours = measure_tokenworks(llm, prompt, short, args.decode_tokens, args.repeats)

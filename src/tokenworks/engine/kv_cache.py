@@ -202,6 +202,16 @@ class BlockManager:
                 self.prefix.forget(b)
         seq.n_registered = 0
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block nobody references (they become free); return how many."""
+        if self.prefix is None:
+            return 0
+        parked = list(self.prefix.evictable)
+        for b in parked:
+            self.prefix.forget(b)
+            self.free.append(b)
+        return len(parked)
+
     def fork(self, parent, child) -> None:
         """child shares every block of parent (parallel sampling): references, not copies."""
         for b in parent.block_table:

@@ -101,10 +101,6 @@ class PrefixCache:
             del self.by_hash[h]
         self.evictable.pop(block, None)
 
-    def reset(self) -> None:
-        for b in list(self.evictable):
-            self.forget(b)
-
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
