@@ -209,3 +209,27 @@ def test_every_dtype_generates_on_every_device(toy_llm, device, dtype):
         c = o.outputs[0]
         assert len(c.token_ids) == 8 and c.finish_reason == "length"
         assert all(lp.logprob <= 0 and lp.logprob > -1e4 for lp in c.logprobs)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_a_dense_copy_serves_large_batches_with_the_same_grid(toy_llm, method):
+    import torch
+
+    from tokenworks.models import build_model
+    from tokenworks.ops.attention import AttentionMetadata
+    from tokenworks.ops.linear import DenseForLargeBatches
+
+    loaded = toy_llm.engine.loaded
+    quant = build_model(loaded.spec, loaded.weights, torch.float32, quantization=method)
+    both = build_model(
+        loaded.spec, loaded.weights, torch.float32, quantization=method, dense_from_rows=8
+    )
+    assert any(isinstance(m, DenseForLargeBatches) for m in both.modules())
+    with torch.no_grad():
+        ids = torch.arange(3, 40)
+        meta = AttentionMetadata.single(37)
+        lq, lb = quant(ids, torch.arange(37), meta), both(ids, torch.arange(37), meta)
+        one = AttentionMetadata.single(1)
+        sq, sb = quant(ids[:1], torch.arange(1), one), both(ids[:1], torch.arange(1), one)
+    assert torch.equal(sq, sb)  # below the threshold: the quantised kernel itself
+    assert (lq - lb).abs().max() < 0.05 * lq.abs().max()  # above: the same grid, dense

@@ -31,6 +31,9 @@ class EngineConfig:
     max_model_len: int | None = None  # context limit; None: the model's own
     attention: str = "sdpa"  # the attention kernel (recorded; more backends come later)
     quantization: str | None = None  # None (the file's weights, dequantised), "int8", "int4"
+    # with quantization: also keep a dense copy of the dequantised weights and use it for
+    # products of at least this many rows (prefill, big batches); None: quantised only
+    dense_from_rows: int | None = None
     # KV memory (engine/kv_cache.py)
     block_size: int = 16  # tokens per KV block
     kv_cache_memory: float | None = None  # GiB for the block pool; None: see kv_budget_bytes
@@ -65,6 +68,10 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.dense_from_rows is not None and (
+            self.quantization is None or self.dense_from_rows < 1
+        ):
+            raise ValueError("dense_from_rows needs a quantization and must be >= 1")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError("kv_cache_memory (GiB) must be > 0")
         if not 0 < self.kv_cache_fraction <= 1:
@@ -104,6 +111,14 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         choices=["int8", "int4"],
         help="weight-only quantisation (CPU): int8 per row, int4 in groups of 32",
     )
+    p.add_argument(
+        "--dense-from-rows",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --quantization: keep a dense copy of the dequantised weights for products "
+        "of N or more rows (prefill, big batches), where it is faster (e.g. 8)",
+    )
     g = p.add_argument_group("KV memory and scheduling")
     g.add_argument(
         "--kv-cache-memory",
@@ -137,6 +152,7 @@ def engine_kwargs(args) -> dict:
         device=args.device,
         threads=args.threads,
         quantization=args.quantization,
+        dense_from_rows=args.dense_from_rows,
         kv_cache_memory=args.kv_cache_memory,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,

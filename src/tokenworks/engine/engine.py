@@ -85,6 +85,7 @@ class LLMEngine:
             config.device,
             config.quantization,
             config.batch_invariant,
+            config.dense_from_rows,
         )
         self.max_model_len = min(
             config.max_model_len or self.spec.max_position, self.spec.max_position

@@ -8,7 +8,7 @@ from tokenworks.models.gpt2 import GPT2Model
 from tokenworks.models.llama import LlamaModel
 from tokenworks.models.loader import LoadedModel, ModelLoadError, load
 from tokenworks.models.spec import ModelSpec
-from tokenworks.ops.linear import Int8Linear, quantize_, tile_linears_
+from tokenworks.ops.linear import quantize_, quantized_linear, tile_linears_
 
 ARCHITECTURES = {"llama": LlamaModel, "gpt2": GPT2Model}
 
@@ -20,17 +20,18 @@ def build_model(
     device: str = "cpu",
     quantization: str | None = None,
     batch_invariant: bool = False,
+    dense_from_rows: int | None = None,
 ) -> torch.nn.Module:
     model = ARCHITECTURES[spec.arch](spec)
     model.load_weights(weights)
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     if quantization is not None:
         head = model.lm_head
-        quantize_(model, quantization)
+        quantize_(model, quantization, dense_from_rows)
         if quantization == "int4":
             # The output layer is the most sensitive to rounding; GGUF files keep it at 8
             # bits or more (the default model: Q8_0), and so do we.
-            model.lm_head = Int8Linear(head)
+            model.lm_head = quantized_linear("int8", head, dense_from_rows)
     if batch_invariant:
         tile_linears_(model)
     return model

@@ -15,6 +15,7 @@ dequantise on the fly. Quantisation changes numerics, so it is a named engine op
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 INT4_GROUP = 32
@@ -92,19 +93,58 @@ class Int4Linear(nn.Module):
 QUANTIZED_LINEARS = {"int8": Int8Linear, "int4": Int4Linear}
 
 
-def quantize_(model: nn.Module, method: str) -> nn.Module:
+def dequantized_grid(method: str, linear: nn.Linear) -> torch.Tensor:
+    """The float weights [out, in] the quantised layer multiplies by, in the layer's dtype."""
+    w = linear.weight.detach()
+    if method == "int4":
+        return int4_dequantize(*int4_quantize(w)).to(w.dtype)
+    q = Int8Linear(linear)
+    return (q.qweight.float() * q.scale.float()[:, None]).to(w.dtype)
+
+
+class DenseForLargeBatches(nn.Module):
+    """A quantised layer plus a dense copy of the same (dequantised) weights.
+
+    The weight-only kernels win while a product is a pass over the weights (a few rows:
+    single-stream decode) and lose once it is compute-bound (prefill, big decode batches:
+    on these CPUs from about 8 rows). Above `rows` this uses the dense copy: the same grid
+    of values, so the numerics barely move, at the memory cost of a dense copy.
+    """
+
+    def __init__(self, quantized: nn.Module, dense_weight: torch.Tensor, rows: int):
+        super().__init__()
+        self.quantized, self.rows = quantized, rows
+        self.register_buffer("dense_weight", dense_weight)
+        self.in_features, self.out_features = quantized.in_features, quantized.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() // self.in_features < self.rows:
+            return self.quantized(x)
+        return F.linear(x, self.dense_weight.to(x.dtype), self.quantized.bias)
+
+
+def quantize_(model: nn.Module, method: str, dense_from_rows: int | None = None) -> nn.Module:
     """Replace every nn.Linear in the model (the LM head included) by its quantised form.
 
     Layers whose shape the kernel cannot take (int4: out not a multiple of 16) stay dense.
+    With dense_from_rows, each also keeps a dense copy for batches of that many rows or more.
     """
-    cls = QUANTIZED_LINEARS[method]
+    if method not in QUANTIZED_LINEARS:
+        raise ValueError(f"quantization {method!r}: expected one of {sorted(QUANTIZED_LINEARS)}")
     for name, child in list(model.named_children()):
         if isinstance(child, nn.Linear):
             if method != "int4" or Int4Linear.supports(child):
-                setattr(model, name, cls(child))
+                setattr(model, name, quantized_linear(method, child, dense_from_rows))
         else:
-            quantize_(child, method)
+            quantize_(child, method, dense_from_rows)
     return model
+
+
+def quantized_linear(method: str, linear: nn.Linear, dense_from_rows: int | None) -> nn.Module:
+    q = QUANTIZED_LINEARS[method](linear)
+    if dense_from_rows is None:
+        return q
+    return DenseForLargeBatches(q, dequantized_grid(method, linear), dense_from_rows)
 
 
 class TiledLinear(nn.Module):
@@ -136,7 +176,7 @@ class TiledLinear(nn.Module):
 
 def tile_linears_(model: nn.Module, tile: int = 16) -> nn.Module:
     """Wrap every linear layer (dense or quantised) of the model in TiledLinear."""
-    kinds = (nn.Linear, *QUANTIZED_LINEARS.values())
+    kinds = (nn.Linear, DenseForLargeBatches, *QUANTIZED_LINEARS.values())
     for name, child in list(model.named_children()):
         if isinstance(child, kinds):
             setattr(model, name, TiledLinear(child, tile))
