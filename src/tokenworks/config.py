@@ -29,7 +29,11 @@ class EngineConfig:
     device: str = "cpu"
     threads: int | None = None  # torch intra-op threads on CPU; None leaves torch's default
     max_model_len: int | None = None  # context limit; None: the model's own
-    attention: str = "sdpa"  # the attention kernel (recorded; more backends come later)
+    # batched decode attention: "sdpa" (gather K/V through the block tables, torch SDPA),
+    # "cpp" (ops/csrc: reads through the block tables, no copy; built on first use),
+    # "auto" (cpp on the CPU where it builds, else sdpa). Both are bound by reading the KV
+    # pool from memory, and measure within a few percent of each other here.
+    attention: str = "sdpa"
     quantization: str | None = None  # None (the file's weights, dequantised), "int8", "int4"
     # with quantization: also keep a dense copy of the dequantised weights and use it for
     # products of at least this many rows (prefill, big batches); None: quantised only
@@ -76,6 +80,8 @@ class EngineConfig:
             raise ValueError("kv_cache_memory (GiB) must be > 0")
         if not 0 < self.kv_cache_fraction <= 1:
             raise ValueError("kv_cache_fraction must be in (0, 1]")
+        if self.attention not in ("auto", "cpp", "sdpa"):
+            raise ValueError(f"attention {self.attention!r}: expected auto, cpp or sdpa")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(
                 f"scheduling_policy {self.scheduling_policy!r}: expected fcfs or priority"
@@ -119,6 +125,12 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         help="with --quantization: keep a dense copy of the dequantised weights for products "
         "of N or more rows (prefill, big batches), where it is faster (e.g. 8)",
     )
+    p.add_argument(
+        "--attention",
+        default="sdpa",
+        choices=["sdpa", "cpp", "auto"],
+        help="batched decode attention: torch SDPA over gathered K/V, or the C++ paged kernel",
+    )
     g = p.add_argument_group("KV memory and scheduling")
     g.add_argument(
         "--kv-cache-memory",
@@ -152,6 +164,7 @@ def engine_kwargs(args) -> dict:
         device=args.device,
         threads=args.threads,
         quantization=args.quantization,
+        attention=args.attention,
         dense_from_rows=args.dense_from_rows,
         kv_cache_memory=args.kv_cache_memory,
         block_size=args.block_size,

@@ -32,6 +32,7 @@ from tokenworks.engine.scheduler import (
 from tokenworks.engine.sequence import Sequence
 from tokenworks.models import build_model, load
 from tokenworks.models.loader import LoadedModel
+from tokenworks.ops import paged_kernel
 from tokenworks.tokenizer import TokenizerWrapper
 
 GiB = 1024**3
@@ -112,7 +113,12 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.blocks)
         self.runner = ModelRunner(
-            self.model, self.pool, bs, config.device, batch_decode=not config.batch_invariant
+            self.model,
+            self.pool,
+            bs,
+            config.device,
+            batch_decode=not config.batch_invariant,
+            decode_kernel=self._use_decode_kernel(),
         )
         self._ids = itertools.count()
         self._arrivals = itertools.count()
@@ -126,6 +132,19 @@ class LLMEngine:
             "preemptions": 0,
             "steps": 0,
         }
+
+    def _use_decode_kernel(self) -> bool:
+        """attention="cpp" demands the C++ paged decode kernel, "auto" takes it on the CPU
+        when it builds, "sdpa" keeps the pure-torch gather + SDPA path."""
+        c = self.config
+        if c.attention == "sdpa" or c.batch_invariant or c.device != "cpu":
+            if c.attention == "cpp":
+                raise ValueError("attention='cpp' runs on the CPU without batch_invariant")
+            return False
+        ok = paged_kernel.load() is not None
+        if c.attention == "cpp" and not ok:
+            raise ValueError("attention='cpp': the C++ kernel could not be built (see the log)")
+        return ok
 
     def kv_budget_bytes(self) -> int:
         """kv_cache_memory GiB if given; else what max_num_seqs full contexts need, capped

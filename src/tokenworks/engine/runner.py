@@ -16,9 +16,11 @@ class ModelRunner:
         block_size: int,
         device: str,
         batch_decode: bool = True,
+        decode_kernel: bool = False,
     ):
         self.model, self.pool, self.block_size = model, pool, block_size
         self.device, self.batch_decode = device, batch_decode
+        self.decode_kernel = decode_kernel
 
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSeq]) -> torch.Tensor:
@@ -40,7 +42,13 @@ class ModelRunner:
             if item.sample:
                 last_rows.append(end - 1)
         meta = AttentionMetadata.paged(
-            q_lens, ctx_lens, tables, self.block_size, self.device, self.batch_decode
+            q_lens,
+            ctx_lens,
+            tables,
+            self.block_size,
+            self.device,
+            self.batch_decode,
+            self.decode_kernel,
         )
         logits = self.model(
             torch.tensor(ids, device=self.device),

@@ -22,14 +22,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tokenworks.ops.paged_kernel import paged_decode_attention
+
 
 @dataclass
 class DecodeBatch:
-    """The decode sequences of a batch, laid out for one padded attention call."""
+    """The decode sequences of a batch, laid out for one attention call."""
 
     token_rows: torch.Tensor  # [B] long: each decode token's row in the flat batch
-    kv_index: torch.Tensor  # [B, L] long: slots of each context, padded with slot 0
+    kv_index: torch.Tensor | None  # [B, L] long: context slots, padded with 0 (torch path)
     context_lens: torch.Tensor  # [B] long: keys each decode token attends to (itself included)
+    block_tables: torch.Tensor | None = None  # [B, max_blocks] long (C++ kernel path)
+    block_size: int = 0
 
 
 @dataclass
@@ -58,6 +62,7 @@ class AttentionMetadata:
         block_size: int,
         device: torch.device | str = "cpu",
         batch_decode: bool = True,
+        decode_kernel: bool = False,
     ) -> AttentionMetadata:
         """Slots and gather indices from block tables (built once per step, used by every layer)."""
         slots, kv_index, dec_rows, dec_seq = [], [], [], []
@@ -78,12 +83,19 @@ class AttentionMetadata:
         decode = None
         if dec_rows:
             lens = torch.tensor([len(x) for x in dec_seq])
-            padded = torch.zeros(len(dec_seq), int(lens.max()), dtype=torch.long)
-            for j, x in enumerate(dec_seq):
-                padded[j, : len(x)] = x
-            decode = DecodeBatch(
-                torch.tensor(dec_rows, device=device), padded.to(device), lens.to(device)
-            )
+            rows = torch.tensor(dec_rows, device=device)
+            if decode_kernel:  # the kernel reads through the block tables themselves
+                dec_tables = [t for t, n in zip(block_tables, query_lens, strict=True) if n == 1]
+                width = max(len(t) for t in dec_tables)
+                tables = torch.zeros(len(dec_tables), width, dtype=torch.long)
+                for j, t in enumerate(dec_tables):
+                    tables[j, : len(t)] = torch.tensor(t, dtype=torch.long)
+                decode = DecodeBatch(rows, None, lens, tables, block_size)
+            else:
+                padded = torch.zeros(len(dec_seq), int(lens.max()), dtype=torch.long)
+                for j, x in enumerate(dec_seq):
+                    padded[j, : len(x)] = x
+                decode = DecodeBatch(rows, padded.to(device), lens.to(device))
         return cls(query_lens, context_lens, torch.cat(slots).to(device), kv_index, decode)
 
     @property
@@ -127,8 +139,16 @@ def _one_sequence(qi, keys, values, scale, window) -> torch.Tensor:
 
 
 def _decode_batch(q, k_pool, v_pool, dec: DecodeBatch, scale, window) -> torch.Tensor:
-    """All decode tokens in one masked call: q [T, H, D] -> [B, H*D]."""
+    """All decode tokens in one call: q [T, H, D] -> [B, H*D]."""
     n_heads, d = q.shape[1], q.shape[2]
+    if dec.block_tables is not None:
+        qd = q.index_select(0, dec.token_rows)
+        o = paged_decode_attention(
+            qd, k_pool, v_pool, dec.block_tables, dec.context_lens, dec.block_size, scale, window
+        )
+        if o is None:
+            raise RuntimeError("the C++ paged attention kernel is not available")
+        return o.reshape(qd.shape[0], n_heads * d)
     b, length = dec.kv_index.shape
     # index_select on flat indices is a plain row copy, ~4x faster than advanced indexing
     flat = dec.kv_index.reshape(-1)
