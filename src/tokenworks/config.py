@@ -32,7 +32,7 @@ class EngineConfig:
     # batched decode attention: "sdpa" (gather K/V through the block tables, torch SDPA),
     # "cpp" (ops/csrc: reads through the block tables, no copy; built on first use),
     # "auto" (cpp on the CPU where it builds, else sdpa). Both are bound by reading the KV
-    # pool from memory, and measure within a few percent of each other here.
+    # pool from memory; here the kernel measured 0.9x the torch path (bench throughput).
     attention: str = "sdpa"
     quantization: str | None = None  # None (the file's weights, dequantised), "int8", "int4"
     # with quantization: also keep a dense copy of the dequantised weights and use it for
