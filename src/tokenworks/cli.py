@@ -118,6 +118,18 @@ def cmd_bench_throughput(args) -> int:
     return 0
 
 
+def _record_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="benchmarks/results", help="directory for the record")
+    p.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="NAME=PYTHON",
+        help="also measure a peer in the same run from its own venv: "
+        "llama.cpp=/path/to/venv/bin/python, transformers=..., vllm=... (repeatable)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenworks", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -150,15 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", default="benchmarks/results", help="directory for the record")
-    p.add_argument(
-        "--peer",
-        action="append",
-        default=[],
-        metavar="NAME=PYTHON",
-        help="also measure a peer in the same run: llama.cpp=/path/to/venv/bin/python, "
-        "transformers=..., vllm=... (repeatable)",
-    )
+    _record_args(p)
     p.set_defaults(fn=cmd_bench_latency)
 
     p = bsub.add_parser("throughput", help="offline throughput of many requests at once")
@@ -166,14 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=128)
-    p.add_argument("--out", default="benchmarks/results", help="directory for the record")
-    p.add_argument(
-        "--peer",
-        action="append",
-        default=[],
-        metavar="NAME=PYTHON",
-        help="also measure a peer in the same run: transformers=..., llama.cpp=... (repeatable)",
-    )
+    _record_args(p)
     p.set_defaults(fn=cmd_bench_throughput)
     return parser
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from tokenworks.bench.record import make_record, write_record
+from tokenworks.bench.record import make_record, model_record, write_record
 from tokenworks.bench.workload import latency_prompt
 from tokenworks.config import engine_kwargs
 
@@ -129,18 +129,10 @@ def run_latency(args) -> Path:
     for name, s in summary.items():
         if name != "tokenworks":
             ratios[name] = {k: summary["tokenworks"][k] / v for k, v in s.items() if v}
-    loaded = llm.engine.loaded
     record = make_record(
         kind="latency",
         engine=llm.config.to_dict(),
-        model={
-            "id": loaded.model_id,
-            "file": loaded.file_path,
-            "sha256": loaded.file_sha256,
-            "dtype": llm.config.resolved_dtype,
-            "quantization": llm.config.quantization,
-            "spec": loaded.spec.name,
-        },
+        model=model_record(llm),
         workload={
             "prompt_tokens": args.prompt_tokens,
             "short_prompt_tokens": SHORT_PROMPT_TOKENS,

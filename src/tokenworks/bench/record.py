@@ -108,3 +108,16 @@ def write_record(record: dict, out_dir: str | Path) -> Path:
     path = out / f"{record['kind']}-{stamp}.json"
     path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
     return path
+
+
+def model_record(llm) -> dict:
+    """What a record says of the model an LLM runs: identity, file checksum, numerics."""
+    loaded = llm.engine.loaded
+    return {
+        "id": loaded.model_id,
+        "file": loaded.file_path,
+        "sha256": loaded.file_sha256,
+        "dtype": llm.config.resolved_dtype,
+        "quantization": llm.config.quantization,
+        "spec": loaded.spec.name,
+    }

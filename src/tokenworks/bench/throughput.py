@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from tokenworks.bench.latency import run_peer
-from tokenworks.bench.record import make_record, write_record
+from tokenworks.bench.record import make_record, model_record, write_record
 from tokenworks.bench.workload import latency_prompt
 from tokenworks.config import engine_kwargs
 
@@ -89,18 +89,10 @@ def run_throughput(args) -> Path:
         for name, r in peer_results.items()
         if r.get("status") == "OK"
     }
-    loaded = engine.loaded
     record = make_record(
         kind="throughput",
         engine=llm.config.to_dict(),
-        model={
-            "id": loaded.model_id,
-            "file": loaded.file_path,
-            "sha256": loaded.file_sha256,
-            "dtype": llm.config.resolved_dtype,
-            "quantization": llm.config.quantization,
-            "spec": loaded.spec.name,
-        },
+        model=model_record(llm),
         workload={
             "num_prompts": args.num_prompts,
             "input_tokens": args.input_tokens,
