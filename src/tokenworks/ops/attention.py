@@ -17,7 +17,7 @@ Prefill chunks always take the per-sequence path (each is already a large kernel
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,21 @@ class DecodeBatch:
     context_lens: torch.Tensor  # [B] long: keys each decode token attends to (itself included)
     block_tables: torch.Tensor | None = None  # [B, max_blocks] long (C++ kernel path)
     block_size: int = 0
+    uniform: bool = False  # every context has the same length: no padding, no mask needed
+    _masks: dict = field(default_factory=dict)  # window -> [B, 1, 1, L] bool, built once a step
+
+    def mask(self, window: int | None) -> torch.Tensor | None:
+        """Which padded key slots each decode token may attend to (None: all of them)."""
+        length = self.kv_index.shape[1]
+        if self.uniform and (window is None or length <= window):
+            return None
+        if window not in self._masks:
+            j = torch.arange(length, device=self.kv_index.device)[None, :]
+            allowed = j < self.context_lens[:, None]  # [B, L]
+            if window is not None:
+                allowed &= j >= self.context_lens[:, None] - window
+            self._masks[window] = allowed[:, None, None, :]
+        return self._masks[window]
 
 
 @dataclass
@@ -95,7 +110,8 @@ class AttentionMetadata:
                 padded = torch.zeros(len(dec_seq), int(lens.max()), dtype=torch.long)
                 for j, x in enumerate(dec_seq):
                     padded[j, : len(x)] = x
-                decode = DecodeBatch(rows, padded.to(device), lens.to(device))
+                uniform = int(lens.min()) == int(lens.max())
+                decode = DecodeBatch(rows, padded.to(device), lens.to(device), uniform=uniform)
         return cls(query_lens, context_lens, torch.cat(slots).to(device), kv_index, decode)
 
     @property
@@ -157,12 +173,8 @@ def _decode_batch(q, k_pool, v_pool, dec: DecodeBatch, scale, window) -> torch.T
     )  # [B, KVH, L, D]
     values = v_pool.index_select(0, flat).view(b, length, *v_pool.shape[1:]).transpose(1, 2)
     n_kv = keys.shape[1]
-    qg = q[dec.token_rows].reshape(b, n_kv, n_heads // n_kv, d)  # [B, KVH, G, D]
-    j = torch.arange(length, device=q.device)[None, :]
-    allowed = j < dec.context_lens[:, None]  # [B, L]
-    if window is not None:
-        allowed &= j >= dec.context_lens[:, None] - window
-    mask = allowed[:, None, None, :]  # [B, 1, 1, L]
+    qg = q.index_select(0, dec.token_rows).reshape(b, n_kv, n_heads // n_kv, d)  # [B,KVH,G,D]
+    mask = dec.mask(window)
     o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
     return o.reshape(b, n_heads * d)
 
