@@ -139,13 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-template", action="store_true", help="wrap the prompt as a user turn")
     add_engine_arguments(p)
     _sampling_args(p)
-    p.set_defaults(fn=cmd_generate)
+    p.set_defaults(fn=cmd_generate, max_num_seqs=1)  # one stream: size the KV pool for it
 
     p = sub.add_parser("chat", help="an interactive conversation using the model's chat template")
     p.add_argument("--system", default=None, help="a system message")
     add_engine_arguments(p)
     _sampling_args(p)
-    p.set_defaults(fn=cmd_chat)
+    p.set_defaults(fn=cmd_chat, max_num_seqs=1)
 
     p = sub.add_parser("pull", help="fetch a catalogue model into the cache")
     p.add_argument("name", nargs="?", default=DEFAULT_MODEL)
