@@ -245,3 +245,24 @@ def test_step_stats_describe_each_step(toy_llm):
     assert stats[-1].decode_tokens >= 1 and all(0 <= s.kv_usage <= 1 for s in stats)
     assert sum(s.prefill_tokens + s.decode_tokens for s in stats) == 40 + 2 * 3
     assert torch.is_tensor(torch.tensor([s.duration_s for s in stats]))
+
+
+def test_a_failed_forward_pass_aborts_its_requests_and_the_engine_carries_on(toy_llm):
+    llm = LLM("toy", dtype="float32", loaded=toy_llm.engine.loaded)
+    eng = llm.engine
+    free = eng.blocks.num_free
+    seqs = [eng.add_request(prompt_token_ids=[9] * 40 + [i], params=GREEDY) for i in range(3)]
+    real_run = eng.runner.run
+
+    def broken(batch):  # fault injection: the next forward pass raises
+        eng.runner.run = real_run
+        raise RuntimeError("injected fault")
+
+    eng.runner.run = broken
+    with pytest.raises(RuntimeError, match="injected"):
+        eng.step()
+    assert all(s.finish_reason == "abort" for s in seqs)
+    assert eng.blocks.num_free == free and not eng.has_unfinished()
+    assert eng.blocks.prefix.lookup(seqs[0].block_hashes) == []  # nothing half-written is found
+    out = llm.generate([[9] * 40 + [1]], GREEDY)  # the engine still serves
+    assert len(out[0].outputs[0].token_ids) == GREEDY.max_tokens
