@@ -105,11 +105,6 @@ class Sequence:
         return child
 
     @property
-    def in_prefill(self) -> bool:
-        """More than the last sampled token is still to be fed to the model."""
-        return self.num_tokens - self.n_cached > 1
-
-    @property
     def group_finished(self) -> bool:
         done = all(s.finished for s in self.group)
         # siblings are spawned when the first token is sampled; an abort can come before
