@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import matplotlib
+import torch
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -27,6 +28,7 @@ from tqdm import tqdm  # noqa: E402
 from tokenworks import LLM, SamplingParams  # noqa: E402
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
+from tokenworks.engine.kv_cache import kv_bytes_per_token  # noqa: E402
 from tokenworks.models import load  # noqa: E402
 
 
@@ -78,18 +80,12 @@ def main() -> None:
     # the smallest pool must hold one whole request plus the concurrent ones' tails
     floor = (args.prefix_tokens + args.suffix_tokens) // bs + 2 * args.concurrency
     sizes = sorted({max(floor, int(need_all * f)) for f in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)})
+    spec = loaded.spec
+    block_bytes = bs * kv_bytes_per_token(
+        spec.n_layers, spec.n_kv_heads, spec.head_dim, torch.bfloat16
+    )
     results = []
     for n_blocks in tqdm(sizes, desc="pool sizes"):
-        probe = LLM(
-            args.model,
-            dtype="bfloat16",
-            loaded=loaded,
-            threads=args.threads,
-            block_size=bs,
-            kv_cache_memory=1e-3,
-        )
-        block_bytes = probe.engine.kv_bytes_per_token * bs
-        del probe
         llm = LLM(
             args.model,
             dtype="bfloat16",

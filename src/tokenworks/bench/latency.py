@@ -55,6 +55,20 @@ def measure_tokenworks(llm, prompt: list[int], short: list[int], n_decode: int, 
     return {"prefill_tok_s": prefill, "decode_tok_s": decode}
 
 
+def parse_peers(specs: list[str], known: dict) -> dict[str, str]:
+    """--peer NAME=PYTHON flags -> {name: python}, refusing malformed or unknown ones."""
+    peers = {}
+    for spec in specs:
+        name, sep, python = spec.partition("=")
+        if not sep or not python:
+            raise ValueError(f"--peer {spec!r}: expected NAME=PATH_TO_PYTHON")
+        peers[name] = python
+    unknown = set(peers) - set(known)
+    if unknown:
+        raise ValueError(f"unknown peer(s) {sorted(unknown)}; known: {sorted(known)}")
+    return peers
+
+
 def run_peer(name: str, python: str, args: dict, script: str | None = None) -> dict:
     """Run a peer's standalone script (default: its latency script) in the peer's Python."""
     script = Path(__file__).parent / "peers" / (script or PEER_SCRIPTS[name])
@@ -97,10 +111,7 @@ def summarise(results: dict) -> dict:
 def run_latency(args) -> Path:
     from tokenworks import LLM
 
-    peers = dict(p.split("=", 1) for p in args.peer)
-    unknown = set(peers) - set(PEER_SCRIPTS)
-    if unknown:
-        raise ValueError(f"unknown peer(s) {sorted(unknown)}; known: {sorted(PEER_SCRIPTS)}")
+    peers = parse_peers(args.peer, PEER_SCRIPTS)
     threads = args.threads or 2
     # The same prompt is timed repeatedly: a prefix-cache hit would time nothing.
     llm = LLM(

@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from tokenworks.bench.latency import run_peer
+from tokenworks.bench.latency import parse_peers, run_peer
 from tokenworks.bench.record import make_record, model_record, write_record
 from tokenworks.bench.workload import latency_prompt
 from tokenworks.config import engine_kwargs
@@ -33,10 +33,7 @@ def distinct_prompts(n: int, length: int, vocab_size: int) -> list[list[int]]:
 def run_throughput(args) -> Path:
     from tokenworks import LLM, SamplingParams
 
-    peers = dict(p.split("=", 1) for p in args.peer)
-    unknown = set(peers) - set(PEER_SCRIPTS)
-    if unknown:
-        raise ValueError(f"unknown peer(s) {sorted(unknown)}; known: {sorted(PEER_SCRIPTS)}")
+    peers = parse_peers(args.peer, PEER_SCRIPTS)
     threads = args.threads or 2
     llm = LLM(args.model, **{**engine_kwargs(args), "threads": threads})
     engine = llm.engine

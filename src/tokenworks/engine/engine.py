@@ -225,10 +225,6 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    @property
-    def num_free_blocks(self) -> int:
-        return self.blocks.num_free
-
     # ------------------------------------------------------------------ the loop
 
     def step(self) -> list[Sequence]:

@@ -227,11 +227,6 @@ class BlockManager:
         seq.block_table = []
         seq.n_registered = 0
 
-    def slot(self, seq, position: int) -> int:
-        return seq.block_table[position // self.block_size] * self.block_size + (
-            position % self.block_size
-        )
-
     def check(self) -> None:
         """Invariants (for tests): every block is free, parked or referenced, exactly once."""
         free = set(self.free)

@@ -65,7 +65,6 @@ class Scheduler:
         self.config, self.blocks = config, blocks
         self.waiting: list[Sequence] = []  # sorted by _key
         self.running: list[Sequence] = []  # sorted by _key
-        self.num_preemptions = 0
 
     def _key(self, seq: Sequence) -> tuple[int, int, int]:
         prio = seq.priority if self.config.scheduling_policy == "priority" else 0
@@ -127,17 +126,18 @@ class Scheduler:
             return 0
         return n
 
-    def _item(self, seq: Sequence, n: int) -> ScheduledSeq:
+    def _take(self, seq: Sequence, n: int, out: SchedulerOutput) -> None:
+        """Put n tokens of seq in this step: room in the pool, prefix hashes, the entry."""
+        out.copies += self.blocks.append(seq, n)
         self.blocks.commit(seq, seq.n_cached + n)
         decode = n == 1 and seq.num_tokens - seq.n_cached == 1 and bool(seq.output_ids)
-        return ScheduledSeq(seq, n, seq.n_cached + n == seq.num_tokens, not decode)
+        out.scheduled.append(ScheduledSeq(seq, n, seq.n_cached + n == seq.num_tokens, not decode))
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.blocks.free_seq(seq)
         seq.n_cached = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
-        self.num_preemptions += 1
         out.preempted.append(seq)
         bisect.insort(self.waiting, seq, key=self._key)
 
@@ -158,8 +158,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                out.copies += self.blocks.append(seq, n)
-                out.scheduled.append(self._item(seq, n))
+                self._take(seq, n, out)
                 budget -= n
                 i += 1
         self.running = run
@@ -180,8 +179,7 @@ class Scheduler:
                 seq.num_cached_prompt_tokens = hit
             out.prefix_hit_tokens += hit
             seq.status = SequenceStatus.RUNNING
-            out.copies += self.blocks.append(seq, n)
-            out.scheduled.append(self._item(seq, n))
+            self._take(seq, n, out)
             bisect.insort(self.running, seq, key=self._key)
             budget -= n
         return out
