@@ -15,7 +15,7 @@ torch.set_num_threads(2)
 
 # Tests that take a `device` run on the CPU, and on CUDA too where torch sees a GPU.
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-REAL_MODEL_FIXTURES = {"smol_llm", "smol_loaded", "hf_smol", "invariant_llm"}
+REAL_MODEL_FIXTURES = {"smol_llm", "smol_loaded", "hf_smol", "invariant_llm", "smol_server"}
 
 
 def pytest_collection_modifyitems(items):
@@ -60,3 +60,27 @@ def toy_llm():
     from tokenworks import LLM
 
     return LLM("toy", dtype="float32", max_num_seqs=4)
+
+
+def start_server(loaded, names=("smollm2-135m",), api_key=None, max_body_bytes=None, **engine_kw):
+    """A real HTTP server on 127.0.0.1 over its own engine (the weights are shared)."""
+    from tokenworks.config import EngineConfig
+    from tokenworks.engine.engine import LLMEngine
+    from tokenworks.serve.app import build_app
+    from tokenworks.serve.server import ServerThread, make_state
+
+    kw = dict(dtype="float32", threads=2, max_num_seqs=8, kv_cache_memory=0.25) | engine_kw
+    engine = LLMEngine(EngineConfig(model="smollm2-135m", **kw), loaded)
+    state = make_state(engine, list(names))
+    extra = {"max_body_bytes": max_body_bytes} if max_body_bytes else {}
+    srv = ServerThread(build_app(state, api_key=api_key, **extra)).start()
+    srv.state = state
+    srv.engine = engine
+    return srv
+
+
+@pytest.fixture(scope="session")
+def smol_server(smol_loaded):
+    srv = start_server(smol_loaded, names=("smollm2-135m", "smol"))
+    yield srv
+    srv.stop()

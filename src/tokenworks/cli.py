@@ -1,4 +1,4 @@
-"""tokenworks generate | chat | pull | models | bench latency | bench throughput"""
+"""tokenworks generate | chat | serve | pull | models | bench latency | bench throughput"""
 
 from __future__ import annotations
 
@@ -82,6 +82,13 @@ def cmd_chat(args) -> int:
         messages.append({"role": "assistant", "content": "".join(reply)})
 
 
+def cmd_serve(args) -> int:
+    from tokenworks.serve.server import run_server
+
+    run_server(args, engine_kwargs(args))
+    return 0
+
+
 def cmd_pull(args) -> int:
     from tokenworks.models import catalogue
 
@@ -146,6 +153,28 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_arguments(p)
     _sampling_args(p)
     p.set_defaults(fn=cmd_chat, max_num_seqs=1)
+
+    p = sub.add_parser("serve", help="an OpenAI- and Anthropic-compatible HTTP server")
+    add_engine_arguments(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: local only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
+    p.add_argument(
+        "--served-model-name",
+        action="append",
+        default=[],
+        help="another name clients may use for the model (repeatable)",
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="cancel a request that has not finished after S seconds (504)",
+    )
+    p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body, MiB")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("pull", help="fetch a catalogue model into the cache")
     p.add_argument("name", nargs="?", default=DEFAULT_MODEL)

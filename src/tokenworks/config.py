@@ -149,6 +149,12 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         help="tokens per forward pass (prompts beyond it are chunked)",
     )
     g.add_argument("--max-model-len", type=int, default=None, help="context limit")
+    g.add_argument(
+        "--max-waiting",
+        type=int,
+        default=4096,
+        help="requests that may wait for a slot; more are refused (HTTP 429/529)",
+    )
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     g.add_argument(
         "--batch-invariant",
@@ -171,6 +177,7 @@ def engine_kwargs(args) -> dict:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
+        max_waiting=args.max_waiting,
         enable_prefix_caching=not args.no_prefix_caching,
         batch_invariant=args.batch_invariant,
     )

@@ -10,6 +10,7 @@ so a waiting request can join on the very next step (continuous batching).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -30,6 +31,7 @@ from tokenworks.engine.scheduler import (
     SchedulerOutput,
 )
 from tokenworks.engine.sequence import Sequence
+from tokenworks.engine.structured import GrammarCompiler
 from tokenworks.models import build_model, load
 from tokenworks.models.loader import LoadedModel
 from tokenworks.ops import paged_kernel
@@ -146,6 +148,11 @@ class LLMEngine:
             raise ValueError("attention='cpp': the C++ kernel could not be built (see the log)")
         return ok
 
+    @functools.cached_property
+    def grammars(self) -> GrammarCompiler:
+        """Compiles structured-output grammars for this tokenizer (built on first use)."""
+        return GrammarCompiler(self.tokenizer, self.spec.vocab_size, self.tokenizer.eos_token_ids)
+
     def kv_budget_bytes(self) -> int:
         """kv_cache_memory GiB if given; else what max_num_seqs full contexts need, capped
         at kv_cache_fraction of free memory."""
@@ -195,6 +202,9 @@ class LLMEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
+        matcher = None
+        if params.structured is not None:
+            matcher = self.grammars.compile(params.structured)
         seq = Sequence(
             request_id,
             prompt,
@@ -206,6 +216,7 @@ class LLMEngine:
             arrival=next(self._arrivals),
             priority=priority,
             cache_salt=cache_salt,
+            matcher=matcher,
         )
         self.scheduler.add(seq)
         self.requests[request_id] = seq
@@ -267,14 +278,17 @@ class LLMEngine:
         no_history = torch.empty(0, dtype=torch.long)
         for s in group:
             p = s.params
-            if p.greedy and p.logprobs is None and not p.uses_penalties:
+            if p.fast_greedy:
                 s.append(SampleResult(argmax, None, None))
             else:
+                x = row
+                if s.matcher is not None:  # structured output: only tokens the grammar allows
+                    x = row.masked_fill(~s.matcher.allowed(), float("-inf"))
                 if p.uses_penalties:  # only penalties read the token history
                     prompt, output = s.prompt_tensor(), s.output_tensor()
                 else:
                     prompt = output = no_history
-                s.append(sample_one(row, p, prompt, output, s.generator))
+                s.append(sample_one(x, p, prompt, output, s.generator))
             if s.finished:
                 self.scheduler.remove(s)
                 if s.group_finished:

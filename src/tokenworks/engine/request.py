@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
@@ -16,6 +17,59 @@ class FinishReason(enum.StrEnum):
 
 class SamplingError(ValueError):
     """A sampling option outside its valid range; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """Constrain the output to a language (engine/structured.py applies it as a token mask).
+
+    kind is one of STRUCTURED_KINDS; value is the JSON schema as JSON text, the regex, the
+    choice list as a JSON array, or the Lark grammar. Build one with the class methods.
+    """
+
+    kind: str
+    value: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in STRUCTURED_KINDS:
+            raise SamplingError(
+                f"structured output kind {self.kind!r} is not one of {', '.join(STRUCTURED_KINDS)}"
+            )
+
+    @classmethod
+    def json(cls, schema: dict | str | None = None) -> StructuredOutput:
+        """Output that validates against `schema` (any JSON object when None)."""
+        if schema is None:
+            return cls("json_object")
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise SamplingError(f"the JSON schema is not valid JSON: {e}") from e
+        if not isinstance(schema, dict):
+            raise SamplingError("a JSON schema must be a JSON object")
+        return cls("json_schema", json.dumps(schema))  # keeps property order
+
+    @classmethod
+    def regex(cls, pattern: str) -> StructuredOutput:
+        return cls("regex", pattern)
+
+    @classmethod
+    def choice(cls, options: list[str]) -> StructuredOutput:
+        if not options or not all(isinstance(o, str) and o for o in options):
+            raise SamplingError("a choice list needs at least one non-empty string")
+        return cls("choice", json.dumps(list(options)))
+
+    @classmethod
+    def lark(cls, grammar: str) -> StructuredOutput:
+        return cls("grammar", grammar)
+
+    @property
+    def choices(self) -> list[str]:
+        return json.loads(self.value)
+
+
+STRUCTURED_KINDS = ("json_schema", "json_object", "regex", "choice", "grammar")
 
 
 @dataclass
@@ -44,6 +98,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     n: int = 1  # completions per prompt; they share the prompt's KV blocks (copy-on-write)
+    structured: StructuredOutput | None = None  # constrain the output to a grammar
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -71,6 +126,16 @@ class SamplingParams:
         for ok, message in checks:
             if not ok:
                 raise SamplingError(f"{message}; got {self._describe()}")
+
+    @property
+    def fast_greedy(self) -> bool:
+        """Plain argmax is enough: greedy, no penalties, no logprobs, no grammar."""
+        return (
+            self.greedy
+            and self.logprobs is None
+            and not self.uses_penalties
+            and self.structured is None
+        )
 
     def _describe(self) -> str:
         return (

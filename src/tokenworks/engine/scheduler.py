@@ -21,6 +21,7 @@ could never fit in the pool even alone is refused up front (`RequestTooLargeErro
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass, field
 
 from tokenworks.config import EngineConfig
@@ -179,6 +180,8 @@ class Scheduler:
                 seq.num_cached_prompt_tokens = hit
             out.prefix_hit_tokens += hit
             seq.status = SequenceStatus.RUNNING
+            if seq.scheduled_time is None:
+                seq.scheduled_time = time.monotonic()
             self._take(seq, n, out)
             bisect.insort(self.running, seq, key=self._key)
             budget -= n

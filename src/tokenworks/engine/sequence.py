@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import random
+import time
 
 import torch
 
@@ -47,8 +48,13 @@ class Sequence:
         cache_salt: str | None = None,
         index: int = 0,
         seed: int | None = None,
+        matcher=None,
     ):
         self.request_id = request_id
+        self.matcher = matcher  # structured output: a TokenMatcher (engine/structured.py)
+        # Timestamps (time.monotonic) for serving metrics: queue time, TTFT, latency.
+        self.arrival_time = time.monotonic()
+        self.scheduled_time: float | None = None  # first admitted to the running set
         self.index = index
         self.arrival, self.priority, self.cache_salt = arrival, priority, cache_salt
         self.group: list[Sequence] = [self]  # the request's completions, in index order
@@ -98,7 +104,9 @@ class Sequence:
             self.cache_salt,
             index,
             seed,
+            self.matcher.fork() if self.matcher is not None else None,
         )
+        child.arrival_time, child.scheduled_time = self.arrival_time, self.scheduled_time
         child.status = self.status
         child.group = self.group
         self.group.append(child)
@@ -137,6 +145,8 @@ class Sequence:
         """Record one sampled token, update the text, and decide whether to stop."""
         token = result.token_id
         self.output_ids.append(token)
+        if self.matcher is not None:
+            self.matcher.accept(token)
         if self.logprobs is not None:
             top = [(i, self.tokenizer.decode([i], False), lp) for i, lp in result.top or []]
             text = self.tokenizer.decode([token], False)
@@ -148,11 +158,16 @@ class Sequence:
         self.text += self._detok.step(token)
         if self._check_stop_strings():
             return
-        if len(self.output_ids) >= self.params.max_tokens or self.num_tokens >= self.max_len:
+        grammar_done = self.matcher is not None and self.matcher.stopped
+        if (
+            grammar_done
+            or len(self.output_ids) >= self.params.max_tokens
+            or self.num_tokens >= self.max_len
+        ):
             self.text += self._detok.flush()
             self._check_stop_strings()
             if not self.finished:
-                self.finish(FinishReason.LENGTH)
+                self.finish(FinishReason.STOP if grammar_done else FinishReason.LENGTH)
 
     def _check_stop_strings(self) -> bool:
         if not self.params.stop:

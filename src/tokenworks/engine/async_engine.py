@@ -1,0 +1,361 @@
+"""AsyncEngine: the asyncio front of LLMEngine that the server submits to and streams from.
+
+The engine runs in a thread of its own: a forward pass blocks for milliseconds to seconds,
+and the event loop must keep accepting connections meanwhile. Coroutines never touch the
+engine; they post commands that the engine thread applies between steps:
+
+- `generate()` queues a request and yields a `RequestUpdate` for every step that gave it
+  tokens (text, token ids, logprobs and finish reasons of each of its n completions);
+- `abort()` cancels one. Commands are applied before the next step, so a cancelled request
+  (a client that went away, a deadline that passed) stops within one step and its KV blocks
+  go back to the pool at once.
+
+If a forward pass raises, LLMEngine aborts the requests it touched; their streams get a
+`RequestFailedError` and everyone else carries on.
+
+An optional observer (duck-typed; serve/metrics.py has one) hears about every step and
+every finished request, in the engine thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenworks.engine.engine import LLMEngine
+from tokenworks.engine.request import SamplingParams, TokenLogprob
+from tokenworks.engine.sequence import Sequence
+
+log = logging.getLogger("tokenworks.engine")
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed while running this request (the engine itself carries on)."""
+
+
+class RequestCancelledError(RuntimeError):
+    """abort() ended the request (its stream ends with this, if anyone still reads it)."""
+
+
+class DeadlineExceededError(TimeoutError):
+    """The request did not finish before its deadline; it was cancelled."""
+
+
+@dataclass
+class CompletionDelta:
+    """What one step added to one completion of a request."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+    finish_reason: str | None
+    stop_reason: str | int | None
+
+
+@dataclass
+class RequestUpdate:
+    request_id: str
+    deltas: list[CompletionDelta]
+    finished: bool
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class RequestMetrics:
+    """Timings of one finished request, in seconds, for the serving metrics."""
+
+    request_id: str
+    finish_reasons: list[str]
+    prompt_tokens: int
+    generation_tokens: int
+    queue_time: float | None  # arrival -> first scheduled
+    ttft: float | None  # arrival -> first token out
+    e2e: float  # arrival -> finished
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first."""
+        if self.ttft is None or self.generation_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.generation_tokens - 1)
+
+
+@dataclass
+class _Stream:
+    request_id: str
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    kwargs: dict
+    head: Sequence | None = None
+    emitted: dict[int, int] = field(default_factory=dict)  # tokens handed out per index
+    t_submit: float = field(default_factory=time.monotonic)
+    t_first: float | None = None
+    t_last: float | None = None
+
+    def push(self, item: RequestUpdate | BaseException | None) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, observer: Any = None, idle_wait_s: float = 0.5):
+        self.engine = engine
+        self.observer = observer
+        self._idle_wait_s = idle_wait_s
+        self._commands: deque[tuple] = deque()
+        self._wake = threading.Event()
+        self._streams: dict[str, _Stream] = {}  # touched only by the engine thread
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._next_id = 0
+        self.errors = 0  # forward passes that raised
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ------------------------------------------------------------------ the async side
+
+    def _post(self, *command) -> None:
+        self._commands.append(command)
+        self._wake.set()
+
+    def new_request_id(self, prefix: str = "req") -> str:
+        self._next_id += 1
+        return f"{prefix}-{self._next_id}-{time.monotonic_ns() % 10**9}"
+
+    async def submit(
+        self,
+        params: SamplingParams,
+        prompt_token_ids: list[int],
+        request_id: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        deadline: float | None = None,
+    ) -> AsyncIterator[RequestUpdate]:
+        """Queue a request; once the engine has accepted it, return its stream of updates.
+
+        Raises what LLMEngine.add_request raises (ValueError subclasses for bad input,
+        QueueFullError when the queue is full). The stream raises DeadlineExceededError
+        when `deadline` (a time.monotonic() value) passes first, and RequestFailedError when
+        the engine fails while running the request. Leaving the stream early (break,
+        cancellation, aclose) cancels the request.
+        """
+        if not self.is_running:
+            raise RuntimeError("the engine is not running (AsyncEngine.start() first)")
+        request_id = request_id or self.new_request_id()
+        kwargs = dict(
+            params=params,
+            prompt_token_ids=prompt_token_ids,
+            request_id=request_id,
+            priority=priority,
+            cache_salt=cache_salt,
+        )
+        stream = _Stream(request_id, asyncio.get_running_loop(), asyncio.Queue(), kwargs)
+        self._post("add", stream)
+        try:
+            accepted = await _next(stream.queue, deadline)
+        except BaseException:
+            self.abort(request_id)
+            raise
+        if isinstance(accepted, BaseException):
+            raise accepted
+        return self._updates(stream, deadline)
+
+    async def _updates(self, stream: _Stream, deadline: float | None):
+        finished = False
+        try:
+            while not finished:
+                item = await _next(stream.queue, deadline)
+                if isinstance(item, BaseException):
+                    finished = True  # the engine already dropped it
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.abort(stream.request_id)
+
+    async def generate(self, params: SamplingParams, prompt_token_ids: list[int], **kw):
+        """submit() and stream in one: `async for update in engine.generate(...)`."""
+        async for update in await self.submit(params, prompt_token_ids, **kw):
+            yield update
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request (thread-safe, returns at once; applied before the next step)."""
+        self._post("abort", request_id)
+
+    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """Run fn(engine) in the engine thread between steps and return its result
+        (a consistent view of the engine's state, e.g. for /health or tests)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._post("call", fn, loop, future)
+        return await future
+
+    # ------------------------------------------------------------------ the engine thread
+
+    def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            self._apply_commands()
+            if self._stopping:
+                break
+            if not self.engine.has_unfinished():
+                self._wake.wait(self._idle_wait_s)
+                continue
+            try:
+                sampled = self.engine.step()
+            except Exception as e:  # the engine aborted the requests this step touched
+                self.errors += 1
+                log.exception("a forward pass failed; failing the requests it touched")
+                self._fail_orphans(e)
+                continue
+            self._emit(sampled)
+            if self.observer is not None and self.engine.stats:
+                self.observer.on_step(self.engine.stats[-1], self.engine)
+        for stream in self._streams.values():
+            stream.push(RequestFailedError("the server is shutting down"))
+        self._streams.clear()
+
+    def _apply_commands(self) -> None:
+        if self._commands and self.observer is not None:
+            self._apply_commands_now()
+            self.observer.on_state(self.engine)  # e.g. an abort freed blocks while idle
+        else:
+            self._apply_commands_now()
+
+    def _apply_commands_now(self) -> None:
+        while self._commands:
+            kind, *args = self._commands.popleft()
+            if kind == "add":
+                self._add(args[0])
+            elif kind == "abort":
+                stream = self._streams.pop(args[0], None)
+                if stream is not None:
+                    self.engine.abort_request(args[0])
+                    stream.push(RequestCancelledError("the request was cancelled"))
+            elif kind == "call":
+                fn, loop, future = args
+                try:
+                    result, error = fn(self.engine), None
+                except Exception as e:
+                    result, error = None, e
+                loop.call_soon_threadsafe(_settle, future, result, error)
+
+    def _add(self, stream: _Stream) -> None:
+        try:
+            stream.head = self.engine.add_request(**stream.kwargs)
+        except Exception as e:  # bad input or a full queue: the caller's error to report
+            stream.push(e)
+            return
+        stream.t_submit = stream.head.arrival_time
+        self._streams[stream.request_id] = stream
+        stream.push(None)
+
+    def _emit(self, sampled: list[Sequence]) -> None:
+        now = time.monotonic()
+        by_request: dict[str, list[Sequence]] = {}
+        for seq in sampled:
+            by_request.setdefault(seq.request_id, []).append(seq)
+        for request_id, seqs in by_request.items():
+            stream = self._streams.get(request_id)
+            if stream is None:
+                continue
+            deltas = []
+            for s in seqs:
+                k = stream.emitted.get(s.index, 0)
+                stream.emitted[s.index] = len(s.output_ids)
+                deltas.append(
+                    CompletionDelta(
+                        s.index,
+                        s.take_stream_text(),
+                        s.output_ids[k:],
+                        s.logprobs[k:] if s.logprobs is not None else None,
+                        s.finish_reason,
+                        s.stop_reason,
+                    )
+                )
+            if stream.t_first is None:
+                stream.t_first = now
+            elif self.observer is not None:
+                self.observer.on_inter_token(now - stream.t_last)
+            stream.t_last = now
+            head = stream.head
+            update = RequestUpdate(
+                request_id,
+                deltas,
+                head.group_finished,
+                len(head.prompt_ids),
+                head.num_cached_prompt_tokens,
+            )
+            stream.push(update)
+            if update.finished:
+                del self._streams[request_id]
+                self._finished(stream, now)
+
+    def _finished(self, stream: _Stream, now: float) -> None:
+        if self.observer is None:
+            return
+        head = stream.head
+        t0 = stream.t_submit
+        self.observer.on_request_finished(
+            RequestMetrics(
+                stream.request_id,
+                [str(s.finish_reason) for s in head.group],
+                len(head.prompt_ids),
+                sum(len(s.output_ids) for s in head.group),
+                head.scheduled_time - t0 if head.scheduled_time is not None else None,
+                stream.t_first - t0 if stream.t_first is not None else None,
+                now - t0,
+            )
+        )
+
+    def _fail_orphans(self, error: Exception) -> None:
+        for request_id in [r for r in self._streams if r not in self.engine.requests]:
+            stream = self._streams.pop(request_id)
+            stream.push(
+                RequestFailedError(f"the engine failed while running this request: {error}")
+            )
+
+
+async def _next(queue: asyncio.Queue, deadline: float | None):
+    if deadline is None:
+        return await queue.get()
+    try:
+        return await asyncio.wait_for(queue.get(), max(deadline - time.monotonic(), 0))
+    except TimeoutError:
+        raise DeadlineExceededError(
+            "the request did not finish before its deadline and was cancelled"
+        ) from None
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -1,0 +1,121 @@
+"""Structured output: a grammar (JSON schema, regex, choice list, Lark) turned into a token
+mask each step with llguidance, so the sampler can only pick tokens that keep the output
+inside the language. Greedy or sampled, the result parses.
+
+`GrammarCompiler` wraps the model's tokenizer for llguidance once (~0.3 s); `compile()`
+checks a request's grammar up front (a bad schema or regex is the caller's error, raised
+before the request is queued) and returns a `TokenMatcher`, one per sequence, that follows
+the tokens the sequence emits.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+import torch
+
+from tokenworks.engine.request import StructuredOutput
+
+
+class StructuredOutputError(ValueError):
+    """The requested grammar cannot be compiled; the message says what is wrong."""
+
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def _llguidance():
+    try:
+        import llguidance
+    except ImportError as e:  # pragma: no cover - llguidance is a base dependency
+        raise StructuredOutputError(
+            "structured output needs llguidance: pip install llguidance"
+        ) from e
+    return llguidance
+
+
+# One line of JSON with a space after ',' and ':'. Free whitespace lets a small model pad
+# forever between tokens (newline after newline) without ever closing the object.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def close_objects(schema):
+    """Objects that list their properties take no others unless the schema says so
+    (additionalProperties / patternProperties), as in OpenAI's strict structured outputs;
+    otherwise a model may append invented keys until max_tokens."""
+    if isinstance(schema, list):
+        return [close_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: close_objects(v) for k, v in schema.items()}
+    open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+    if "properties" in out and not any(k in out for k in open_keys):
+        out["additionalProperties"] = False
+    return out
+
+
+def grammar_source(so: StructuredOutput) -> str:
+    """The llguidance grammar for one StructuredOutput."""
+    M = _llguidance().LLMatcher
+    if so.kind == "json_schema":
+        try:
+            schema = close_objects(json.loads(so.value))
+            return M.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+        except ValueError as e:
+            raise StructuredOutputError(f"json_schema: {e}") from e
+    if so.kind == "json_object":
+        return M.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+    if so.kind == "regex":
+        return M.grammar_from_regex(so.value)
+    if so.kind == "choice":
+        return M.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in so.choices))
+    return M.grammar_from_lark(so.value)
+
+
+class TokenMatcher:
+    """One sequence's position in its grammar: which tokens may come next."""
+
+    def __init__(self, matcher, vocab_size: int):
+        self._m = matcher
+        self._vocab = vocab_size
+
+    def allowed(self) -> torch.Tensor:
+        """A bool mask [vocab_size]: True where the token keeps the output in the grammar."""
+        words = torch.frombuffer(bytearray(self._m.compute_bitmask()), dtype=torch.int32)
+        bits = (words.unsqueeze(1) >> _BITS) & 1
+        return bits.flatten()[: self._vocab].bool()
+
+    def accept(self, token_id: int) -> None:
+        self._m.consume_token(token_id)
+
+    @property
+    def stopped(self) -> bool:
+        """The grammar is complete (or broken): nothing more may be generated."""
+        return self._m.is_stopped() or self._m.is_error()
+
+    def fork(self) -> TokenMatcher:
+        return TokenMatcher(self._m.deep_copy(), self._vocab)
+
+
+class GrammarCompiler:
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...]):
+        llg = _llguidance()
+        self.vocab_size = vocab_size
+        self._ll = llg.LLTokenizer(
+            tokenizer.tk.to_str(), n_vocab=vocab_size, eos_token=list(eos_token_ids) or None
+        )
+        self._grammar = lru_cache(maxsize=256)(self._compile_source)
+
+    def _compile_source(self, key: StructuredOutput) -> str:
+        source = grammar_source(key)
+        error = _llguidance().LLMatcher.validate_grammar(source, self._ll)
+        if error and not error.startswith("WARNING"):
+            raise StructuredOutputError(f"the {key.kind} grammar is invalid: {error}")
+        return source
+
+    def compile(self, so: StructuredOutput) -> TokenMatcher:
+        matcher = _llguidance().LLMatcher(self._ll, self._grammar(so), log_level=0)
+        if matcher.is_error():
+            raise StructuredOutputError(f"the {so.kind} grammar is invalid: {matcher.get_error()}")
+        return TokenMatcher(matcher, self.vocab_size)

@@ -1,0 +1,233 @@
+"""What both protocols share: the server's state, request -> SamplingParams, submitting to
+the engine with its refusals mapped to HTTP errors, and server-sent events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from tokenworks.engine.async_engine import (
+    AsyncEngine,
+    DeadlineExceededError,
+    RequestFailedError,
+    RequestUpdate,
+)
+from tokenworks.engine.request import SamplingError, SamplingParams
+from tokenworks.engine.scheduler import QueueFullError
+from tokenworks.serve.errors import APIError, bad_request
+from tokenworks.serve.metrics import ServerMetrics
+from tokenworks.serve.tools import Tool, prepare_messages
+from tokenworks.tokenizer.chat import ChatTemplateError
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    model_names: list[str]  # the first is the name /v1/models reports
+    metrics: ServerMetrics
+    request_timeout: float | None = None  # seconds; a request's own deadline may be shorter
+    max_tokens_default: int | None = None
+    retry_after_s: int = 1
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def tokenizer(self):
+        return self.engine.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.engine.max_model_len
+
+    def check_model(self, name: str | None) -> str:
+        if name not in self.model_names:
+            raise APIError(
+                404,
+                f"the model {name!r} does not exist here; this server serves "
+                f"{', '.join(map(repr, self.model_names))}",
+                param="model",
+                code="model_not_found",
+            )
+        return name
+
+    def deadline(self, requested: float | None) -> float | None:
+        limits = [x for x in (requested, self.request_timeout) if x]
+        return time.monotonic() + min(limits) if limits else None
+
+
+def sampling_params(param_names: dict[str, str] | None = None, **kw) -> SamplingParams:
+    """SamplingParams(**kw), with a range error turned into a 400 naming the field."""
+    try:
+        return SamplingParams(**kw)
+    except SamplingError as e:
+        message = str(e)
+        field_name = message.split(" ", 1)[0]
+        names = param_names or {}
+        raise bad_request(message, names.get(field_name, field_name)) from e
+
+
+def clamp_max_tokens(state: ServerState, requested: int | None, prompt_len: int) -> int:
+    """max_tokens, or what is left of the context when the request does not say."""
+    room = state.max_model_len - prompt_len
+    if room < 1:
+        raise bad_request(
+            f"the prompt has {prompt_len} tokens but the context holds {state.max_model_len} "
+            "(prompt plus at least one new token); shorten the prompt",
+            "messages",
+        )
+    if requested is None:  # what is left of the context, or of the whole KV pool if less
+        blocks = state.engine.engine.blocks
+        return max(1, min(room, blocks.num_blocks * blocks.block_size - prompt_len))
+    return requested
+
+
+def render_chat(state: ServerState, messages: list[dict], tools: list[Tool], **kwargs) -> str:
+    tokenizer = state.tokenizer
+    if tokenizer.chat is None:
+        raise bad_request("this model has no chat template; use /v1/completions", "messages")
+    prepared, extra = prepare_messages(messages, tools, tokenizer.chat.source)
+    try:
+        return tokenizer.apply_chat_template(prepared, **extra, **kwargs)
+    except ChatTemplateError as e:
+        raise bad_request(str(e), "messages") from e
+
+
+async def submit(
+    state: ServerState,
+    request: Request,
+    params: SamplingParams,
+    prompt_ids: list[int],
+    anthropic: bool = False,
+    **kw,
+):
+    """Queue a request; refusals become HTTP errors (400 bad input, 429/529 when full)."""
+    try:
+        return await state.engine.submit(params, prompt_ids, **kw)
+    except QueueFullError as e:
+        status = 529 if anthropic else 429
+        raise APIError(status, str(e), code="queue_full", retry_after=state.retry_after_s) from e
+    except DeadlineExceededError as e:
+        raise APIError(504, str(e), code="deadline_exceeded") from e
+    except ValueError as e:  # too long, too large, bad token ids, bad grammar
+        raise bad_request(str(e), "prompt" if "prompt" in str(e) else None) from e
+
+
+def stream_error(e: BaseException) -> APIError:
+    """An error that ends a request already under way."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, DeadlineExceededError):
+        return APIError(504, str(e), code="deadline_exceeded")
+    if isinstance(e, RequestFailedError):
+        return APIError(500, str(e), code="engine_failure")
+    return APIError(500, f"internal error: {e}")
+
+
+async def collect(request: Request, updates) -> list[RequestUpdate]:
+    """Drain a request's updates; if the client disconnects first, cancel the request."""
+
+    async def drain():
+        return [u async for u in updates]
+
+    task = asyncio.ensure_future(drain())
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await updates.aclose()
+    if task.cancelled():
+        raise APIError(499, "the client went away")
+    try:
+        return task.result()
+    except Exception as e:
+        raise stream_error(e) from e
+
+
+def sse(data: dict | str, event: str | None = None) -> str:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n"
+
+
+def merged_text(updates: list[RequestUpdate], n: int) -> list[dict]:
+    """Per completion index: text, token ids, logprobs, finish and stop reason."""
+    out = [
+        {"text": "", "token_ids": [], "logprobs": [], "finish_reason": None, "stop_reason": None}
+        for _ in range(n)
+    ]
+    for u in updates:
+        for d in u.deltas:
+            o = out[d.index]
+            o["text"] += d.text
+            o["token_ids"] += d.token_ids
+            if d.logprobs is not None:
+                o["logprobs"] += d.logprobs
+            if d.finish_reason is not None:
+                o["finish_reason"], o["stop_reason"] = d.finish_reason, d.stop_reason
+    return out
+
+
+async def _disconnected(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+@contextlib.asynccontextmanager
+async def abort_on_disconnect(state: ServerState, request: Request, request_ids: list[str]):
+    """While a response streams, cancel its engine requests the moment the client leaves
+    (the engine frees their blocks before its next step)."""
+    watch = asyncio.ensure_future(_disconnected(request))
+
+    def gone(task: asyncio.Future) -> None:
+        if not task.cancelled():
+            for rid in request_ids:
+                state.engine.abort(rid)
+
+    watch.add_done_callback(gone)
+    try:
+        yield
+    finally:
+        watch.cancel()
+
+
+async def merge(streams: list) -> object:
+    """Interleave several update streams (one per prompt) as their updates arrive:
+    yields (stream number, update)."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, stream):
+        try:
+            async for u in stream:
+                await queue.put((i, u, None))
+        except Exception as e:
+            await queue.put((i, None, e))
+        finally:
+            await queue.put((i, None, StopAsyncIteration()))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    live = len(tasks)
+    try:
+        while live:
+            i, u, e = await queue.get()
+            if isinstance(e, StopAsyncIteration):
+                live -= 1
+            elif e is not None:
+                raise e
+            else:
+                yield i, u
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            await s.aclose()

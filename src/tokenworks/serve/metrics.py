@@ -1,0 +1,110 @@
+"""Prometheus metrics for /metrics, named the way vLLM names its own (`vllm:` -> `tokenworks:`),
+so dashboards and the benchmark harness built for vLLM read them unchanged.
+
+ServerMetrics is the AsyncEngine's observer: it hears every step (gauges, token and cache
+counters) and every finished request (latency histograms, finish reasons), in the engine
+thread; prometheus_client is thread-safe. Each app has its own registry.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Bucket edges in seconds (vLLM's, trimmed to what a CPU sees).
+_LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+_PER_TOKEN = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str):
+        self.registry = r = CollectorRegistry()
+        labels = ["model_name"]
+        self._labels = {"model_name": model_name}
+
+        def hist(name, doc, buckets):
+            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(**self._labels)
+
+        def gauge(name, doc):
+            return Gauge(name, doc, labels, registry=r).labels(**self._labels)
+
+        def counter(name, doc):
+            return Counter(name, doc, labels, registry=r).labels(**self._labels)
+
+        self.ttft = hist(
+            "tokenworks:time_to_first_token_seconds", "Arrival to first token.", _LATENCY
+        )
+        self.itl = hist(
+            "tokenworks:inter_token_latency_seconds", "Time between streamed tokens.", _PER_TOKEN
+        )
+        self.tpot = hist(
+            "tokenworks:request_time_per_output_token_seconds",
+            "Mean time per output token after the first, per request.",
+            _PER_TOKEN,
+        )
+        self.e2e = hist(
+            "tokenworks:e2e_request_latency_seconds", "Arrival to last token.", _LATENCY
+        )
+        self.queue = hist(
+            "tokenworks:request_queue_time_seconds", "Arrival to first scheduled.", _LATENCY
+        )
+        self.running = gauge("tokenworks:num_requests_running", "Sequences in the running set.")
+        self.waiting = gauge("tokenworks:num_requests_waiting", "Sequences waiting to run.")
+        self.kv_usage = gauge(
+            "tokenworks:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full)."
+        )
+        self.prompt_tokens = counter(
+            "tokenworks:prompt_tokens", "Prompt tokens of finished requests."
+        )
+        self.generation_tokens = counter(
+            "tokenworks:generation_tokens", "Generated tokens of finished requests."
+        )
+        self.prefix_queries = counter(
+            "tokenworks:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
+        self.prefix_hits = counter(
+            "tokenworks:prefix_cache_hits", "Prompt tokens found in the prefix cache."
+        )
+        self.preemptions = counter("tokenworks:num_preemptions", "Sequences preempted.")
+        self._finished = Counter(
+            "tokenworks:request_success",
+            "Finished requests by finish reason.",
+            ["model_name", "finished_reason"],
+            registry=r,
+        )
+        self._queried = self._hits = 0
+
+    # ------------------------------------------------------------------ observer hooks
+
+    def on_state(self, engine) -> None:
+        """Gauges from the engine as it is now (after a step, or after requests left)."""
+        self.running.set(len(engine.scheduler.running))
+        self.waiting.set(len(engine.scheduler.waiting))
+        self.kv_usage.set(engine.blocks.usage)
+
+    def on_step(self, stats, engine) -> None:
+        self.on_state(engine)
+        self.preemptions.inc(stats.preemptions)
+        prefix = engine.blocks.prefix
+        if prefix is not None:  # the cache's own running counts, as deltas
+            self.prefix_queries.inc(max(0, prefix.queried_tokens - self._queried))
+            self.prefix_hits.inc(max(0, prefix.hit_tokens - self._hits))
+            self._queried, self._hits = prefix.queried_tokens, prefix.hit_tokens
+
+    def on_inter_token(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+
+    def on_request_finished(self, m) -> None:
+        self.prompt_tokens.inc(m.prompt_tokens)
+        self.generation_tokens.inc(m.generation_tokens)
+        self.e2e.observe(m.e2e)
+        if m.ttft is not None:
+            self.ttft.observe(m.ttft)
+        if m.queue_time is not None:
+            self.queue.observe(m.queue_time)
+        if m.tpot is not None:
+            self.tpot.observe(m.tpot)
+        for reason in m.finish_reasons:
+            self._finished.labels(finished_reason=reason, **self._labels).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

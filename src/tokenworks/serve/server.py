@@ -1,0 +1,88 @@
+"""`tokenworks serve`: load the model, start the engine thread, serve HTTP with uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+from tokenworks.config import EngineConfig
+from tokenworks.engine.async_engine import AsyncEngine
+from tokenworks.engine.engine import LLMEngine
+from tokenworks.serve.app import MiB, build_app
+from tokenworks.serve.common import ServerState
+from tokenworks.serve.metrics import ServerMetrics
+
+
+def make_state(
+    engine: LLMEngine,
+    names: list[str],
+    request_timeout: float | None = None,
+) -> ServerState:
+    metrics = ServerMetrics(names[0])
+    return ServerState(
+        AsyncEngine(engine, observer=metrics), names, metrics, request_timeout=request_timeout
+    )
+
+
+def run_server(args, engine_kwargs: dict) -> None:
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    config = EngineConfig(model=args.model, **engine_kwargs)
+    engine = LLMEngine(config)
+    names = [args.model, *args.served_model_name]
+    state = make_state(engine, names, args.request_timeout)
+    app = build_app(state, api_key=args.api_key, max_body_bytes=int(args.max_body_mb * MiB))
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        logging.getLogger("tokenworks.serve").warning(
+            "serving on %s without --api-key: anyone who can reach it can use it", args.host
+        )
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+class ServerThread:
+    """Serve an app on 127.0.0.1 from a background thread (tests, notebooks, benchmarks):
+
+    >>> with ServerThread(app) as srv:
+    ...     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none")
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None):
+        import uvicorn
+
+        self.host = host
+        self.port = port or _free_port(host)
+        config = uvicorn.Config(app, host=host, port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> ServerThread:
+        self._thread.start()
+        t0 = time.monotonic()
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() - t0 > timeout:
+                raise RuntimeError(f"the server did not start on {self.url}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

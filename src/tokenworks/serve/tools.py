@@ -1,0 +1,317 @@
+"""Tool calling: tell the model its tools, read its calls back, and force a call when asked.
+
+The format is the one the Hermes / Qwen / SmolLM family is trained on: the model answers a
+call as a JSON object inside tags,
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+and sees results inside <tool_response> tags. A chat template that knows about tools gets
+them as the `tools` variable; otherwise the tools are described in the system message.
+
+`tool_choice` "required" (Anthropic "any") or a named function is enforced with a grammar
+(engine/structured.py): the output must be exactly one call block whose JSON validates
+against that tool's parameter schema (objects closed to undeclared keys, as in OpenAI's
+strict mode), so the call always parses. "auto" leaves it to the
+model; "none" hides the tools.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+
+from tokenworks.engine.request import StructuredOutput
+from tokenworks.engine.structured import JSON_OPTIONS, close_objects
+from tokenworks.serve.errors import bad_request
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict  # a JSON schema for the arguments object
+
+    def as_openai(self) -> dict:
+        fn = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        return {"type": "function", "function": fn}
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text of the arguments object
+
+
+def new_call_id(prefix: str = "call_") -> str:
+    return prefix + secrets.token_hex(12)
+
+
+def _check_schema(schema, where: str) -> dict:
+    if schema is None:
+        return {"type": "object", "properties": {}}
+    if not isinstance(schema, dict):
+        raise bad_request(f"{where} must be a JSON schema object", "tools")
+    return schema
+
+
+def openai_tools(tools: list[dict] | None) -> list[Tool]:
+    out = []
+    for i, t in enumerate(tools or []):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if t.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise bad_request(
+                f'tools[{i}] must be {{"type": "function", "function": {{"name", ...}}}}', "tools"
+            )
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"tools[{i}].function.name must be a non-empty string", "tools")
+        params = _check_schema(fn.get("parameters"), f"tools[{i}].function.parameters")
+        out.append(Tool(name, fn.get("description") or "", params))
+    return out
+
+
+def anthropic_tools(tools: list[dict] | None) -> list[Tool]:
+    out = []
+    for i, t in enumerate(tools or []):
+        name = t.get("name") if isinstance(t, dict) else None
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"tools.{i}.name must be a non-empty string", "tools")
+        if t.get("type") not in (None, "custom"):
+            raise bad_request(
+                f"tools.{i}: server tool type {t.get('type')!r} is not supported here", "tools"
+            )
+        params = _check_schema(t.get("input_schema"), f"tools.{i}.input_schema")
+        out.append(Tool(name, t.get("description") or "", params))
+    return out
+
+
+# ------------------------------------------------------------------ choice -> constraint
+
+
+def choose(tools: list[Tool], mode: str, name: str | None = None) -> StructuredOutput | None:
+    """The grammar that enforces a tool choice: mode "required" (any tool) or "named"."""
+    if mode == "named":
+        chosen = [t for t in tools if t.name == name]
+        if not chosen:
+            known = ", ".join(t.name for t in tools) or "none"
+            raise bad_request(
+                f"tool_choice names {name!r}, which is not in tools ({known})", "tool_choice"
+            )
+    elif mode == "required":
+        chosen = tools
+    else:
+        return None
+    if not chosen:
+        raise bad_request(f"tool_choice {mode!r} needs at least one tool in tools", "tool_choice")
+    schemas = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.name}, "arguments": close_objects(t.parameters)},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in chosen
+    ]
+    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    schema["x-guidance"] = JSON_OPTIONS
+    grammar = f'start: "{OPEN}\\n" call "\\n{CLOSE}"\ncall: %json {json.dumps(schema)}\n'
+    return StructuredOutput.lark(grammar)
+
+
+def openai_choice(tool_choice, tools: list[Tool]) -> tuple[str, str | None]:
+    """OpenAI tool_choice -> (mode, name): mode is auto, none, required or named."""
+    if tool_choice is None:
+        return ("auto" if tools else "none"), None
+    if isinstance(tool_choice, str):
+        if tool_choice not in ("auto", "none", "required"):
+            raise bad_request(
+                f"tool_choice {tool_choice!r} is not auto, none, required or "
+                '{"type": "function", "function": {"name": ...}}',
+                "tool_choice",
+            )
+        return tool_choice, None
+    fn = tool_choice.get("function") if tool_choice.get("type") == "function" else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise bad_request(
+            'a named tool_choice is {"type": "function", "function": {"name": ...}}', "tool_choice"
+        )
+    return "named", fn["name"]
+
+
+def anthropic_choice(tool_choice, tools: list[Tool]) -> tuple[str, str | None]:
+    if tool_choice is None:
+        return ("auto" if tools else "none"), None
+    kind = tool_choice.get("type")
+    if kind in ("auto", "none"):
+        return kind, None
+    if kind == "any":
+        return "required", None
+    if kind == "tool" and isinstance(tool_choice.get("name"), str):
+        return "named", tool_choice["name"]
+    raise bad_request(
+        'tool_choice.type must be auto, any, none, or tool (with a "name")', "tool_choice"
+    )
+
+
+# ------------------------------------------------------------------ the prompt
+
+
+def describe_tools(tools: list[Tool]) -> str:
+    """The system-message text for a chat template that does not render tools itself."""
+    lines = "\n".join(json.dumps(t.as_openai()) for t in tools)
+    return (
+        "You can call functions to help answer. These are the functions you can call, "
+        "each described as JSON inside <tools></tools>:\n"
+        f"<tools>\n{lines}\n</tools>\n\n"
+        "To call a function, answer with a JSON object holding its name and arguments "
+        f"inside {OPEN}{CLOSE} tags, one block per call:\n"
+        f'{OPEN}\n{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}\n{CLOSE}'
+    )
+
+
+def render_call(name: str, arguments) -> str:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CLOSE}"
+
+
+def prepare_messages(
+    messages: list[dict], tools: list[Tool], template_source: str
+) -> tuple[list[dict], dict]:
+    """Messages (OpenAI shape) -> what the chat template gets: messages and extra kwargs.
+
+    A template that mentions tools renders them itself. For one that does not, the tools
+    go into the system message, assistant tool calls become <tool_call> blocks and tool
+    results become <tool_response> blocks in a user turn.
+    """
+    if "tool" in template_source:
+        return messages, ({"tools": [t.as_openai() for t in tools]} if tools else {})
+    out: list[dict] = []
+    for m in messages:
+        role = m["role"]
+        if role == "assistant" and m.get("tool_calls"):
+            blocks = [m.get("content") or ""]
+            for c in m["tool_calls"]:
+                fn = c.get("function", {})
+                blocks.append(render_call(fn.get("name", ""), fn.get("arguments", {})))
+            out.append({"role": "assistant", "content": "\n".join(b for b in blocks if b)})
+        elif role == "tool":
+            piece = f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"
+            if out and out[-1]["role"] == "user" and out[-1].get("_tool"):
+                out[-1]["content"] += "\n" + piece
+            else:
+                out.append({"role": "user", "content": piece, "_tool": True})
+        else:
+            out.append(dict(m))
+    for m in out:
+        m.pop("_tool", None)
+    if tools:
+        text = describe_tools(tools)
+        if out and out[0]["role"] == "system":
+            out[0]["content"] = f"{out[0]['content']}\n\n{text}"
+        else:
+            out.insert(0, {"role": "system", "content": text})
+    return out, {}
+
+
+# ------------------------------------------------------------------ reading calls back
+
+
+class ToolCallParser:
+    """Splits generated text into plain text and tool calls as it streams in.
+
+    feed() returns events: ("text", str) or ("call", ToolCall). Text that might be the start
+    of a <tool_call> tag is held back until it is clear; finish() flushes the rest. The
+    non-streamed answer runs through the same parser, so both agree.
+    """
+
+    def __init__(self, id_prefix: str = "call_"):
+        self._buf = ""
+        self._in_call = False
+        self._after_call = False
+        self._prefix = id_prefix
+        self.calls: list[ToolCall] = []
+
+    def feed(self, text: str) -> list[tuple[str, object]]:
+        self._buf += text
+        events: list[tuple[str, object]] = []
+        while True:
+            if self._in_call:
+                j = self._buf.find(CLOSE)
+                if j < 0:
+                    return events
+                body, self._buf = self._buf[:j], self._buf[j + len(CLOSE) :]
+                self._in_call = False
+                events += self._call_or_text(body)
+                continue
+            i = self._buf.find(OPEN)
+            if i >= 0:
+                events += self._text(self._buf[:i])
+                self._buf = self._buf[i + len(OPEN) :]
+                self._in_call = True
+                continue
+            keep = _partial_suffix(self._buf, OPEN)
+            events += self._text(self._buf[: len(self._buf) - keep])
+            self._buf = self._buf[len(self._buf) - keep :]
+            return events
+
+    def finish(self) -> list[tuple[str, object]]:
+        rest, self._buf = self._buf, ""
+        if self._in_call:  # cut short (max_tokens): keep it if the JSON is complete
+            self._in_call = False
+            return self._call_or_text(rest, unclosed=True)
+        return self._text(rest)
+
+    def _text(self, text: str) -> list[tuple[str, object]]:
+        if self._after_call:
+            text = text.lstrip()
+        if not text:
+            return []
+        self._after_call = False
+        return [("text", text)]
+
+    def _call_or_text(self, body: str, unclosed: bool = False) -> list[tuple[str, object]]:
+        call = _parse_call(body)
+        if call is None:
+            raw = OPEN + body + ("" if unclosed else CLOSE)
+            return self._text(raw)
+        name, arguments = call
+        tc = ToolCall(new_call_id(self._prefix), name, json.dumps(arguments))
+        self.calls.append(tc)
+        self._after_call = True
+        return [("call", tc)]
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of tag."""
+    for k in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:k]):
+            return k
+    return 0
+
+
+def _parse_call(body: str) -> tuple[str, dict] | None:
+    try:
+        obj = json.loads(body.strip())
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return obj["name"], args

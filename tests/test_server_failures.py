@@ -1,0 +1,182 @@
+"""How the server fails: bad input gets the documented 4xx (never a 500), a full queue gets
+429 / 529 with Retry-After, a client that leaves frees its blocks, a deadline cancels, an
+engine failure fails only the requests it touched, and the server keeps serving."""
+
+from __future__ import annotations
+
+import time
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from conftest import start_server
+
+MODEL = "smollm2-135m"
+KEY = "test-key"
+LONG = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
+
+
+def wait_for(condition, timeout=20.0):
+    t0 = time.monotonic()
+    while not condition():
+        assert time.monotonic() - t0 < timeout, "timed out waiting"
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def tiny_server(smol_loaded):
+    """One running slot, one waiting slot, an API key and a 64 KiB body limit."""
+    srv = start_server(
+        smol_loaded, api_key=KEY, max_body_bytes=64 * 1024, max_num_seqs=1, max_waiting=1
+    )
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize(
+    "path, body, status, field",
+    [
+        ("/v1/chat/completions", b'{"model": "smollm2-135m", "messages": [', 400, "body"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": "hi"}, 400, "messages"),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": -5},
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": "high"},
+            400,
+            "top_p",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]},
+            400,
+            "messages",
+        ),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 0}, 400, "n"),
+        ("/v1/completions", {"model": MODEL, "prompt": [99999999]}, 400, "prompt"),
+        ("/v1/completions", {"model": "gpt-9", "prompt": "x"}, 404, "model"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 50}, 400, "logprobs"),
+        ("/v1/nothing", {}, 404, None),
+    ],
+)
+def test_bad_input_gets_an_openai_4xx(smol_server, path, body, status, field):
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(smol_server.url + path, headers={"content-type": "application/json"}, **kw)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"]
+    if field is not None:
+        assert err["param"] == field, err
+
+
+def test_bad_input_gets_an_anthropic_4xx(smol_server):
+    url = smol_server.url + "/v1/messages"
+    r = httpx.post(url, json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400
+    assert r.json() == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"},
+    }
+    r = httpx.post(url, json={"model": "claude-9", "max_tokens": 5, "messages": [
+        {"role": "user", "content": "x"}]})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    r = httpx.post(url, json={"model": MODEL, "max_tokens": 5, "messages": [
+        {"role": "user", "content": [{"type": "image", "source": {}}]}]})
+    assert r.status_code == 400 and "image" in r.json()["error"]["message"]
+
+
+def test_api_key_and_body_limit(tiny_server):
+    url = tiny_server.url + "/v1/completions"
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
+    assert httpx.post(url, json=body).status_code == 401
+    assert httpx.post(url, json=body, headers={"authorization": "Bearer nope"}).status_code == 401
+    assert httpx.post(url, json=body, headers={"authorization": f"Bearer {KEY}"}).status_code == 200
+    assert httpx.post(url, json=body, headers={"x-api-key": KEY}).status_code == 200
+    assert httpx.get(tiny_server.url + "/health").status_code == 200  # open, like vLLM
+    big = {**body, "prompt": "word " * 20_000}
+    r = httpx.post(url, json=big, headers={"x-api-key": KEY})
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+    r = httpx.post(tiny_server.url + "/v1/messages", json=big, headers={"x-api-key": KEY})
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+
+
+def test_disconnect_frees_blocks_within_a_step(smol_server):
+    engine = smol_server.engine
+    body = {"model": MODEL, "prompt": "Count:", "stream": True, **LONG, "max_tokens": 2000}
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", smol_server.url + "/v1/completions", json=body) as r:
+            got = []
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    got.append(line)
+                if len(got) == 3:
+                    break
+            assert engine.requests and engine.blocks.usage > 0
+            tokens_at_close = engine.totals["generation_tokens"]
+    wait_for(lambda: not engine.requests and engine.blocks.usage == 0)
+    # the abort is applied before the next step: at most the step under way finishes
+    assert engine.totals["generation_tokens"] - tokens_at_close <= 3
+    engine.blocks.check()
+
+
+def test_deadline_cancels(smol_server):
+    client = openai.OpenAI(base_url=smol_server.url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as e:
+        client.completions.create(
+            model=MODEL, prompt="Go:", extra_body={"deadline": 0.3, **LONG}, max_tokens=400
+        )
+    assert e.value.status_code == 504 and "deadline" in e.value.message
+    wait_for(lambda: not smol_server.engine.requests)
+
+
+def test_overload_gives_429_and_529_and_the_server_carries_on(tiny_server):
+    oai = openai.OpenAI(base_url=tiny_server.url + "/v1", api_key=KEY, max_retries=0)
+    claude = anthropic.Anthropic(base_url=tiny_server.url, api_key=KEY, max_retries=0)
+    engine = tiny_server.engine
+    body = {"model": MODEL, "prompt": "Go:", "stream": True, **LONG}
+    headers = {"x-api-key": KEY}
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", tiny_server.url + "/v1/completions", json=body, headers=headers):
+            wait_for(lambda: len(engine.scheduler.running) == 1)
+            with http.stream(
+                "POST", tiny_server.url + "/v1/completions", json=body, headers=headers
+            ):
+                wait_for(lambda: len(engine.scheduler.waiting) == 1)
+                with pytest.raises(openai.RateLimitError) as e:
+                    oai.completions.create(model=MODEL, prompt="x", max_tokens=2)
+                assert e.value.response.headers["retry-after"] == "1"
+                assert "queue is full" in e.value.message
+                with pytest.raises(anthropic.APIStatusError) as e:
+                    claude.messages.create(
+                        model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "x"}]
+                    )
+                assert e.value.status_code == 529
+                assert e.value.body["error"]["type"] == "overloaded_error"
+    wait_for(lambda: not engine.requests)
+    r = oai.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
+    assert r.usage.completion_tokens == 3
+
+
+def test_engine_failure_fails_its_requests_only(tiny_server):
+    oai = openai.OpenAI(base_url=tiny_server.url + "/v1", api_key=KEY, max_retries=0)
+    runner = tiny_server.engine.runner
+    real = runner.run
+
+    def broken(*a, **kw):
+        runner.run = real  # fail once
+        raise RuntimeError("injected fault")
+
+    runner.run = broken
+    with pytest.raises(openai.InternalServerError) as e:
+        oai.completions.create(model=MODEL, prompt="x", max_tokens=3)
+    assert "injected fault" in e.value.message
+    r = oai.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
+    assert r.usage.completion_tokens == 3
+    assert httpx.get(tiny_server.url + "/health").json() == {"status": "ok"}
+    tiny_server.engine.blocks.check()

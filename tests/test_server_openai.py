@@ -1,0 +1,154 @@
+"""The OpenAI API of a real server on 127.0.0.1, driven by the official `openai` SDK."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+MODEL = "smollm2-135m"
+HELLO = [{"role": "user", "content": "Write one sentence about the sea."}]
+
+
+@pytest.fixture(scope="module")
+def client(smol_server):
+    return openai.OpenAI(base_url=smol_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def prompt_count(srv, messages) -> int:
+    tok = srv.engine.tokenizer
+    return len(tok.encode(tok.apply_chat_template(messages)))
+
+
+def test_models_health_and_tokenize(smol_server, client):
+    assert [m.id for m in client.models.list().data] == ["smollm2-135m", "smol"]
+    assert client.models.retrieve("smol").id == "smol"
+    assert httpx.get(smol_server.url + "/health").json() == {"status": "ok"}
+    r = httpx.post(smol_server.url + "/tokenize", json={"prompt": "Hello world"}).json()
+    assert r["tokens"] == smol_server.engine.tokenizer.encode("Hello world")
+    r = httpx.post(smol_server.url + "/tokenize", json={"messages": HELLO}).json()
+    assert r["count"] == prompt_count(smol_server, HELLO)
+    text = httpx.post(smol_server.url + "/detokenize", json={"tokens": r["tokens"]}).json()
+    assert "Write one sentence about the sea." in text["prompt"]
+
+
+def test_chat_usage_counts_and_logprobs(smol_server, client):
+    r = client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=12, temperature=0, logprobs=True, top_logprobs=3
+    )
+    choice = r.choices[0]
+    assert r.usage.prompt_tokens == prompt_count(smol_server, HELLO)
+    assert r.usage.completion_tokens == len(choice.logprobs.content) == 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 12
+    assert choice.finish_reason == "length"
+    assert "".join(t.token for t in choice.logprobs.content) == choice.message.content
+    for t in choice.logprobs.content:
+        assert len(t.top_logprobs) == 3 and t.logprob <= 0
+    # greedy: the chosen token is the most likely one
+    assert all(t.token == t.top_logprobs[0].token for t in choice.logprobs.content)
+
+
+def test_chat_stream_equals_non_stream_for_a_seed(client):
+    kw = dict(model=MODEL, messages=HELLO, max_tokens=24, temperature=0.9, seed=7)
+    full = client.chat.completions.create(**kw)
+    chunks = list(
+        client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == (
+        full.choices[0].finish_reason
+    )
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == (
+        full.usage.completion_tokens
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+
+
+def test_chat_n_stop_and_penalties(client):
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=HELLO,
+        max_tokens=20,
+        temperature=0.8,
+        seed=3,
+        n=3,
+        stop=["."],
+        presence_penalty=0.5,
+        extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1},
+    )
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    for c in r.choices:
+        assert "." not in c.message.content
+        assert c.finish_reason in ("stop", "length")
+
+
+def test_completions_stream_and_echo(smol_server, client):
+    kw = dict(model=MODEL, prompt="The capital of France is", max_tokens=10, temperature=0)
+    full = client.completions.create(**kw, logprobs=2)
+    assert full.usage.prompt_tokens == len(smol_server.engine.tokenizer.encode(kw["prompt"]))
+    lp = full.choices[0].logprobs
+    assert len(lp.tokens) == full.usage.completion_tokens == 10
+    assert "".join(lp.tokens) == full.choices[0].text
+    assert lp.text_offset[0] == 0 and all(len(d) == 2 for d in lp.top_logprobs)
+    text = "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True))
+    assert text == full.choices[0].text
+    echoed = client.completions.create(**kw, echo=True)
+    assert echoed.choices[0].text == kw["prompt"] + full.choices[0].text
+
+
+def test_completions_many_prompts_and_token_ids(client):
+    r = client.completions.create(
+        model="smol", prompt=["One, two,", "A, B,"], max_tokens=4, temperature=0, n=2
+    )
+    assert [c.index for c in sorted(r.choices, key=lambda c: c.index)] == [0, 1, 2, 3]
+    assert r.choices[0].text == r.choices[1].text  # greedy: both completions agree
+    ids = client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=2, temperature=0)
+    assert ids.usage.prompt_tokens == 3
+
+
+def test_ignore_eos_runs_to_max_tokens(client):
+    r = client.completions.create(
+        model=MODEL, prompt="Hi", max_tokens=30, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert r.usage.completion_tokens == 30 and r.choices[0].finish_reason == "length"
+
+
+def test_metrics_parse_and_move(smol_server, client):
+    def scrape() -> dict:
+        text = httpx.get(smol_server.url + "/metrics").text
+        samples = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                key = s.name + ("{" + s.labels.get("finished_reason", "") + "}")
+                samples[key] = samples.get(key, 0) + s.value
+        return samples
+
+    before = scrape()
+    client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5, temperature=0)
+    after = scrape()
+    assert after["tokenworks:request_success_total{length}"] == (
+        before.get("tokenworks:request_success_total{length}", 0) + 1
+    )
+    assert after["tokenworks:generation_tokens_total{}"] == (
+        before["tokenworks:generation_tokens_total{}"] + 5
+    )
+    assert after["tokenworks:prompt_tokens_total{}"] > before["tokenworks:prompt_tokens_total{}"]
+    assert after["tokenworks:e2e_request_latency_seconds_count{}"] == (
+        before["tokenworks:e2e_request_latency_seconds_count{}"] + 1
+    )
+    for name in (
+        "tokenworks:time_to_first_token_seconds_count{}",
+        "tokenworks:inter_token_latency_seconds_count{}",
+        "tokenworks:request_time_per_output_token_seconds_count{}",
+        "tokenworks:request_queue_time_seconds_count{}",
+        "tokenworks:prefix_cache_queries_total{}",
+        "tokenworks:prefix_cache_hits_total{}",
+        "tokenworks:num_preemptions_total{}",
+    ):
+        assert name in after
+    assert after["tokenworks:time_to_first_token_seconds_count{}"] > 0
+    assert after["tokenworks:prefix_cache_hits_total{}"] > 0  # HELLO's prompt came again
+    assert after["tokenworks:num_requests_running{}"] == 0
+    assert after["tokenworks:kv_cache_usage_perc{}"] == 0

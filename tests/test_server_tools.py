@@ -1,0 +1,253 @@
+"""Anthropic Messages and tool calling in both protocols, against a real server, with the
+official `anthropic` and `openai` SDKs: a full round trip (call, tool result, answer),
+streamed and not."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import openai
+import pytest
+
+MODEL = "smollm2-135m"
+QUESTION = "What is the weather in Paris today?"
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+}
+OPENAI_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city",
+            "parameters": WEATHER,
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "Current time in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 40}},
+                "required": ["city"],
+            },
+        },
+    },
+]
+ANTHROPIC_TOOLS = [
+    {
+        "name": t["function"]["name"],
+        "description": t["function"]["description"],
+        "input_schema": t["function"]["parameters"],
+    }
+    for t in OPENAI_TOOLS
+]
+
+
+@pytest.fixture(scope="module")
+def oai(smol_server):
+    return openai.OpenAI(base_url=smol_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def claude(smol_server):
+    # This SDK no longer sends sampling fields (temperature...); they go in extra_body.
+    return anthropic.Anthropic(base_url=smol_server.url, api_key="unused", max_retries=0)
+
+
+def test_messages_stream_equals_non_stream(smol_server, claude):
+    kw = dict(
+        model=MODEL,
+        max_tokens=20,
+        messages=[{"role": "user", "content": "Hi!"}],
+        system="You are terse.",
+        extra_body={"seed": 11, "temperature": 0.7},
+    )
+    msg = claude.messages.create(**kw)
+    tok = smol_server.engine.tokenizer
+    rendered = tok.apply_chat_template(
+        [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi!"}]
+    )
+    assert msg.usage.input_tokens == len(tok.encode(rendered))
+    with claude.messages.stream(**kw) as stream:
+        events = [e.type for e in stream]
+        final = stream.get_final_message()
+    assert final.content[0].text == msg.content[0].text
+    assert final.usage.output_tokens == msg.usage.output_tokens
+    assert final.stop_reason == msg.stop_reason
+    # the exact event sequence the protocol defines (text events are the SDK's own extras)
+    wire = [e for e in events if e not in ("text",)]
+    assert wire[0] == "message_start" and wire[1] == "content_block_start"
+    assert set(wire[2:-3]) == {"content_block_delta"}
+    assert wire[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+
+
+def test_messages_stop_sequence(claude):
+    msg = claude.messages.create(
+        model=MODEL,
+        max_tokens=40,
+        stop_sequences=[" "],
+        extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": "Tell me a story."}],
+    )
+    assert msg.stop_reason == "stop_sequence" and msg.stop_sequence == " "
+    assert " " not in msg.content[0].text
+
+
+def _openai_round_trip(oai, stream: bool):
+    messages = [{"role": "user", "content": QUESTION}]
+    kw = dict(model=MODEL, messages=messages, tools=OPENAI_TOOLS, temperature=0, max_tokens=80)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    if stream:
+        calls: dict[int, dict] = {}
+        finish = None
+        for chunk in oai.chat.completions.create(**kw, tool_choice=named, stream=True):
+            for c in chunk.choices:
+                finish = c.finish_reason or finish
+                for d in c.delta.tool_calls or []:
+                    slot = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                    slot["id"] += d.id or ""
+                    slot["name"] += d.function.name or ""
+                    slot["arguments"] += d.function.arguments or ""
+        assert finish == "tool_calls" and len(calls) == 1
+        call = calls[0]
+    else:
+        r = oai.chat.completions.create(**kw, tool_choice=named)
+        assert r.choices[0].finish_reason == "tool_calls"
+        tc = r.choices[0].message.tool_calls[0]
+        call = {"id": tc.id, "name": tc.function.name, "arguments": tc.function.arguments}
+    assert call["name"] == "get_weather" and call["id"].startswith("call_")
+    args = json.loads(call["arguments"])
+    assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit")
+    messages += [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": call["arguments"]},
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": call["id"],
+            "content": '{"temperature": 21, "sky": "sun"}',
+        },
+    ]
+    if stream:
+        chunks = list(oai.chat.completions.create(**kw, tool_choice="none", stream=True))
+        answer = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        answer = oai.chat.completions.create(**kw, tool_choice="none").choices[0].message.content
+    assert answer and "<tool_call>" not in answer
+    return answer
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_openai_tool_round_trip(oai, stream):
+    _openai_round_trip(oai, stream)
+
+
+def test_openai_required_picks_a_declared_tool(oai):
+    r = oai.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What time is it in Tokyo?"}],
+        tools=OPENAI_TOOLS,
+        tool_choice="required",
+        temperature=0,
+        max_tokens=80,
+    )
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name in ("get_weather", "get_time")
+    json.loads(call.function.arguments)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_anthropic_tool_round_trip(claude, stream):
+    messages = [{"role": "user", "content": QUESTION}]
+    kw = dict(
+        model=MODEL,
+        max_tokens=80,
+        tools=ANTHROPIC_TOOLS,
+        messages=messages,
+        extra_body={"temperature": 0},
+    )
+    choice = {"type": "tool", "name": "get_weather"} if stream else {"type": "any"}
+    if stream:
+        with claude.messages.stream(**kw, tool_choice=choice) as s:
+            deltas = [e.delta.type for e in s if e.type == "content_block_delta"]
+            msg = s.get_final_message()
+        assert "input_json_delta" in deltas
+    else:
+        msg = claude.messages.create(**kw, tool_choice=choice)
+    assert msg.stop_reason == "tool_use"
+    use = [b for b in msg.content if b.type == "tool_use"][0]
+    assert use.id.startswith("toolu_") and use.name in ("get_weather", "get_time")
+    assert isinstance(use.input, dict) and "city" in use.input
+    messages += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in msg.content]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": use.id, "content": "21 degrees and sunny"}
+            ],
+        },
+    ]
+    if stream:
+        with claude.messages.stream(**kw, tool_choice={"type": "none"}) as s:
+            answer = s.get_final_message()
+    else:
+        answer = claude.messages.create(**kw, tool_choice={"type": "none"})
+    assert answer.stop_reason in ("end_turn", "max_tokens")
+    text = "".join(b.text for b in answer.content if b.type == "text")
+    assert text and "<tool_call>" not in text
+
+
+def test_tool_call_parser_streams_like_one_piece():
+    from tokenworks.serve.tools import ToolCallParser
+
+    text = 'Let me check.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\nDone'
+    whole = ToolCallParser()
+    events = whole.feed(text) + whole.finish()
+    pieces = ToolCallParser()
+    streamed = []
+    for ch in text:
+        streamed += pieces.feed(ch)
+    streamed += pieces.finish()
+
+    def flat(evs):
+        return [(k, v if k == "text" else (v.name, v.arguments)) for k, v in evs]
+
+    def joined(evs):
+        out = []
+        for k, v in flat(evs):
+            if out and k == "text" and out[-1][0] == "text":
+                out[-1] = ("text", out[-1][1] + v)
+            else:
+                out.append((k, v))
+        return out
+
+    assert (
+        joined(streamed)
+        == joined(events)
+        == [
+            ("text", "Let me check.\n"),
+            ("call", ("f", '{"x": 1}')),
+            ("text", "Done"),
+        ]
+    )
+    broken = ToolCallParser()
+    assert broken.feed("<tool_call>{not json</tool_call>") + broken.finish() == [
+        ("text", "<tool_call>{not json</tool_call>")
+    ]
