@@ -10,7 +10,6 @@ import anthropic
 import httpx
 import openai
 import pytest
-
 from conftest import start_server
 
 MODEL = "smollm2-135m"
@@ -83,11 +82,19 @@ def test_bad_input_gets_an_anthropic_4xx(smol_server):
         "type": "error",
         "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"},
     }
-    r = httpx.post(url, json={"model": "claude-9", "max_tokens": 5, "messages": [
-        {"role": "user", "content": "x"}]})
+    r = httpx.post(
+        url,
+        json={"model": "claude-9", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]},
+    )
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
-    r = httpx.post(url, json={"model": MODEL, "max_tokens": 5, "messages": [
-        {"role": "user", "content": [{"type": "image", "source": {}}]}]})
+    r = httpx.post(
+        url,
+        json={
+            "model": MODEL,
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
+        },
+    )
     assert r.status_code == 400 and "image" in r.json()["error"]["message"]
 
 
@@ -126,7 +133,9 @@ def test_disconnect_frees_blocks_within_a_step(smol_server):
 
 
 def test_deadline_cancels(smol_server):
-    client = openai.OpenAI(base_url=smol_server.url + "/v1", api_key="x", max_retries=0)
+    client = openai.OpenAI(
+        base_url=smol_server.url + "/v1", api_key="x", max_retries=0, timeout=120
+    )
     with pytest.raises(openai.APIStatusError) as e:
         client.completions.create(
             model=MODEL, prompt="Go:", extra_body={"deadline": 0.3, **LONG}, max_tokens=400
@@ -136,8 +145,8 @@ def test_deadline_cancels(smol_server):
 
 
 def test_overload_gives_429_and_529_and_the_server_carries_on(tiny_server):
-    oai = openai.OpenAI(base_url=tiny_server.url + "/v1", api_key=KEY, max_retries=0)
-    claude = anthropic.Anthropic(base_url=tiny_server.url, api_key=KEY, max_retries=0)
+    oai = openai.OpenAI(base_url=tiny_server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    claude = anthropic.Anthropic(base_url=tiny_server.url, api_key=KEY, max_retries=0, timeout=120)
     engine = tiny_server.engine
     body = {"model": MODEL, "prompt": "Go:", "stream": True, **LONG}
     headers = {"x-api-key": KEY}
@@ -164,7 +173,7 @@ def test_overload_gives_429_and_529_and_the_server_carries_on(tiny_server):
 
 
 def test_engine_failure_fails_its_requests_only(tiny_server):
-    oai = openai.OpenAI(base_url=tiny_server.url + "/v1", api_key=KEY, max_retries=0)
+    oai = openai.OpenAI(base_url=tiny_server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
     runner = tiny_server.engine.runner
     real = runner.run
 
@@ -180,3 +189,53 @@ def test_engine_failure_fails_its_requests_only(tiny_server):
     assert r.usage.completion_tokens == 3
     assert httpx.get(tiny_server.url + "/health").json() == {"status": "ok"}
     tiny_server.engine.blocks.check()
+
+
+def test_the_serve_command(smol_loaded):
+    """`tokenworks serve` as a user runs it: its own process, 127.0.0.1, an API key."""
+    import subprocess
+    import sys
+
+    from tokenworks.serve.server import _free_port
+
+    port = _free_port("127.0.0.1")
+    cmd = [
+        sys.executable,
+        "-m",
+        "tokenworks.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--threads",
+        "1",
+        "--max-num-seqs",
+        "2",
+        "--kv-cache-memory",
+        "0.05",
+        "--api-key",
+        KEY,
+        "--served-model-name",
+        "smol",
+        "--log-level",
+        "warning",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up():
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                return httpx.get(url + "/health").status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, timeout=120)
+        oai = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        r = oai.completions.create(model="smol", prompt="Hello", max_tokens=3, temperature=0)
+        assert r.usage.completion_tokens == 3
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

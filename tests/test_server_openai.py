@@ -13,7 +13,9 @@ HELLO = [{"role": "user", "content": "Write one sentence about the sea."}]
 
 @pytest.fixture(scope="module")
 def client(smol_server):
-    return openai.OpenAI(base_url=smol_server.url + "/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(
+        base_url=smol_server.url + "/v1", api_key="unused", max_retries=0, timeout=120
+    )
 
 
 def prompt_count(srv, messages) -> int:

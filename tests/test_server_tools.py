@@ -54,13 +54,17 @@ ANTHROPIC_TOOLS = [
 
 @pytest.fixture(scope="module")
 def oai(smol_server):
-    return openai.OpenAI(base_url=smol_server.url + "/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(
+        base_url=smol_server.url + "/v1", api_key="unused", max_retries=0, timeout=120
+    )
 
 
 @pytest.fixture(scope="module")
 def claude(smol_server):
     # This SDK no longer sends sampling fields (temperature...); they go in extra_body.
-    return anthropic.Anthropic(base_url=smol_server.url, api_key="unused", max_retries=0)
+    return anthropic.Anthropic(
+        base_url=smol_server.url, api_key="unused", max_retries=0, timeout=120
+    )
 
 
 def test_messages_stream_equals_non_stream(smol_server, claude):

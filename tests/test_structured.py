@@ -117,7 +117,9 @@ SCHEMAS = {
 
 @pytest.fixture(scope="module")
 def client(smol_server):
-    return openai.OpenAI(base_url=smol_server.url + "/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(
+        base_url=smol_server.url + "/v1", api_key="unused", max_retries=0, timeout=120
+    )
 
 
 @pytest.mark.parametrize("name", list(SCHEMAS))
@@ -170,7 +172,9 @@ def test_regex_choice_and_grammar_extensions(client):
 
 
 def test_anthropic_output_format(smol_server):
-    claude = anthropic.Anthropic(base_url=smol_server.url, api_key="unused", max_retries=0)
+    claude = anthropic.Anthropic(
+        base_url=smol_server.url, api_key="unused", max_retries=0, timeout=120
+    )
     schema = SCHEMAS["person"]
     msg = claude.messages.create(
         model=MODEL,

@@ -125,6 +125,13 @@ def cmd_bench_throughput(args) -> int:
     return 0
 
 
+def cmd_bench_structured(args) -> int:
+    from tokenworks.bench.structured import run_structured
+
+    run_structured(args)
+    return 0
+
+
 def _record_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="benchmarks/results", help="directory for the record")
     p.add_argument(
@@ -201,6 +208,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-tokens", type=int, default=128)
     _record_args(p)
     p.set_defaults(fn=cmd_bench_throughput)
+
+    p = bsub.add_parser("structured", help="decode throughput with and without a JSON schema")
+    add_engine_arguments(p)
+    p.add_argument(
+        "--batch-sizes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[1, 8],
+        help="comma-separated sequence counts (default 1,8)",
+    )
+    p.add_argument("--output-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", default="benchmarks/results", help="directory for the record")
+    p.set_defaults(fn=cmd_bench_structured)
     return parser
 
 

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,8 +100,13 @@ class _Stream:
     t_first: float | None = None
     t_last: float | None = None
 
-    def push(self, item: RequestUpdate | BaseException | None) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+    def push(self, item: RequestUpdate | BaseException | None) -> bool:
+        """Hand an item to the reader's event loop; False if that loop is gone."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop was closed: nobody will read this stream again
+            return False
+        return True
 
 
 class AsyncEngine:
@@ -154,7 +159,7 @@ class AsyncEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         deadline: float | None = None,
-    ) -> AsyncIterator[RequestUpdate]:
+    ) -> RequestStream:
         """Queue a request; once the engine has accepted it, return its stream of updates.
 
         Raises what LLMEngine.add_request raises (ValueError subclasses for bad input,
@@ -182,26 +187,16 @@ class AsyncEngine:
             raise
         if isinstance(accepted, BaseException):
             raise accepted
-        return self._updates(stream, deadline)
-
-    async def _updates(self, stream: _Stream, deadline: float | None):
-        finished = False
-        try:
-            while not finished:
-                item = await _next(stream.queue, deadline)
-                if isinstance(item, BaseException):
-                    finished = True  # the engine already dropped it
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            if not finished:
-                self.abort(stream.request_id)
+        return RequestStream(self, stream, deadline)
 
     async def generate(self, params: SamplingParams, prompt_token_ids: list[int], **kw):
         """submit() and stream in one: `async for update in engine.generate(...)`."""
-        async for update in await self.submit(params, prompt_token_ids, **kw):
-            yield update
+        stream = await self.submit(params, prompt_token_ids, **kw)
+        try:
+            async for update in stream:
+                yield update
+        finally:
+            await stream.aclose()
 
     def abort(self, request_id: str) -> None:
         """Cancel a request (thread-safe, returns at once; applied before the next step)."""
@@ -233,9 +228,12 @@ class AsyncEngine:
                 log.exception("a forward pass failed; failing the requests it touched")
                 self._fail_orphans(e)
                 continue
-            self._emit(sampled)
-            if self.observer is not None and self.engine.stats:
-                self.observer.on_step(self.engine.stats[-1], self.engine)
+            try:
+                self._emit(sampled)
+                if self.observer is not None and self.engine.stats:
+                    self.observer.on_step(self.engine.stats[-1], self.engine)
+            except Exception:  # a bug in reporting must not stop the engine thread
+                log.exception("reporting a step failed")
         for stream in self._streams.values():
             stream.push(RequestFailedError("the server is shutting down"))
         self._streams.clear()
@@ -311,10 +309,12 @@ class AsyncEngine:
                 len(head.prompt_ids),
                 head.num_cached_prompt_tokens,
             )
-            stream.push(update)
-            if update.finished:
+            if update.finished:  # count it before the reader can see the end
                 del self._streams[request_id]
                 self._finished(stream, now)
+            if not stream.push(update) and not update.finished:
+                self._streams.pop(request_id, None)  # its reader's loop is gone
+                self.engine.abort_request(request_id)
 
     def _finished(self, stream: _Stream, now: float) -> None:
         if self.observer is None:
@@ -339,6 +339,42 @@ class AsyncEngine:
             stream.push(
                 RequestFailedError(f"the engine failed while running this request: {error}")
             )
+
+
+class RequestStream:
+    """The updates of one accepted request, as an async iterator. Leaving early (break,
+    cancellation, an error, aclose(), even before the first update) cancels the request."""
+
+    def __init__(self, front: AsyncEngine, stream: _Stream, deadline: float | None):
+        self._front, self._stream, self._deadline = front, stream, deadline
+        self.request_id = stream.request_id
+        self.done = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestUpdate:
+        if self.done:
+            raise StopAsyncIteration
+        try:
+            item = await _next(self._stream.queue, self._deadline)
+        except BaseException:  # deadline, cancellation: stop the request in the engine
+            await self.aclose()
+            raise
+        if isinstance(item, BaseException):
+            self.done = True  # the engine already dropped it
+            raise item
+        self.done = item.finished
+        return item
+
+    async def aclose(self) -> None:
+        if not self.done:
+            self.done = True
+            self._front.abort(self.request_id)
+
+    def __del__(self) -> None:  # dropped unfinished without aclose(): still cancel it
+        if not self.done:
+            self._front.abort(self.request_id)
 
 
 async def _next(queue: asyncio.Queue, deadline: float | None):

@@ -244,24 +244,32 @@ class LLMEngine:
         out = self.scheduler.schedule()
         sampled: list[Sequence] = []
         if out.scheduled:
-            self.pool.copy_blocks(out.copies)
             try:
+                self.pool.copy_blocks(out.copies)
                 logits = self.runner.run(out.scheduled).float().cpu()
+                sampled = self._sample_all(out, logits)
             except Exception:
                 self._fail(out)
                 raise
-            # Plain greedy rows (no penalties, no logprobs) take one argmax over the batch.
-            argmax = logits.argmax(-1).tolist() if logits.shape[0] else []
-            rows = iter(zip(logits, argmax, strict=True))
-            for item in out.scheduled:
-                if item.sample:
-                    sampled += self._sample(item.seq, *next(rows))
         self._record(out, sampled, time.perf_counter() - t0)
         return sampled
 
+    def _sample_all(self, out: SchedulerOutput, logits: torch.Tensor) -> list[Sequence]:
+        sampling = [item.seq for item in out.scheduled if item.sample]
+        guided = [(r, s.matcher) for r, s in enumerate(sampling) if s.matcher is not None]
+        if guided:  # structured output: forbid what each grammar does not allow
+            self.grammars.mask_rows(logits, guided)
+        # Plain greedy rows (no penalties, no logprobs) take one argmax over the batch.
+        argmax = logits.argmax(-1).tolist() if logits.shape[0] else []
+        sampled: list[Sequence] = []
+        for seq, row, top in zip(sampling, logits, argmax, strict=True):
+            sampled += self._sample(seq, row, top)
+        return sampled
+
     def _fail(self, out: SchedulerOutput) -> None:
-        """The forward pass raised: abort the requests it touched, free their blocks and
-        forget their prefix hashes, so the engine stays usable for everyone else."""
+        """The step raised (forward pass or sampling): abort the requests it touched, free
+        their blocks and forget their prefix hashes, so the engine stays usable for everyone
+        else."""
         for item in out.scheduled:
             self.blocks.forget_seq(item.seq)
         for item in out.scheduled:
@@ -281,14 +289,11 @@ class LLMEngine:
             if p.fast_greedy:
                 s.append(SampleResult(argmax, None, None))
             else:
-                x = row
-                if s.matcher is not None:  # structured output: only tokens the grammar allows
-                    x = row.masked_fill(~s.matcher.allowed(), float("-inf"))
                 if p.uses_penalties:  # only penalties read the token history
                     prompt, output = s.prompt_tensor(), s.output_tensor()
                 else:
                     prompt = output = no_history
-                s.append(sample_one(x, p, prompt, output, s.generator))
+                s.append(sample_one(row, p, prompt, output, s.generator))
             if s.finished:
                 self.scheduler.remove(s)
                 if s.group_finished:

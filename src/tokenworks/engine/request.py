@@ -129,13 +129,9 @@ class SamplingParams:
 
     @property
     def fast_greedy(self) -> bool:
-        """Plain argmax is enough: greedy, no penalties, no logprobs, no grammar."""
-        return (
-            self.greedy
-            and self.logprobs is None
-            and not self.uses_penalties
-            and self.structured is None
-        )
+        """Plain argmax is enough: greedy, no penalties, no logprobs (a grammar's mask is
+        already on the logits by then)."""
+        return self.greedy and self.logprobs is None and not self.uses_penalties
 
     def _describe(self) -> str:
         return (

@@ -74,17 +74,10 @@ def grammar_source(so: StructuredOutput) -> str:
 
 
 class TokenMatcher:
-    """One sequence's position in its grammar: which tokens may come next."""
+    """One sequence's position in its grammar (GrammarCompiler.mask_rows reads its mask)."""
 
-    def __init__(self, matcher, vocab_size: int):
+    def __init__(self, matcher):
         self._m = matcher
-        self._vocab = vocab_size
-
-    def allowed(self) -> torch.Tensor:
-        """A bool mask [vocab_size]: True where the token keeps the output in the grammar."""
-        words = torch.frombuffer(bytearray(self._m.compute_bitmask()), dtype=torch.int32)
-        bits = (words.unsqueeze(1) >> _BITS) & 1
-        return bits.flatten()[: self._vocab].bool()
 
     def accept(self, token_id: int) -> None:
         self._m.consume_token(token_id)
@@ -95,7 +88,7 @@ class TokenMatcher:
         return self._m.is_stopped() or self._m.is_error()
 
     def fork(self) -> TokenMatcher:
-        return TokenMatcher(self._m.deep_copy(), self._vocab)
+        return TokenMatcher(self._m.deep_copy())
 
 
 class GrammarCompiler:
@@ -106,6 +99,7 @@ class GrammarCompiler:
             tokenizer.tk.to_str(), n_vocab=vocab_size, eos_token=list(eos_token_ids) or None
         )
         self._grammar = lru_cache(maxsize=256)(self._compile_source)
+        self._executor = None  # llguidance's thread pool for batched masks, made on first use
 
     def _compile_source(self, key: StructuredOutput) -> str:
         source = grammar_source(key)
@@ -114,8 +108,24 @@ class GrammarCompiler:
             raise StructuredOutputError(f"the {key.kind} grammar is invalid: {error}")
         return source
 
+    def mask_rows(self, logits: torch.Tensor, rows: list[tuple[int, TokenMatcher]]) -> None:
+        """Set to -inf, in place, the logits each matcher forbids: one parallel llguidance
+        call fills all the bitmasks (it drops the GIL), one torch op applies them."""
+        if not rows:
+            return
+        if self._executor is None:
+            self._executor = _llguidance().LLExecutor(max(1, torch.get_num_threads()))
+        words = (self.vocab_size + 31) // 32
+        bitmask = torch.empty((len(rows), words), dtype=torch.int32)
+        targets = [(m._m, k) for k, (_, m) in enumerate(rows)]
+        self._executor.unsafe_compute_mask_ptr(targets, bitmask.data_ptr(), words * 4, len(rows))
+        allowed = ((bitmask.unsqueeze(-1) >> _BITS) & 1).flatten(1)[:, : logits.shape[-1]]
+        index = torch.tensor([r for r, _ in rows])
+        with torch.inference_mode():  # the logits come out of the model in inference mode
+            logits[index] = logits[index].masked_fill(allowed == 0, float("-inf"))
+
     def compile(self, so: StructuredOutput) -> TokenMatcher:
         matcher = _llguidance().LLMatcher(self._ll, self._grammar(so), log_level=0)
         if matcher.is_error():
             raise StructuredOutputError(f"the {so.kind} grammar is invalid: {matcher.get_error()}")
-        return TokenMatcher(matcher, self.vocab_size)
+        return TokenMatcher(matcher)

@@ -31,7 +31,6 @@ class ServerState:
     model_names: list[str]  # the first is the name /v1/models reports
     metrics: ServerMetrics
     request_timeout: float | None = None  # seconds; a request's own deadline may be shorter
-    max_tokens_default: int | None = None
     retry_after_s: int = 1
     created: int = field(default_factory=lambda: int(time.time()))
 

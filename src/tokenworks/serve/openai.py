@@ -344,7 +344,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         **(body.chat_template_kwargs or {}),
     )
     prompt_ids = state.tokenizer.encode(prompt)
-    requested = body.max_completion_tokens or body.max_tokens or state.max_tokens_default
+    requested = body.max_completion_tokens or body.max_tokens
     max_tokens = clamp_max_tokens(state, requested, len(prompt_ids))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(

@@ -1,0 +1,142 @@
+"""The engine thread and its asyncio front, on the toy model (no HTTP, no real weights)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from tokenworks import SamplingParams
+from tokenworks.config import EngineConfig
+from tokenworks.engine.async_engine import (
+    AsyncEngine,
+    DeadlineExceededError,
+    RequestFailedError,
+)
+from tokenworks.engine.engine import LLMEngine
+from tokenworks.engine.scheduler import QueueFullError
+
+
+class Recorder:
+    def __init__(self):
+        self.steps, self.finished, self.gaps, self.states = 0, [], [], 0
+
+    def on_step(self, stats, engine):
+        self.steps += 1
+
+    def on_state(self, engine):
+        self.states += 1
+
+    def on_inter_token(self, seconds):
+        self.gaps.append(seconds)
+
+    def on_request_finished(self, m):
+        self.finished.append(m)
+
+
+@pytest.fixture
+def front(toy_llm):
+    engine = LLMEngine(
+        EngineConfig(model="toy", dtype="float32", max_num_seqs=2, max_waiting=3),
+        toy_llm.engine.loaded,
+    )
+    recorder = Recorder()
+    front = AsyncEngine(engine, observer=recorder)
+    front.recorder = recorder
+    front.start()
+    yield front
+    front.shutdown()
+
+
+def greedy(n: int, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=n, temperature=0, ignore_eos=True, **kw)
+
+
+def test_streams_equal_the_offline_result(front, toy_llm):
+    prompts = [[5, 6, 7], [9, 10, 11, 12], [3]]
+    expected = [
+        toy_llm.generate([p], greedy(12), use_tqdm=False)[0].outputs[0].token_ids for p in prompts
+    ]
+
+    async def one(p):
+        ids, text, updates = [], "", 0
+        async for u in front.generate(greedy(12), p):
+            updates += 1
+            for d in u.deltas:
+                ids += d.token_ids
+                text += d.text
+        return ids, updates
+
+    async def main():
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    got = asyncio.run(main())
+    assert [ids for ids, _ in got] == expected
+    assert all(updates == 12 for _, updates in got)  # one update per step with a token
+    rec = front.recorder
+    assert len(rec.finished) == 3 and rec.steps > 0
+    m = rec.finished[0]
+    assert m.generation_tokens == 12 and 0 <= m.queue_time <= m.ttft <= m.e2e
+    assert m.tpot is not None and m.tpot > 0
+
+
+def test_cancel_frees_blocks_and_others_carry_on(front):
+    engine = front.engine
+
+    async def main():
+        long = await front.submit(greedy(10_000), [1, 2, 3])
+        short = front.generate(greedy(8), [4, 5])
+        async for _ in long:
+            break  # leave after the first update: the request is cancelled
+        await long.aclose()
+        tokens = [t async for u in short for d in u.deltas for t in d.token_ids]
+        return tokens
+
+    assert len(asyncio.run(main())) == 8
+    t0 = time.monotonic()
+    while engine.requests and time.monotonic() - t0 < 10:
+        time.sleep(0.01)
+    assert not engine.requests and engine.blocks.usage == 0
+    engine.blocks.check()
+    assert front.recorder.states > 0  # gauges refreshed after the abort
+
+
+def test_refusals_deadlines_and_failures(front):
+    engine = front.engine
+
+    async def main():
+        with pytest.raises(ValueError, match="vocabulary"):
+            await front.submit(greedy(4), [10**9])
+        # two running, three waiting, the sixth is refused
+        streams = [await front.submit(greedy(10_000), [i + 1]) for i in range(2)]
+        while len(engine.scheduler.running) < 2:
+            await asyncio.sleep(0.01)
+        streams += [await front.submit(greedy(10_000), [i + 1]) for i in range(3)]
+        with pytest.raises(QueueFullError):
+            await front.submit(greedy(4), [1])
+        for s in streams:
+            await s.aclose()
+        with pytest.raises(DeadlineExceededError):
+            async for _ in front.generate(greedy(10_000), [7], deadline=time.monotonic() + 0.2):
+                pass
+        real = engine.runner.run
+
+        def broken(*a, **kw):
+            engine.runner.run = real
+            raise RuntimeError("injected")
+
+        engine.runner.run = broken
+        with pytest.raises(RequestFailedError, match="injected"):
+            async for _ in front.generate(greedy(4), [8]):
+                pass
+        return [
+            t async for u in front.generate(greedy(3), [9]) for d in u.deltas for t in d.token_ids
+        ]
+
+    assert len(asyncio.run(main())) == 3
+    assert front.errors == 1
+    t0 = time.monotonic()
+    while engine.requests and time.monotonic() - t0 < 10:
+        time.sleep(0.01)
+    engine.blocks.check()
