@@ -217,3 +217,32 @@ def test_offline_api_takes_a_schema(smol_llm):
     )[0].outputs[0]
     jsonschema.validate(json.loads(out.text), schema)
     assert out.finish_reason == "stop"
+
+
+def test_batched_masks_match_each_matchers_own_bitmask(smol_server):
+    import numpy as np
+    import torch
+
+    grammars = smol_server.engine.grammars
+    tok = smol_server.engine.tokenizer
+    vocab = smol_server.engine.spec.vocab_size
+    matchers = []
+    for so, text in [
+        (StructuredOutput.json(SCHEMAS["person"]), '{"name": "Al'),
+        (StructuredOutput.json(SCHEMAS["person"]), ""),
+        (StructuredOutput.regex(r"[0-9]{3}-[a-z]+"), "12"),
+    ]:
+        m = grammars.compile(so)
+        for t in tok.encode(text, add_special_tokens=False):
+            m.accept(t)
+        matchers.append(m)
+    logits = torch.zeros(4, vocab)
+    rows = [(0, matchers[0]), (2, matchers[1]), (3, matchers[2])]
+    grammars.mask_rows(logits, rows)
+    assert torch.isfinite(logits[1]).all()  # an unguided row is left alone
+    for r, m in rows:
+        bits = np.unpackbits(
+            np.frombuffer(m._m.compute_bitmask(), dtype=np.uint8), bitorder="little"
+        )[:vocab]
+        assert np.array_equal(torch.isfinite(logits[r]).numpy(), bits.astype(bool))
+        assert 0 < bits.sum() < vocab

@@ -22,7 +22,10 @@ class StructuredOutputError(ValueError):
     """The requested grammar cannot be compiled; the message says what is wrong."""
 
 
-_BITS = torch.arange(32, dtype=torch.int32)
+# For each byte value, the bias of its 8 tokens: 0 where the bit is set, -inf where not.
+_BYTE_BIAS = torch.where(
+    ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).bool(), 0.0, float("-inf")
+)
 
 
 def _llguidance():
@@ -109,8 +112,8 @@ class GrammarCompiler:
         return source
 
     def mask_rows(self, logits: torch.Tensor, rows: list[tuple[int, TokenMatcher]]) -> None:
-        """Set to -inf, in place, the logits each matcher forbids: one parallel llguidance
-        call fills all the bitmasks (it drops the GIL), one torch op applies them."""
+        """Set to -inf, in place, the logits each matcher forbids (rows: (row of logits,
+        matcher)). One parallel llguidance call fills all the bitmasks (it drops the GIL)."""
         if not rows:
             return
         if self._executor is None:
@@ -119,10 +122,13 @@ class GrammarCompiler:
         bitmask = torch.empty((len(rows), words), dtype=torch.int32)
         targets = [(m._m, k) for k, (_, m) in enumerate(rows)]
         self._executor.unsafe_compute_mask_ptr(targets, bitmask.data_ptr(), words * 4, len(rows))
-        allowed = ((bitmask.unsqueeze(-1) >> _BITS) & 1).flatten(1)[:, : logits.shape[-1]]
+        # Bit k of byte b allows token 8b + k: each mask byte picks its row of 8 biases
+        # (0 or -inf) in one index_select, and one index_add_ puts them on the logits.
+        bias = _BYTE_BIAS.index_select(0, bitmask.view(torch.uint8).flatten().int())
+        bias = bias.view(len(rows), -1)[:, : logits.shape[-1]]
         index = torch.tensor([r for r, _ in rows])
         with torch.inference_mode():  # the logits come out of the model in inference mode
-            logits[index] = logits[index].masked_fill(allowed == 0, float("-inf"))
+            logits.index_add_(0, index, bias.to(logits.dtype))
 
     def compile(self, so: StructuredOutput) -> TokenMatcher:
         matcher = _llguidance().LLMatcher(self._ll, self._grammar(so), log_level=0)
