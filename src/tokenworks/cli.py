@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated sequence counts (default 1,8)",
     )
     p.add_argument("--output-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=4)
     p.add_argument("--out", default="benchmarks/results", help="directory for the record")
     p.set_defaults(fn=cmd_bench_structured)
     return parser

@@ -1,7 +1,8 @@
 """`tokenworks bench structured`: what structured output costs in decode throughput.
 
 The same prompts decode with and without a JSON-schema constraint (llguidance masks in the
-sampler), in the same run, alternating A/B over the repeats. Decode throughput is read from
+sampler), in the same run, in the order A B, B A, A B, ... over the repeats (the machine's
+speed drifts); the medians are compared. Decode throughput is read from
 the engine's own step records: tokens over seconds of the decode-only steps that ran the
 full batch (so a constrained sequence that finishes early does not shift the batch size).
 The issue's bar: the constraint may cost at most 20% of decode throughput.
@@ -62,8 +63,9 @@ def run_structured(args) -> Path:
             for i in range(batch)
         ]
         runs = {"plain": [], "json_schema": []}
-        for _ in range(args.repeats):
-            for name, structured in (("plain", None), ("json_schema", constraint)):
+        pair = [("plain", None), ("json_schema", constraint)]
+        for rep in range(args.repeats):
+            for name, structured in pair if rep % 2 == 0 else pair[::-1]:  # A B, B A, ...
                 params = SamplingParams(
                     max_tokens=args.output_tokens,
                     temperature=0,
