@@ -202,21 +202,28 @@ def _prompts(state: ServerState, prompt) -> list[list[int]]:
     return out
 
 
-async def _completion_stream(state, request, body, streams, ids, response_id, texts):
+def _chunker(body, response_id: str, kind: str, include_usage: bool):
+    """chunk(choices, usage) -> one server-sent event of a streamed OpenAI response."""
     created = int(time.time())
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-    def chunk(choices, usage=None):
+    def chunk(choices: list[dict], usage: dict | None = None) -> str:
         c = {
             "id": response_id,
-            "object": "text_completion",
+            "object": kind,
             "created": created,
             "model": body.model,
             "choices": choices,
         }
-        if include_usage:
+        if include_usage:  # every chunk says usage (null until the last), as OpenAI does
             c["usage"] = usage
         return sse(c)
+
+    return chunk
+
+
+async def _completion_stream(state, request, body, streams, ids, response_id, texts):
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    chunk = _chunker(body, response_id, "text_completion", include_usage)
 
     prompt_tokens = {}
     cached = {}
@@ -413,20 +420,8 @@ def _openai_call(c: tools.ToolCall, index: int | None = None) -> dict:
 
 
 async def _chat_stream(state, request, body, updates, rid, response_id, parse):
-    created = int(time.time())
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-
-    def chunk(choices, usage=None):
-        c = {
-            "id": response_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": body.model,
-            "choices": choices,
-        }
-        if include_usage:
-            c["usage"] = usage
-        return sse(c)
+    chunk = _chunker(body, response_id, "chat.completion.chunk", include_usage)
 
     def choice(index, delta, finish=None, logprobs=None):
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
