@@ -112,7 +112,7 @@ def _openai_round_trip(oai, stream: bool):
     named = {"type": "function", "function": {"name": "get_weather"}}
     if stream:
         calls: dict[int, dict] = {}
-        finish = None
+        finish, pieces = None, 0
         for chunk in oai.chat.completions.create(**kw, tool_choice=named, stream=True):
             for c in chunk.choices:
                 finish = c.finish_reason or finish
@@ -121,7 +121,9 @@ def _openai_round_trip(oai, stream: bool):
                     slot["id"] += d.id or ""
                     slot["name"] += d.function.name or ""
                     slot["arguments"] += d.function.arguments or ""
+                    pieces += bool(d.function.arguments)
         assert finish == "tool_calls" and len(calls) == 1
+        assert pieces > 3  # the arguments stream as they are generated
         call = calls[0]
     else:
         r = oai.chat.completions.create(**kw, tool_choice=named)
@@ -192,7 +194,7 @@ def test_anthropic_tool_round_trip(claude, stream):
         with claude.messages.stream(**kw, tool_choice=choice) as s:
             deltas = [e.delta.type for e in s if e.type == "content_block_delta"]
             msg = s.get_final_message()
-        assert "input_json_delta" in deltas
+        assert deltas.count("input_json_delta") > 3
     else:
         msg = claude.messages.create(**kw, tool_choice=choice)
     assert msg.stop_reason == "tool_use"
@@ -221,37 +223,44 @@ def test_anthropic_tool_round_trip(claude, stream):
 def test_tool_call_parser_streams_like_one_piece():
     from tokenworks.serve.tools import ToolCallParser
 
-    text = 'Let me check.\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\nDone'
-    whole = ToolCallParser()
-    events = whole.feed(text) + whole.finish()
-    pieces = ToolCallParser()
-    streamed = []
-    for ch in text:
-        streamed += pieces.feed(ch)
-    streamed += pieces.finish()
+    def run(text: str, pieces: list[str]):
+        parser = ToolCallParser()
+        events = []
+        for p in pieces:
+            events += parser.feed(p)
+        events += parser.finish()
+        out, args = [], ""
+        for kind, value in events:  # join text runs; gather each call's argument pieces
+            if kind == "text":
+                if out and out[-1][0] == "text":
+                    out[-1] = ("text", out[-1][1] + value)
+                else:
+                    out.append(("text", value))
+            elif kind == "call_args":
+                args += value
+            elif kind == "call_end":
+                assert args == value.arguments  # the pieces add up to the whole
+                out.append(("call", value.name, json.loads(value.arguments)))
+                args = ""
+        return out, [kind for kind, _ in events]
 
-    def flat(evs):
-        return [(k, v if k == "text" else (v.name, v.arguments)) for k, v in evs]
-
-    def joined(evs):
-        out = []
-        for k, v in flat(evs):
-            if out and k == "text" and out[-1][0] == "text":
-                out[-1] = ("text", out[-1][1] + v)
-            else:
-                out.append((k, v))
-        return out
-
+    text = (
+        'Let me check.\n<tool_call>\n{"name": "f", "arguments": {"x": {"y": [1, 2]}}}\n'
+        '</tool_call>\n<tool_call>{"arguments": {}, "name": "g"}</tool_call>\nDone'
+    )
+    whole, _ = run(text, [text])
+    streamed, kinds = run(text, list(text))
     assert (
-        joined(streamed)
-        == joined(events)
+        whole
+        == streamed
         == [
             ("text", "Let me check.\n"),
-            ("call", ("f", '{"x": 1}')),
+            ("call", "f", {"x": {"y": [1, 2]}}),
+            ("call", "g", {}),
             ("text", "Done"),
         ]
     )
-    broken = ToolCallParser()
-    assert broken.feed("<tool_call>{not json</tool_call>") + broken.finish() == [
-        ("text", "<tool_call>{not json</tool_call>")
-    ]
+    # the first call's arguments arrive in many pieces, before the call ends
+    assert kinds.count("call_args") > 10 and kinds.index("call_start") < kinds.index("call_args")
+    broken, _ = run("<tool_call>{not json</tool_call>", ["<tool_call>{not json</tool_call>"])
+    assert broken == [("text", "<tool_call>{not json</tool_call>")]

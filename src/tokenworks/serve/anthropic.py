@@ -100,6 +100,15 @@ def to_chat_messages(body: AnthropicMessagesRequest) -> list[dict]:
     return out
 
 
+def _input(arguments: str) -> dict:
+    """A tool_use block's input: the call's arguments, {} if the model broke the JSON."""
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 _STOP = {"stop": "end_turn", "length": "max_tokens", "abort": "end_turn"}
 
 
@@ -166,14 +175,14 @@ async def messages(body: AnthropicMessagesRequest, request: Request):
         for kind, value in parser.feed(out["text"]) + parser.finish():
             if kind == "text":
                 content.append({"type": "text", "text": value})
-            else:
+            elif kind == "call_end":
                 has_calls = True
                 content.append(
                     {
                         "type": "tool_use",
                         "id": value.id,
                         "name": value.name,
-                        "input": json.loads(value.arguments),
+                        "input": _input(value.arguments),
                     }
                 )
     elif out["text"]:
@@ -223,31 +232,19 @@ async def _stream(state, request, body, updates, rid, message_id, parse):
                     {"index": index, "delta": {"type": "text_delta", "text": value}},
                 )
                 continue
-            if open_text:
+            if kind == "call_start":
+                if open_text:
+                    yield event("content_block_stop", {"index": index})
+                    open_text = False
+                has_calls = True
+                index += 1
+                block = {"type": "tool_use", "id": value.id, "name": value.name, "input": {}}
+                yield event("content_block_start", {"index": index, "content_block": block})
+            elif kind == "call_args":
+                delta = {"type": "input_json_delta", "partial_json": value}
+                yield event("content_block_delta", {"index": index, "delta": delta})
+            else:  # call_end
                 yield event("content_block_stop", {"index": index})
-                open_text = False
-            has_calls = True
-            index += 1
-            yield event(
-                "content_block_start",
-                {
-                    "index": index,
-                    "content_block": {
-                        "type": "tool_use",
-                        "id": value.id,
-                        "name": value.name,
-                        "input": {},
-                    },
-                },
-            )
-            yield event(
-                "content_block_delta",
-                {
-                    "index": index,
-                    "delta": {"type": "input_json_delta", "partial_json": value.arguments},
-                },
-            )
-            yield event("content_block_stop", {"index": index})
 
     async with abort_on_disconnect(state, request, [rid]):
         try:

@@ -413,7 +413,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 
 
 def _openai_call(c: tools.ToolCall, index: int | None = None) -> dict:
-    call = {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+    """A tool call as OpenAI writes it; with an index, the opening delta of a streamed one
+    (its arguments follow in pieces)."""
+    arguments = "" if index is not None else c.arguments
+    call = {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments}}
     if index is not None:
         call["index"] = index
     return call
@@ -435,8 +438,11 @@ async def _chat_stream(state, request, body, updates, rid, response_id, parse):
         for kind, value in events:
             if kind == "text":
                 out.append({"content": value})
-            else:
+            elif kind == "call_start":  # id, name and empty arguments, then the pieces
                 out.append({"tool_calls": [_openai_call(value, ncalls[k])]})
+            elif kind == "call_args":
+                out.append({"tool_calls": [{"index": ncalls[k], "function": {"arguments": value}}]})
+            else:  # call_end
                 ncalls[k] += 1
         return out
 

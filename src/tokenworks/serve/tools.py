@@ -20,6 +20,7 @@ model; "none" hides the tools.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -226,11 +227,20 @@ def prepare_messages(
 # ------------------------------------------------------------------ reading calls back
 
 
+# A call the way the format (and the forcing grammar) writes it: name first, then arguments.
+# Once this much is seen, the arguments can stream as they are generated.
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
+_TAIL = re.compile(r"\s*\}?\s*$")  # what may still be the call's closing brace
+
+
 class ToolCallParser:
     """Splits generated text into plain text and tool calls as it streams in.
 
-    feed() returns events: ("text", str) or ("call", ToolCall). Text that might be the start
-    of a <tool_call> tag is held back until it is clear; finish() flushes the rest. The
+    feed() returns events: ("text", str), ("call_start", ToolCall) once the call's name is
+    known, ("call_args", str) for each new piece of its arguments' JSON text, and
+    ("call_end", ToolCall) with the complete arguments. Text that might be the start of a
+    <tool_call> tag, or the call's own closing brace, is held back until it is clear;
+    finish() flushes the rest. A block that is not a call comes back as text. The
     non-streamed answer runs through the same parser, so both agree.
     """
 
@@ -239,6 +249,9 @@ class ToolCallParser:
         self._in_call = False
         self._after_call = False
         self._prefix = id_prefix
+        self._current: ToolCall | None = None
+        self._args_at = 0  # where the arguments start in the call's text
+        self._sent = ""  # the arguments text handed out so far
         self.calls: list[ToolCall] = []
 
     def feed(self, text: str) -> list[tuple[str, object]]:
@@ -248,10 +261,10 @@ class ToolCallParser:
             if self._in_call:
                 j = self._buf.find(CLOSE)
                 if j < 0:
-                    return events
+                    return events + self._stream_args()
                 body, self._buf = self._buf[:j], self._buf[j + len(CLOSE) :]
                 self._in_call = False
-                events += self._call_or_text(body)
+                events += self._end_call(body)
                 continue
             i = self._buf.find(OPEN)
             if i >= 0:
@@ -266,9 +279,9 @@ class ToolCallParser:
 
     def finish(self) -> list[tuple[str, object]]:
         rest, self._buf = self._buf, ""
-        if self._in_call:  # cut short (max_tokens): keep it if the JSON is complete
+        if self._in_call:  # cut short (max_tokens)
             self._in_call = False
-            return self._call_or_text(rest, unclosed=True)
+            return self._end_call(rest, unclosed=True)
         return self._text(rest)
 
     def _text(self, text: str) -> list[tuple[str, object]]:
@@ -279,16 +292,48 @@ class ToolCallParser:
         self._after_call = False
         return [("text", text)]
 
-    def _call_or_text(self, body: str, unclosed: bool = False) -> list[tuple[str, object]]:
-        call = _parse_call(body)
-        if call is None:
-            raw = OPEN + body + ("" if unclosed else CLOSE)
-            return self._text(raw)
-        name, arguments = call
-        tc = ToolCall(new_call_id(self._prefix), name, json.dumps(arguments))
-        self.calls.append(tc)
+    def _stream_args(self) -> list[tuple[str, object]]:
+        events: list[tuple[str, object]] = []
+        if self._current is None:
+            head = _CALL_HEAD.match(self._buf)
+            if head is None:
+                return events
+            self._current = ToolCall(new_call_id(self._prefix), json.loads(head.group(1)), "")
+            self._args_at, self._sent = head.end(), ""
+            events.append(("call_start", self._current))
+        pending = self._buf[self._args_at :]
+        pending = pending[: len(pending) - _partial_suffix(pending, CLOSE)]
+        safe = pending[: _TAIL.search(pending).start()]
+        if len(safe) > len(self._sent) and safe.startswith(self._sent):
+            events.append(("call_args", safe[len(self._sent) :]))
+            self._sent = safe
+        return events
+
+    def _end_call(self, body: str, unclosed: bool = False) -> list[tuple[str, object]]:
+        events: list[tuple[str, object]] = []
+        if self._current is None:
+            self._buf, rest = body, self._buf
+            events += self._stream_args()  # the head may only now be complete
+            self._buf = rest
+        call = self._current
+        if call is not None:
+            args = body[self._args_at :].strip()
+            if args.endswith("}") and not unclosed:
+                args = args[:-1].rstrip()  # the call object's own closing brace
+            if args.startswith(self._sent) and len(args) > len(self._sent):
+                events.append(("call_args", args[len(self._sent) :]))
+            call.arguments = args
+        else:
+            parsed = _parse_call(body)
+            if parsed is None:
+                return events + self._text(OPEN + body + ("" if unclosed else CLOSE))
+            name, arguments = parsed
+            call = ToolCall(new_call_id(self._prefix), name, json.dumps(arguments))
+            events += [("call_start", call), ("call_args", call.arguments)]
+        self._current, self._sent = None, ""
+        self.calls.append(call)
         self._after_call = True
-        return [("call", tc)]
+        return events + [("call_end", call)]
 
 
 def _partial_suffix(text: str, tag: str) -> int:
