@@ -20,6 +20,7 @@ every finished request, in the engine thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -261,7 +262,8 @@ class AsyncEngine:
                     result, error = fn(self.engine), None
                 except Exception as e:
                     result, error = None, e
-                loop.call_soon_threadsafe(_settle, future, result, error)
+                with contextlib.suppress(RuntimeError):  # the caller's loop may be closed
+                    loop.call_soon_threadsafe(_settle, future, result, error)
 
     def _add(self, stream: _Stream) -> None:
         try:
@@ -334,7 +336,12 @@ class AsyncEngine:
         )
 
     def _fail_orphans(self, error: Exception) -> None:
-        for request_id in [r for r in self._streams if r not in self.engine.requests]:
+        orphans = [r for r in self._streams if r not in self.engine.requests]
+        if not orphans:  # it failed before touching a request (a scheduling bug?): rather
+            orphans = list(self._streams)  # than fail the same way every step, fail all
+            for request_id in orphans:
+                self.engine.abort_request(request_id)
+        for request_id in orphans:
             stream = self._streams.pop(request_id)
             stream.push(
                 RequestFailedError(f"the engine failed while running this request: {error}")
