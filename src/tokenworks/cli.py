@@ -132,6 +132,13 @@ def cmd_bench_structured(args) -> int:
     return 0
 
 
+def cmd_bench_serve(args) -> int:
+    from tokenworks.bench.serving import run_serving
+
+    run_serving(args)
+    return 0
+
+
 def _record_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="benchmarks/results", help="directory for the record")
     p.add_argument(
@@ -221,6 +228,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=4)
     p.add_argument("--out", default="benchmarks/results", help="directory for the record")
     p.set_defaults(fn=cmd_bench_structured)
+
+    p = bsub.add_parser(
+        "serve", help="a serving benchmark of our server or any OpenAI-compatible one"
+    )
+    add_engine_arguments(p)
+    p.add_argument("--base-url", default=None, help="drive this server instead of ours")
+    p.add_argument("--served-model", default="default", help="model name it serves")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--vocab-size", type=int, default=49152, help="for random prompts (remote)")
+    p.add_argument("--manifest", default=None, help="a workload manifest (JSON or YAML)")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--input-tokens", type=int, default=128)
+    p.add_argument("--output-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    p.add_argument("--request-rate", type=floats, default=[], help="req/s, comma-separated")
+    p.add_argument("--max-concurrency", type=ints, default=[], help="comma-separated")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1: Poisson)")
+    p.add_argument("--slo-ttft", type=float, default=None, help="seconds, for goodput")
+    p.add_argument("--slo-tpot", type=float, default=None, help="seconds, for goodput")
+    p.add_argument("--slo-e2e", type=float, default=None, help="seconds, for goodput")
+    p.add_argument("--out", default="benchmarks/results", help="directory for the record")
+    p.set_defaults(fn=cmd_bench_serve)
     return parser
 
 

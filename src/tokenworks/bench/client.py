@@ -1,0 +1,117 @@
+"""A load generator for any OpenAI-compatible server (ours, vLLM, llama.cpp's server,
+SGLang): streamed /v1/completions requests sent on an arrival schedule, each timed chunk by
+chunk into a RequestResult (bench/metrics.py scores them).
+
+Prompts go as token ids when the workload has them, so every engine sees the same tokens.
+Token counts come from the server's usage chunk (`stream_options.include_usage`), else
+from `count_tokens` (re-tokenising the text), else from the number of content chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+
+import httpx
+from tqdm import tqdm
+
+from tokenworks.bench.metrics import RequestResult
+from tokenworks.bench.workload import BenchRequest, arrival_offsets
+
+
+async def send(
+    http: httpx.AsyncClient,
+    url: str,
+    model: str,
+    req: BenchRequest,
+    headers: dict | None = None,
+    count_tokens: Callable[[str], int] | None = None,
+) -> RequestResult:
+    body = {
+        "model": model,
+        "prompt": req.prompt_ids if req.prompt_ids is not None else req.prompt,
+        "max_tokens": req.max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": req.ignore_eos,
+    }
+    result = RequestResult(start=time.perf_counter(), input_tokens=req.input_len or 0)
+    text, usage = [], None
+    try:
+        async with http.stream("POST", url, json=body, headers=headers) as resp:
+            if resp.status_code != 200:
+                detail = (await resp.aread()).decode(errors="replace")[:300]
+                result.ok, result.error = False, f"HTTP {resp.status_code}: {detail}"
+                result.end = time.perf_counter()
+                return result
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                now = time.perf_counter()
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    result.ok, result.error = False, str(chunk["error"])[:300]
+                    break
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or []:
+                    if choice.get("text"):
+                        result.chunk_times.append(now)
+                        text.append(choice["text"])
+    except httpx.HTTPError as e:
+        result.ok, result.error = False, f"{type(e).__name__}: {e}"
+    result.end = time.perf_counter()
+    if usage:
+        result.output_tokens = usage.get("completion_tokens", 0)
+        result.input_tokens = usage.get("prompt_tokens", result.input_tokens)
+    elif count_tokens is not None:
+        result.output_tokens = count_tokens("".join(text))
+    else:
+        result.output_tokens = len(result.chunk_times)
+    return result
+
+
+async def run_load(
+    base_url: str,
+    model: str,
+    requests: list[BenchRequest],
+    rate: float | None = None,
+    burstiness: float = 1.0,
+    max_concurrency: int | None = None,
+    seed: int = 0,
+    api_key: str | None = None,
+    count_tokens: Callable[[str], int] | None = None,
+    progress: bool = True,
+    timeout_s: float = 600.0,
+) -> tuple[list[RequestResult], float]:
+    """Send the requests on a Poisson/gamma schedule (rate per second; None: all at once),
+    at most max_concurrency in flight; return their results and the run's wall time."""
+    url = base_url.rstrip("/") + "/v1/completions"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    offsets = arrival_offsets(len(requests), rate, burstiness, seed)
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    bar = tqdm(total=len(requests), desc="requests", disable=not progress)
+    limits = httpx.Limits(max_connections=max_concurrency or len(requests) or 1)
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as http:
+        t0 = time.perf_counter()
+
+        async def one(offset: float, req: BenchRequest) -> RequestResult:
+            await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
+            if limit is None:
+                r = await send(http, url, model, req, headers, count_tokens)
+            else:
+                async with limit:
+                    r = await send(http, url, model, req, headers, count_tokens)
+            bar.update(1)
+            return r
+
+        results = await asyncio.gather(*(one(o, r) for o, r in zip(offsets, requests, strict=True)))
+        duration = time.perf_counter() - t0
+    bar.close()
+    return list(results), duration

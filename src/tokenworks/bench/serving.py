@@ -1,0 +1,142 @@
+"""`tokenworks bench serve`: a serving benchmark of any OpenAI-compatible server, one record.
+
+Without --base-url it starts our own server in-process (127.0.0.1, engine flags as for
+every command) and also records the engine's per-step stats; with --base-url it drives
+whatever listens there (vLLM, llama.cpp's server, SGLang, another tokenworks). Each
+request rate or concurrency given runs the same manifest once, in order (a sweep).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from tokenworks.bench.client import run_load
+from tokenworks.bench.metrics import compute
+from tokenworks.bench.record import make_record, model_record, write_record
+from tokenworks.bench.workload import build_requests, load_manifest
+from tokenworks.config import engine_kwargs
+
+
+def default_manifest(args) -> dict:
+    return {
+        "kind": "random",
+        "num_requests": args.num_prompts,
+        "seed": args.seed,
+        "input": {"dist": "fixed", "value": args.input_tokens},
+        "output": {"dist": "fixed", "value": args.output_tokens},
+        "ignore_eos": True,
+    }
+
+
+def step_summary(stats) -> dict:
+    """Our engine's view of the run: batch sizes, KV usage, prefix hits, preemptions."""
+    if not stats:
+        return {}
+    return {
+        "steps": len(stats),
+        "mean_batch_size": sum(s.batch_size for s in stats) / len(stats),
+        "max_batch_size": max(s.batch_size for s in stats),
+        "max_kv_usage": max(s.kv_usage for s in stats),
+        "prefix_hit_tokens": sum(s.prefix_hit_tokens for s in stats),
+        "preemptions": sum(s.preemptions for s in stats),
+        "prefill_tokens": sum(s.prefill_tokens for s in stats),
+        "decode_tokens": sum(s.decode_tokens for s in stats),
+    }
+
+
+def run_points(base_url, model, requests, points, args, api_key=None, engine=None) -> list:
+    """One load run per sweep point: {"rate": r} or {"max_concurrency": c}."""
+    out = []
+    slos = {
+        k: v
+        for k, v in (("ttft", args.slo_ttft), ("tpot", args.slo_tpot), ("e2e", args.slo_e2e))
+        if v is not None
+    }
+    for point in points:
+        if engine is not None:
+            engine.stats.clear()
+        results, duration = asyncio.run(
+            run_load(
+                base_url,
+                model,
+                requests,
+                rate=point.get("rate"),
+                burstiness=args.burstiness,
+                max_concurrency=point.get("max_concurrency"),
+                seed=args.seed,
+                api_key=api_key,
+            )
+        )
+        figures = compute(results, duration, slos or None)
+        entry = {"point": point, "figures": figures, "requests": [r.__dict__ for r in results]}
+        if engine is not None:
+            entry["engine_steps"] = step_summary(list(engine.stats))
+        out.append(entry)
+        ttft = figures["ttft_s"]["median"] if figures["ttft_s"] else float("nan")
+        print(
+            f"{point}: {figures['completed']} ok, {figures['failed']} failed, "
+            f"{figures['output_throughput']:.1f} out tok/s, median TTFT {1000 * ttft:.0f} ms"
+        )
+    return out
+
+
+def sweep_points(args) -> list[dict]:
+    points = [{"rate": r} for r in args.request_rate]
+    points += [{"max_concurrency": c} for c in args.max_concurrency]
+    return points or [{"rate": None}]
+
+
+def run_serving(args) -> Path:
+    manifest = load_manifest(args.manifest) if args.manifest else default_manifest(args)
+    points = sweep_points(args)
+    if args.base_url:
+        requests = build_requests(manifest, args.vocab_size)
+        runs = run_points(args.base_url, args.served_model, requests, points, args, args.api_key)
+        engine_info = {"base_url": args.base_url, "served_model": args.served_model}
+        model_info = {"id": args.served_model}
+    else:
+        from tokenworks import LLM
+        from tokenworks.serve.app import build_app
+        from tokenworks.serve.server import ServerThread, make_state
+
+        llm = LLM(args.model, **engine_kwargs(args))
+        engine = llm.engine
+        requests = build_requests(manifest, engine.spec.vocab_size)
+        state = make_state(engine, [args.model])
+        with ServerThread(build_app(state)) as srv:
+            runs = run_points(srv.url, args.model, requests, points, args, engine=engine)
+        engine_info = llm.config.to_dict()
+        model_info = model_record(llm)
+    record = make_record(
+        kind="serving",
+        engine=engine_info,
+        model=model_info,
+        workload={**manifest, "burstiness": args.burstiness, "points": points},
+        results={"runs": runs},
+        seeds=[args.seed],
+    )
+    path = write_record(record, args.out)
+    print(f"record: {path}")
+    return path
+
+
+def summary_table(record: dict) -> str:
+    """A Markdown table of a serving record's sweep points."""
+    rows = [
+        "| point | ok | failed | out tok/s | req/s | TTFT p50 ms | TPOT p50 ms | ITL p50 ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def ms(fig, key):
+        return f"{1000 * fig[key]['median']:.1f}" if fig.get(key) else "-"
+
+    for run in record["results"]["runs"]:
+        f = run["figures"]
+        rows.append(
+            f"| {json.dumps(run['point'])} | {f['completed']} | {f['failed']} | "
+            f"{f['output_throughput']:.1f} | {f['request_throughput']:.2f} | "
+            f"{ms(f, 'ttft_s')} | {ms(f, 'tpot_s')} | {ms(f, 'itl_s')} |"
+        )
+    return "\n".join(rows)

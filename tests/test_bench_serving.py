@@ -1,0 +1,199 @@
+"""The measurement stage: metric definitions on hand-computed timelines, arrival processes,
+workload manifests, and the load generator against a real server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tokenworks.bench.client import run_load
+from tokenworks.bench.metrics import RequestResult, compute, percentile
+from tokenworks.bench.workload import (
+    WorkloadError,
+    arrival_offsets,
+    build_requests,
+    sample_length,
+)
+
+
+def test_metrics_on_hand_computed_timelines():
+    a = RequestResult(
+        start=0.0, input_tokens=10, output_tokens=4, chunk_times=[0.5, 0.7, 1.0, 1.1], end=1.2
+    )
+    b = RequestResult(start=1.0, input_tokens=20, output_tokens=1, chunk_times=[1.3], end=1.4)
+    failed = RequestResult(
+        start=0.5, input_tokens=99, output_tokens=0, end=0.6, ok=False, error="HTTP 429"
+    )
+    f = compute([a, b, failed], duration=2.0, slos={"ttft": 0.4})
+    assert (f["completed"], f["failed"]) == (2, 1)
+    assert f["input_tokens"] == 30 and f["output_tokens"] == 5
+    assert f["request_throughput"] == 1.0 and f["output_throughput"] == 2.5
+    assert f["total_token_throughput"] == 17.5
+    assert f["ttft_s"]["mean"] == pytest.approx((0.5 + 0.3) / 2)
+    # TPOT = (E2E - TTFT) / (out - 1): only a has more than one token
+    assert f["tpot_s"]["n"] == 1 and f["tpot_s"]["mean"] == pytest.approx((1.2 - 0.5) / 3)
+    # ITL pooled over chunk gaps: 0.2, 0.3, 0.1 (b has one chunk, failed has none)
+    assert f["itl_s"]["n"] == 3 and f["itl_s"]["mean"] == pytest.approx(0.2)
+    assert f["e2e_s"]["median"] == pytest.approx((1.2 + 0.4) / 2)
+    assert f["goodput"] == 0.5  # only b's TTFT (0.3 s) meets 0.4 s
+    assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([5], 99) == 5
+
+
+def test_poisson_and_gamma_arrivals():
+    n, rate = 4000, 10.0
+    gaps = lambda xs: [b - a for a, b in zip(xs, xs[1:], strict=False)]  # noqa: E731
+    poisson = gaps(arrival_offsets(n, rate, 1.0, seed=1))
+    mean = statistics.fmean(poisson)
+    cv = statistics.pstdev(poisson) / mean
+    # exponential gaps: mean 1/rate, coefficient of variation 1 (5 sigma bounds)
+    assert abs(mean - 0.1) < 5 * 0.1 / n**0.5
+    assert abs(cv - 1.0) < 0.1
+    bursty = gaps(arrival_offsets(n, rate, 0.25, seed=1))
+    smooth = gaps(arrival_offsets(n, rate, 4.0, seed=1))
+    for g, shape in ((bursty, 0.25), (smooth, 4.0)):
+        assert statistics.fmean(g) == pytest.approx(0.1, rel=0.15)
+        assert statistics.pstdev(g) / statistics.fmean(g) == pytest.approx(shape**-0.5, rel=0.15)
+    assert arrival_offsets(3, None) == [0.0, 0.0, 0.0]
+    assert arrival_offsets(5, 2.0, seed=7) == arrival_offsets(5, 2.0, seed=7)
+
+
+def test_workload_manifests(tmp_path):
+    m = {
+        "kind": "random",
+        "num_requests": 50,
+        "seed": 3,
+        "input": {"dist": "lognormal", "mean": 64, "sigma": 0.5, "min": 4, "max": 300},
+        "output": {"dist": "uniform", "low": 2, "high": 9},
+    }
+    reqs = build_requests(m, 49152)
+    assert reqs == build_requests(m, 49152)  # seeded: the same for every engine
+    assert all(4 <= r.input_len <= 300 and 2 <= r.max_tokens <= 9 for r in reqs)
+    assert len({r.input_len for r in reqs}) > 10
+    shared = build_requests(
+        {
+            "kind": "shared_prefix",
+            "num_requests": 6,
+            "groups": 2,
+            "prefix_len": 32,
+            "input": 8,
+            "output": 4,
+        },
+        49152,
+    )
+    assert shared[0].prompt_ids[:32] == shared[2].prompt_ids[:32] != shared[1].prompt_ids[:32]
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"w{i}" for i in range(500)))
+    cut = build_requests({"kind": "text", "path": str(text), "num_requests": 3, "input": 20}, 10)
+    assert all(len(r.prompt.split()) == 20 for r in cut)
+    jl = tmp_path / "r.jsonl"
+    jl.write_text(
+        json.dumps({"prompt": "hi", "max_tokens": 3})
+        + "\n"
+        + json.dumps({"prompt": [5, 6], "max_tokens": 2})
+        + "\n"
+    )
+    rows = build_requests({"kind": "jsonl", "path": str(jl)}, 10)
+    assert [(r.prompt, r.prompt_ids, r.max_tokens) for r in rows] == [
+        ("hi", None, 3),
+        (None, [5, 6], 2),
+    ]
+    with pytest.raises(WorkloadError):
+        build_requests({"kind": "nope"}, 10)
+    with pytest.raises(WorkloadError):
+        sample_length({"dist": "zipf"}, None)
+
+
+def scrape(url: str) -> dict:
+    out = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for s in family.samples:
+            out[s.name] = out.get(s.name, 0) + s.value
+    return out
+
+
+def test_load_generator_totals_equal_the_servers_counters(smol_server):
+    manifest = {
+        "kind": "random",
+        "num_requests": 6,
+        "seed": 1,
+        "input": 24,
+        "output": {"dist": "uniform", "low": 3, "high": 8},
+    }
+    requests = build_requests(manifest, smol_server.engine.spec.vocab_size)
+    before = scrape(smol_server.url)
+    results, duration = asyncio.run(
+        run_load(
+            smol_server.url, "smollm2-135m", requests, rate=20.0, max_concurrency=3, progress=False
+        )
+    )
+    after = scrape(smol_server.url)
+    assert all(r.ok for r in results)
+    assert [r.output_tokens for r in results] == [r.max_tokens for r in requests]  # EOS ignored
+    assert all(r.input_tokens == 24 for r in results)
+    delta = lambda name: after[name] - before.get(name, 0)  # noqa: E731
+    assert delta("tokenworks:generation_tokens_total") == sum(r.output_tokens for r in results)
+    assert delta("tokenworks:prompt_tokens_total") == sum(r.input_tokens for r in results)
+    assert delta("tokenworks:request_success_total") == len(requests)
+    f = compute(results, duration)
+    assert f["completed"] == 6 and f["ttft_s"]["n"] == 6 and f["itl_s"]["n"] > 0
+
+
+def test_failed_requests_are_counted_not_timed(smol_server):
+    from tokenworks.bench.workload import BenchRequest
+
+    bad = [BenchRequest([10**9], None, 4)]  # outside the vocabulary: a 400
+    results, duration = asyncio.run(run_load(smol_server.url, "smollm2-135m", bad, progress=False))
+    assert not results[0].ok and "400" in results[0].error
+    f = compute(results, duration)
+    assert f["failed"] == 1 and f["ttft_s"] is None
+
+
+def test_a_serving_record_holds_what_design_names(smol_server, tmp_path):
+    from tokenworks.bench.serving import run_serving, summary_table
+
+    args = argparse.Namespace(
+        manifest=None,
+        num_prompts=4,
+        input_tokens=16,
+        output_tokens=4,
+        seed=0,
+        request_rate=[50.0],
+        max_concurrency=[2],
+        burstiness=1.0,
+        slo_ttft=5.0,
+        slo_tpot=None,
+        slo_e2e=None,
+        base_url=smol_server.url,
+        served_model="smollm2-135m",
+        api_key=None,
+        vocab_size=smol_server.engine.spec.vocab_size,
+        out=str(tmp_path),
+    )
+    record = json.loads(run_serving(args).read_text())
+    for key in (
+        "command",
+        "git",
+        "hardware",
+        "software",
+        "engine",
+        "model",
+        "workload",
+        "seeds",
+        "results",
+    ):
+        assert key in record
+    assert record["git"]["commit"] and "dirty" in record["git"]
+    assert record["workload"]["sha256"] and record["workload"]["manifest"]["kind"] == "random"
+    runs = record["results"]["runs"]
+    assert [r["point"] for r in runs] == [{"rate": 50.0}, {"max_concurrency": 2}]
+    for run in runs:
+        assert run["figures"]["completed"] == 4 and "goodput" in run["figures"]
+        assert len(run["requests"]) == 4 and run["requests"][0]["chunk_times"]
+    table = summary_table(record)
+    assert table.count("\n") == 3 and '{"rate": 50.0}' in table
