@@ -197,3 +197,26 @@ def test_a_serving_record_holds_what_design_names(smol_server, tmp_path):
         assert len(run["requests"]) == 4 and run["requests"][0]["chunk_times"]
     table = summary_table(record)
     assert table.count("\n") == 3 and '{"rate": 50.0}' in table
+
+    # a peer that is not there: a NOT_RUN record, never a figure
+    args.base_url = "http://127.0.0.1:9"  # the discard port: nothing serves HTTP there
+    missing = json.loads(run_serving(args).read_text())
+    assert missing["status"] == "NOT_RUN" and "no server answers" in missing["reason"]
+    assert missing["results"] == {}
+
+    from tokenworks.bench.report import compare_table, load_records, render
+
+    paths = sorted(tmp_path.glob("serving-*.json"))
+    records = load_records(paths)
+    report = render(records, tmp_path / "report")
+    text = report.read_text()
+    assert "| point | ok |" in text and "NOT_RUN" in text
+    pngs = sorted(p.name for p in (tmp_path / "report").glob("*.png"))
+    assert any(n.endswith("latency-throughput.png") for n in pngs)
+    assert any(n.endswith("distributions.png") for n in pngs)
+    assert any(n.endswith("goodput.png") for n in pngs)
+    for png in (tmp_path / "report").glob("*.png"):
+        assert png.read_bytes()[:4] == b"\x89PNG"
+    ok = [r for r in records if r.get("status") != "NOT_RUN"][0]
+    table = compare_table([ok, ok, missing])
+    assert "(1.00x)" in table and "NOT_RUN" in table

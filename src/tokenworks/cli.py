@@ -139,6 +139,25 @@ def cmd_bench_serve(args) -> int:
     return 0
 
 
+def cmd_bench_report(args) -> int:
+    from tokenworks.bench.report import load_records, render
+
+    print(render(load_records(args.records), args.out))
+    return 0
+
+
+def cmd_bench_compare(args) -> int:
+    from pathlib import Path
+
+    from tokenworks.bench.report import compare_table, load_records
+
+    table = compare_table(load_records(args.records))
+    print(table)
+    if args.out:
+        Path(args.out).write_text(table + "\n")
+    return 0
+
+
 def _record_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="benchmarks/results", help="directory for the record")
     p.add_argument(
@@ -252,6 +271,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo-e2e", type=float, default=None, help="seconds, for goodput")
     p.add_argument("--out", default="benchmarks/results", help="directory for the record")
     p.set_defaults(fn=cmd_bench_serve)
+
+    p = bsub.add_parser("report", help="Markdown tables and PNG plots from evidence records")
+    p.add_argument("records", nargs="+", help="record JSON files")
+    p.add_argument("--out", default="benchmarks/report", help="directory for report.md + PNGs")
+    p.set_defaults(fn=cmd_bench_report)
+
+    p = bsub.add_parser("compare", help="several engines' serving runs side by side, as ratios")
+    p.add_argument("records", nargs="+", help="serving records of the same workload")
+    p.add_argument("--out", default=None, help="also write the table to this file")
+    p.set_defaults(fn=cmd_bench_compare)
     return parser
 
 

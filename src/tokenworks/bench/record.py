@@ -101,11 +101,24 @@ def make_record(
     }
 
 
+def make_not_run(*, kind: str, engine: dict, workload: dict, reason: str) -> dict:
+    """A record for an engine or machine that is not there: it says why, and holds no
+    figure (reports print NOT_RUN for it)."""
+    record = make_record(kind=kind, engine=engine, model={}, workload=workload, results={})
+    record["status"] = "NOT_RUN"
+    record["reason"] = reason
+    return record
+
+
 def write_record(record: dict, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(record["created_unix"]))
     path = out / f"{record['kind']}-{stamp}.json"
+    n = 1
+    while path.exists():  # two records in one second: never overwrite evidence
+        n += 1
+        path = out / f"{record['kind']}-{stamp}-{n}.json"
     path.write_text(json.dumps(record, indent=2, sort_keys=False) + "\n")
     return path
 

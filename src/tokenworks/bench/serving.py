@@ -14,9 +14,23 @@ from pathlib import Path
 
 from tokenworks.bench.client import run_load
 from tokenworks.bench.metrics import compute
-from tokenworks.bench.record import make_record, model_record, write_record
+from tokenworks.bench.record import make_not_run, make_record, model_record, write_record
 from tokenworks.bench.workload import build_requests, load_manifest
 from tokenworks.config import engine_kwargs
+
+
+def unreachable(base_url: str, api_key: str | None) -> str | None:
+    """Why the server at base_url cannot be measured, or None when it answers /v1/models."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    try:
+        r = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=10)
+    except httpx.HTTPError as e:
+        return f"no server answers at {base_url} ({type(e).__name__})"
+    if r.status_code != 200:
+        return f"{base_url}/v1/models answered HTTP {r.status_code}"
+    return None
 
 
 def default_manifest(args) -> dict:
@@ -92,9 +106,18 @@ def run_serving(args) -> Path:
     manifest = load_manifest(args.manifest) if args.manifest else default_manifest(args)
     points = sweep_points(args)
     if args.base_url:
+        engine_info = {"base_url": args.base_url, "served_model": args.served_model}
+        reason = unreachable(args.base_url, args.api_key)
+        if reason:
+            workload = {**manifest, "burstiness": args.burstiness, "points": points}
+            record = make_not_run(
+                kind="serving", engine=engine_info, workload=workload, reason=reason
+            )
+            path = write_record(record, args.out)
+            print(f"NOT_RUN: {reason}\nrecord: {path}")
+            return path
         requests = build_requests(manifest, args.vocab_size)
         runs = run_points(args.base_url, args.served_model, requests, points, args, args.api_key)
-        engine_info = {"base_url": args.base_url, "served_model": args.served_model}
         model_info = {"id": args.served_model}
     else:
         from tokenworks import LLM
