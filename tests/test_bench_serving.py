@@ -220,3 +220,26 @@ def test_a_serving_record_holds_what_design_names(smol_server, tmp_path):
     ok = [r for r in records if r.get("status") != "NOT_RUN"][0]
     table = compare_table([ok, ok, missing])
     assert "(1.00x)" in table and "NOT_RUN" in table
+
+
+def test_in_process_load_is_timed_like_http(toy_llm):
+    from tokenworks.bench.client import run_in_process
+    from tokenworks.config import EngineConfig
+    from tokenworks.engine.async_engine import AsyncEngine
+    from tokenworks.engine.engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(model="toy", dtype="float32"), toy_llm.engine.loaded)
+    front = AsyncEngine(engine)
+    front.start()
+    try:
+        reqs = build_requests(
+            {"kind": "random", "num_requests": 5, "input": 6, "output": 7}, engine.spec.vocab_size
+        )
+        results, duration = asyncio.run(
+            run_in_process(front, reqs, rate=100.0, max_concurrency=2, progress=False)
+        )
+    finally:
+        front.shutdown()
+    assert all(r.ok and r.output_tokens == 7 and r.input_tokens == 6 for r in results)
+    f = compute(results, duration)
+    assert f["completed"] == 5 and f["tpot_s"]["n"] == 5

@@ -253,7 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_engine_arguments(p)
     p.add_argument("--base-url", default=None, help="drive this server instead of ours")
+    p.add_argument(
+        "--in-process", action="store_true", help="ours without HTTP (the async engine directly)"
+    )
     p.add_argument("--served-model", default="default", help="model name it serves")
+    p.add_argument("--label", default=None, help="the engine's name in reports (e.g. vLLM)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--vocab-size", type=int, default=49152, help="for random prompts (remote)")
     p.add_argument("--manifest", default=None, help="a workload manifest (JSON or YAML)")

@@ -115,3 +115,54 @@ async def run_load(
         duration = time.perf_counter() - t0
     bar.close()
     return list(results), duration
+
+
+async def run_in_process(
+    front,
+    requests: list[BenchRequest],
+    rate: float | None = None,
+    burstiness: float = 1.0,
+    max_concurrency: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> tuple[list[RequestResult], float]:
+    """The same load, timed the same way, straight into an AsyncEngine (no HTTP): what the
+    server's transport costs is the difference between this and run_load."""
+    from tokenworks import SamplingParams
+
+    offsets = arrival_offsets(len(requests), rate, burstiness, seed)
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    bar = tqdm(total=len(requests), desc="requests", disable=not progress)
+    tokenizer = front.engine.tokenizer
+    t0 = time.perf_counter()
+
+    async def send_one(req: BenchRequest) -> RequestResult:
+        ids = req.prompt_ids if req.prompt_ids is not None else tokenizer.encode(req.prompt)
+        params = SamplingParams(max_tokens=req.max_tokens, temperature=0, ignore_eos=req.ignore_eos)
+        result = RequestResult(start=time.perf_counter(), input_tokens=len(ids))
+        try:
+            async for update in front.generate(params, ids):
+                now = time.perf_counter()
+                for d in update.deltas:
+                    result.output_tokens += len(d.token_ids)
+                    if d.text:
+                        result.chunk_times.append(now)
+        except Exception as e:
+            result.ok, result.error = False, f"{type(e).__name__}: {e}"
+        result.end = time.perf_counter()
+        return result
+
+    async def one(offset: float, req: BenchRequest) -> RequestResult:
+        await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
+        if limit is None:
+            r = await send_one(req)
+        else:
+            async with limit:
+                r = await send_one(req)
+        bar.update(1)
+        return r
+
+    results = await asyncio.gather(*(one(o, r) for o, r in zip(offsets, requests, strict=True)))
+    duration = time.perf_counter() - t0
+    bar.close()
+    return list(results), duration

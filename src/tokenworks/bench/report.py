@@ -60,13 +60,20 @@ def _plots(record: dict, out_dir: Path, stem: str) -> list[Path]:
     files = []
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for key, ax in zip(("ttft_s", "tpot_s"), axes, strict=True):
-        xs = [r["figures"]["output_throughput"] for r in runs if r["figures"].get(key)]
-        ys = [1000 * r["figures"][key]["median"] for r in runs if r["figures"].get(key)]
-        ax.plot(xs, ys, "o-")
-        for r, x, y in zip([r for r in runs if r["figures"].get(key)], xs, ys, strict=True):
-            ax.annotate(json.dumps(r["point"]), (x, y), fontsize=7)
+        for sweep in ("rate", "max_concurrency"):  # one line per kind of sweep
+            series = sorted(
+                (r["figures"]["output_throughput"], 1000 * r["figures"][key]["median"], r)
+                for r in runs
+                if sweep in r["point"] and r["figures"].get(key)
+            )
+            if not series:
+                continue
+            ax.plot([x for x, _, _ in series], [y for _, y, _ in series], "o-", label=sweep)
+            for x, y, r in series:
+                ax.annotate(str(r["point"][sweep]), (x, y), fontsize=8)
         ax.set_xlabel("output tokens/s")
         ax.set_ylabel(f"median {key[:-2].upper()} (ms)")
+        ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     fig.suptitle(f"latency vs throughput: {label(record)}")
     fig.tight_layout()

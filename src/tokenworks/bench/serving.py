@@ -1,7 +1,8 @@
 """`tokenworks bench serve`: a serving benchmark of any OpenAI-compatible server, one record.
 
 Without --base-url it starts our own server in-process (127.0.0.1, engine flags as for
-every command) and also records the engine's per-step stats; with --base-url it drives
+every command) and also records the engine's per-step stats (--in-process skips HTTP and
+submits straight to the async engine, timed the same way); with --base-url it drives
 whatever listens there (vLLM, llama.cpp's server, SGLang, another tokenworks). Each
 request rate or concurrency given runs the same manifest once, in order (a sweep).
 """
@@ -12,7 +13,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from tokenworks.bench.client import run_load
+from tokenworks.bench.client import run_in_process, run_load
 from tokenworks.bench.metrics import compute
 from tokenworks.bench.record import make_not_run, make_record, model_record, write_record
 from tokenworks.bench.workload import build_requests, load_manifest
@@ -60,8 +61,9 @@ def step_summary(stats) -> dict:
     }
 
 
-def run_points(base_url, model, requests, points, args, api_key=None, engine=None) -> list:
-    """One load run per sweep point: {"rate": r} or {"max_concurrency": c}."""
+def run_points(load, points, args, engine=None) -> list:
+    """One load run per sweep point ({"rate": r} or {"max_concurrency": c}); load(point)
+    returns (results, duration)."""
     out = []
     slos = {
         k: v
@@ -71,18 +73,7 @@ def run_points(base_url, model, requests, points, args, api_key=None, engine=Non
     for point in points:
         if engine is not None:
             engine.stats.clear()
-        results, duration = asyncio.run(
-            run_load(
-                base_url,
-                model,
-                requests,
-                rate=point.get("rate"),
-                burstiness=args.burstiness,
-                max_concurrency=point.get("max_concurrency"),
-                seed=args.seed,
-                api_key=api_key,
-            )
-        )
+        results, duration = load(point)
         figures = compute(results, duration, slos or None)
         entry = {"point": point, "figures": figures, "requests": [r.__dict__ for r in results]}
         if engine is not None:
@@ -94,6 +85,40 @@ def run_points(base_url, model, requests, points, args, api_key=None, engine=Non
             f"{figures['output_throughput']:.1f} out tok/s, median TTFT {1000 * ttft:.0f} ms"
         )
     return out
+
+
+def http_load(base_url, model, requests, args, api_key=None):
+    def load(point):
+        return asyncio.run(
+            run_load(
+                base_url,
+                model,
+                requests,
+                rate=point.get("rate"),
+                burstiness=args.burstiness,
+                max_concurrency=point.get("max_concurrency"),
+                seed=args.seed,
+                api_key=api_key,
+            )
+        )
+
+    return load
+
+
+def in_process_load(front, requests, args):
+    def load(point):
+        return asyncio.run(
+            run_in_process(
+                front,
+                requests,
+                rate=point.get("rate"),
+                burstiness=args.burstiness,
+                max_concurrency=point.get("max_concurrency"),
+                seed=args.seed,
+            )
+        )
+
+    return load
 
 
 def sweep_points(args) -> list[dict]:
@@ -117,7 +142,8 @@ def run_serving(args) -> Path:
             print(f"NOT_RUN: {reason}\nrecord: {path}")
             return path
         requests = build_requests(manifest, args.vocab_size)
-        runs = run_points(args.base_url, args.served_model, requests, points, args, args.api_key)
+        load = http_load(args.base_url, args.served_model, requests, args, args.api_key)
+        runs = run_points(load, points, args)
         model_info = {"id": args.served_model}
     else:
         from tokenworks import LLM
@@ -128,9 +154,22 @@ def run_serving(args) -> Path:
         engine = llm.engine
         requests = build_requests(manifest, engine.spec.vocab_size)
         state = make_state(engine, [args.model])
-        with ServerThread(build_app(state)) as srv:
-            runs = run_points(srv.url, args.model, requests, points, args, engine=engine)
-        engine_info = llm.config.to_dict()
+        if getattr(args, "in_process", False):  # no HTTP: straight into the async front
+            state.engine.start()
+            try:
+                runs = run_points(
+                    in_process_load(state.engine, requests, args), points, args, engine=engine
+                )
+            finally:
+                state.engine.shutdown()
+        else:
+            with ServerThread(build_app(state)) as srv:
+                load = http_load(srv.url, args.model, requests, args)
+                runs = run_points(load, points, args, engine=engine)
+        engine_info = {
+            **llm.config.to_dict(),
+            "client": "in-process" if getattr(args, "in_process", False) else "http",
+        }
         model_info = model_record(llm)
     record = make_record(
         kind="serving",
@@ -140,6 +179,8 @@ def run_serving(args) -> Path:
         results={"runs": runs},
         seeds=[args.seed],
     )
+    if getattr(args, "label", None):
+        record["label"] = args.label
     path = write_record(record, args.out)
     print(f"record: {path}")
     return path
