@@ -243,3 +243,29 @@ def test_in_process_load_is_timed_like_http(toy_llm):
     assert all(r.ok and r.output_tokens == 7 and r.input_tokens == 6 for r in results)
     f = compute(results, duration)
     assert f["completed"] == 5 and f["tpot_s"]["n"] == 5
+
+
+def test_multi_turn_chats_send_the_conversation_so_far(smol_server):
+    manifest = {
+        "kind": "multi_turn",
+        "num_requests": 2,
+        "turns": 3,
+        "input": 12,
+        "output": 6,
+        "seed": 4,
+    }
+    requests = build_requests(manifest, smol_server.engine.spec.vocab_size)
+    assert all(len(r.turns) == 3 for r in requests)
+    before = scrape(smol_server.url)
+    results, duration = asyncio.run(
+        run_load(smol_server.url, "smollm2-135m", requests, progress=False)
+    )
+    after = scrape(smol_server.url)
+    assert len(results) == 6 and all(r.ok and r.output_tokens == 6 for r in results)
+    # results come conversation by conversation: each turn's prompt holds the earlier ones
+    for conv in (results[:3], results[3:]):
+        assert conv[0].input_tokens < conv[1].input_tokens < conv[2].input_tokens
+    hits = (
+        after["tokenworks:prefix_cache_hits_total"] - before["tokenworks:prefix_cache_hits_total"]
+    )
+    assert hits > 0  # later turns reuse the earlier turns' KV blocks

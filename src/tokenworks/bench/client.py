@@ -28,16 +28,22 @@ async def send(
     req: BenchRequest,
     headers: dict | None = None,
     count_tokens: Callable[[str], int] | None = None,
+    messages: list[dict] | None = None,
 ) -> RequestResult:
+    """One streamed request: /v1/completions, or /v1/chat/completions given messages."""
     body = {
         "model": model,
-        "prompt": req.prompt_ids if req.prompt_ids is not None else req.prompt,
         "max_tokens": req.max_tokens,
         "temperature": 0,
         "stream": True,
         "stream_options": {"include_usage": True},
         "ignore_eos": req.ignore_eos,
     }
+    if messages is not None:
+        body["messages"] = messages
+        url = url.replace("/v1/completions", "/v1/chat/completions")
+    else:
+        body["prompt"] = req.prompt_ids if req.prompt_ids is not None else req.prompt
     result = RequestResult(start=time.perf_counter(), input_tokens=req.input_len or 0)
     text, usage = [], None
     try:
@@ -61,9 +67,10 @@ async def send(
                 if chunk.get("usage"):
                     usage = chunk["usage"]
                 for choice in chunk.get("choices") or []:
-                    if choice.get("text"):
+                    piece = choice.get("text") or (choice.get("delta") or {}).get("content")
+                    if piece:
                         result.chunk_times.append(now)
-                        text.append(choice["text"])
+                        text.append(piece)
     except httpx.HTTPError as e:
         result.ok, result.error = False, f"{type(e).__name__}: {e}"
     result.end = time.perf_counter()
@@ -74,7 +81,23 @@ async def send(
         result.output_tokens = count_tokens("".join(text))
     else:
         result.output_tokens = len(result.chunk_times)
+    result.text = "".join(text)
     return result
+
+
+async def send_conversation(http, url, model, req, headers=None, count_tokens=None):
+    """A multi-turn chat: each user turn goes with the conversation so far (the answers
+    included), so a prefix cache can reuse the earlier turns. One result per turn."""
+    messages: list[dict] = []
+    results = []
+    for turn in req.turns:
+        messages.append({"role": "user", "content": turn})
+        r = await send(http, url, model, req, headers, count_tokens, messages=list(messages))
+        results.append(r)
+        if not r.ok:
+            break
+        messages.append({"role": "assistant", "content": r.text})
+    return results
 
 
 async def run_load(
@@ -101,20 +124,25 @@ async def run_load(
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as http:
         t0 = time.perf_counter()
 
-        async def one(offset: float, req: BenchRequest) -> RequestResult:
+        async def run(req: BenchRequest) -> list[RequestResult]:
+            if req.turns:
+                return await send_conversation(http, url, model, req, headers, count_tokens)
+            return [await send(http, url, model, req, headers, count_tokens)]
+
+        async def one(offset: float, req: BenchRequest) -> list[RequestResult]:
             await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
             if limit is None:
-                r = await send(http, url, model, req, headers, count_tokens)
+                r = await run(req)
             else:
                 async with limit:
-                    r = await send(http, url, model, req, headers, count_tokens)
+                    r = await run(req)
             bar.update(1)
             return r
 
         results = await asyncio.gather(*(one(o, r) for o, r in zip(offsets, requests, strict=True)))
         duration = time.perf_counter() - t0
     bar.close()
-    return list(results), duration
+    return [r for rs in results for r in rs], duration
 
 
 async def run_in_process(
@@ -135,6 +163,9 @@ async def run_in_process(
     bar = tqdm(total=len(requests), desc="requests", disable=not progress)
     tokenizer = front.engine.tokenizer
     t0 = time.perf_counter()
+
+    if any(r.turns for r in requests):
+        raise ValueError("multi_turn workloads run over HTTP (the chat endpoint), not in-process")
 
     async def send_one(req: BenchRequest) -> RequestResult:
         ids = req.prompt_ids if req.prompt_ids is not None else tokenizer.encode(req.prompt)

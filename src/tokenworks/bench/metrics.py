@@ -29,6 +29,7 @@ class RequestResult:
     end: float | None = None
     ok: bool = True
     error: str | None = None
+    text: str = ""  # what came back (multi-turn chats send it on)
 
     @property
     def ttft(self) -> float | None:

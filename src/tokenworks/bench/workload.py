@@ -10,7 +10,9 @@ A manifest is a dict (JSON, or YAML when PyYAML is installed), hashed into the r
 kinds: `random` (random token ids), `shared_prefix` (`groups` groups whose prompts share a
 `prefix_len`-token prefix, then a random suffix), `text` (prompts cut from a text file at
 `path`, e.g. the English text named in shared/MODELS.md), `jsonl` (one request a line:
-{"prompt": "..." or [ids], "max_tokens": n}). Length distributions: `fixed` (value),
+{"prompt": "..." or [ids], "max_tokens": n}), `multi_turn` (`num_requests` chats of
+`turns` user turns of `input` words each; every turn is sent with the conversation so far,
+answers included, to /v1/chat/completions). Length distributions: `fixed` (value),
 `uniform` (low, high), `lognormal` (mean, sigma; clipped to min/max).
 """
 
@@ -22,7 +24,16 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("random", "shared_prefix", "text", "jsonl")
+KINDS = ("random", "shared_prefix", "text", "jsonl", "multi_turn")
+
+# Words for synthetic user turns of multi-turn chats (the server tokenises them).
+_WORDS = (
+    "the of and to in is was for on that with as by at from it his an were are which this "
+    "be or has had but not they their one all new more first two time after who its also "
+    "other into over can some most about when many may only these such used then three "
+    "city river music water history between world house story light garden letter morning "
+    "question answer reason number market winter summer friend teacher window evening"
+).split()
 
 
 class WorkloadError(ValueError):
@@ -36,6 +47,7 @@ class BenchRequest:
     max_tokens: int
     ignore_eos: bool = True
     input_len: int | None = None  # prompt tokens, when the workload knows them
+    turns: list[str] | None = None  # a multi-turn chat: user turns, sent one after another
 
 
 def latency_prompt(n_tokens: int, vocab_size: int = 49152, seed: int = 0) -> list[int]:
@@ -104,6 +116,19 @@ def build_requests(manifest: dict, vocab_size: int) -> list[BenchRequest]:
             suffix = _random_ids(sample_length(manifest.get("input", 32), rng), vocab_size, rng)
             ids = prefixes[i % groups] + suffix
             reqs.append(BenchRequest(ids, None, sample_length(out_spec, rng), ignore_eos, len(ids)))
+        return reqs
+    if kind == "multi_turn":
+        reqs = []
+        for _ in range(n):
+            turns = [
+                " ".join(
+                    rng.choice(_WORDS) for _ in range(sample_length(manifest.get("input", 32), rng))
+                )
+                for _ in range(manifest.get("turns", 3))
+            ]
+            reqs.append(
+                BenchRequest(None, None, sample_length(out_spec, rng), ignore_eos, None, turns)
+            )
         return reqs
     if kind == "text":
         path = manifest.get("path")
