@@ -117,30 +117,37 @@ async def run_load(
     at most max_concurrency in flight; return their results and the run's wall time."""
     url = base_url.rstrip("/") + "/v1/completions"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    offsets = arrival_offsets(len(requests), rate, burstiness, seed)
-    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    bar = tqdm(total=len(requests), desc="requests", disable=not progress)
     limits = httpx.Limits(max_connections=max_concurrency or len(requests) or 1)
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as http:
-        t0 = time.perf_counter()
 
         async def run(req: BenchRequest) -> list[RequestResult]:
             if req.turns:
                 return await send_conversation(http, url, model, req, headers, count_tokens)
             return [await send(http, url, model, req, headers, count_tokens)]
 
-        async def one(offset: float, req: BenchRequest) -> list[RequestResult]:
-            await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
-            if limit is None:
-                r = await run(req)
-            else:
-                async with limit:
-                    r = await run(req)
-            bar.update(1)
-            return r
+        offsets = arrival_offsets(len(requests), rate, burstiness, seed)
+        return await schedule(requests, offsets, max_concurrency, run, progress)
 
-        results = await asyncio.gather(*(one(o, r) for o, r in zip(offsets, requests, strict=True)))
-        duration = time.perf_counter() - t0
+
+async def schedule(requests, offsets, max_concurrency, run, progress: bool):
+    """Start run(request) at each offset (seconds from now), at most max_concurrency at
+    once; return all their results (run returns a list) and the wall time."""
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    bar = tqdm(total=len(requests), desc="requests", disable=not progress)
+    t0 = time.perf_counter()
+
+    async def one(offset: float, req: BenchRequest) -> list[RequestResult]:
+        await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
+        if limit is None:
+            r = await run(req)
+        else:
+            async with limit:
+                r = await run(req)
+        bar.update(1)
+        return r
+
+    results = await asyncio.gather(*(one(o, r) for o, r in zip(offsets, requests, strict=True)))
+    duration = time.perf_counter() - t0
     bar.close()
     return [r for rs in results for r in rs], duration
 
@@ -158,14 +165,9 @@ async def run_in_process(
     server's transport costs is the difference between this and run_load."""
     from tokenworks import SamplingParams
 
-    offsets = arrival_offsets(len(requests), rate, burstiness, seed)
-    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    bar = tqdm(total=len(requests), desc="requests", disable=not progress)
-    tokenizer = front.engine.tokenizer
-    t0 = time.perf_counter()
-
     if any(r.turns for r in requests):
         raise ValueError("multi_turn workloads run over HTTP (the chat endpoint), not in-process")
+    tokenizer = front.engine.tokenizer
 
     async def send_one(req: BenchRequest) -> RequestResult:
         ids = req.prompt_ids if req.prompt_ids is not None else tokenizer.encode(req.prompt)
@@ -183,17 +185,8 @@ async def run_in_process(
         result.end = time.perf_counter()
         return result
 
-    async def one(offset: float, req: BenchRequest) -> RequestResult:
-        await asyncio.sleep(max(0.0, t0 + offset - time.perf_counter()))
-        if limit is None:
-            r = await send_one(req)
-        else:
-            async with limit:
-                r = await send_one(req)
-        bar.update(1)
-        return r
+    async def run(req: BenchRequest) -> list[RequestResult]:
+        return [await send_one(req)]
 
-    results = await asyncio.gather(*(one(o, r) for o, r in zip(offsets, requests, strict=True)))
-    duration = time.perf_counter() - t0
-    bar.close()
-    return list(results), duration
+    offsets = arrival_offsets(len(requests), rate, burstiness, seed)
+    return await schedule(requests, offsets, max_concurrency, run, progress)

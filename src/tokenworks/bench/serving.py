@@ -88,33 +88,25 @@ def run_points(load, points, args, engine=None) -> list:
 
 
 def http_load(base_url, model, requests, args, api_key=None):
-    def load(point):
-        return asyncio.run(
-            run_load(
-                base_url,
-                model,
-                requests,
-                rate=point.get("rate"),
-                burstiness=args.burstiness,
-                max_concurrency=point.get("max_concurrency"),
-                seed=args.seed,
-                api_key=api_key,
-            )
-        )
-
-    return load
+    """load(point) over HTTP against the server at base_url."""
+    return _load(run_load, args, base_url, model, requests, api_key=api_key)
 
 
 def in_process_load(front, requests, args):
+    """load(point) straight into an AsyncEngine."""
+    return _load(run_in_process, args, front, requests)
+
+
+def _load(runner, args, *head, **kw):
     def load(point):
         return asyncio.run(
-            run_in_process(
-                front,
-                requests,
+            runner(
+                *head,
                 rate=point.get("rate"),
                 burstiness=args.burstiness,
                 max_concurrency=point.get("max_concurrency"),
                 seed=args.seed,
+                **kw,
             )
         )
 
