@@ -1,0 +1,53 @@
+"""Every number a docs/ page quotes is a link to the record it comes from; check them.
+
+A quoted figure is written [12.3](../benchmarks/results/RECORD.json#json/path*factor): the
+link text must equal the value at that path of that record (times the factor), rounded to
+the digits the page shows. Change a record or a page and this says where they disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"\[([-0-9.,]+)\]\((\.\./benchmarks/results/[^)#]+)#([^)]+)\)")
+PAGES = sorted((ROOT / "docs").glob("*.md"))
+
+
+def value_at(record: dict, fragment: str) -> float:
+    path, _, factor = fragment.partition("*")
+    value = record
+    for key in path.split("/"):
+        value = value[int(key)] if isinstance(value, list) else value[key]
+    return float(value) * (float(factor) if factor else 1.0)
+
+
+def quoted(page: Path) -> list[tuple[str, str, str]]:
+    return LINK.findall(page.read_text())
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_quoted_number_is_what_its_record_holds(page):
+    links = quoted(page)
+    assert links, f"{page.name} quotes no figure from a record"
+    for text, target, fragment in links:
+        record_path = (page.parent / target).resolve()
+        assert record_path.exists(), f"{page.name}: {target} does not exist"
+        value = value_at(json.loads(record_path.read_text()), fragment)
+        shown = text.replace(",", "")
+        decimals = len(shown.split(".")[1]) if "." in shown else 0
+        assert round(value, decimals) == pytest.approx(float(shown)), (
+            f"{page.name} quotes {text} for {target}#{fragment}, but the record holds {value}"
+        )
+
+
+def test_the_checker_catches_a_wrong_number(tmp_path):
+    record = {"results": {"runs": [{"x": 0.1234}]}}
+    assert value_at(record, "results/runs/0/x*1000") == pytest.approx(123.4)
+    assert LINK.findall("[1,005](../benchmarks/results/a.json#r/0/x*1000)") == [
+        ("1,005", "../benchmarks/results/a.json", "r/0/x*1000")
+    ]
