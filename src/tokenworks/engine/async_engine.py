@@ -20,12 +20,10 @@ every finished request, in the engine thread.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -203,14 +201,6 @@ class AsyncEngine:
         """Cancel a request (thread-safe, returns at once; applied before the next step)."""
         self._post("abort", request_id)
 
-    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
-        """Run fn(engine) in the engine thread between steps and return its result
-        (a consistent view of the engine's state, e.g. for /health or tests)."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._post("call", fn, loop, future)
-        return await future
-
     # ------------------------------------------------------------------ the engine thread
 
     def _run(self) -> None:
@@ -256,14 +246,6 @@ class AsyncEngine:
                 if stream is not None:
                     self.engine.abort_request(args[0])
                     stream.push(RequestCancelledError("the request was cancelled"))
-            elif kind == "call":
-                fn, loop, future = args
-                try:
-                    result, error = fn(self.engine), None
-                except Exception as e:
-                    result, error = None, e
-                with contextlib.suppress(RuntimeError):  # the caller's loop may be closed
-                    loop.call_soon_threadsafe(_settle, future, result, error)
 
     def _add(self, stream: _Stream) -> None:
         try:
@@ -393,12 +375,3 @@ async def _next(queue: asyncio.Queue, deadline: float | None):
         raise DeadlineExceededError(
             "the request did not finish before its deadline and was cancelled"
         ) from None
-
-
-def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)

@@ -126,13 +126,13 @@ async def messages(body: AnthropicMessagesRequest, request: Request):
     state.check_model(body.model)
     tool_list = tools.anthropic_tools(body.tools)
     mode, name = tools.anthropic_choice(body.tool_choice, tool_list)
-    constraint = structured.from_anthropic(body)
-    forced = tools.choose(tool_list, mode, name)
-    if forced is not None and constraint is not None:
-        raise bad_request(
-            "tool_choice any or tool cannot be combined with an output format", "tool_choice"
-        )
-    offered = tool_list if mode != "none" else []
+    offered, constraint = tools.resolve(
+        tool_list,
+        mode,
+        name,
+        structured.from_anthropic(body),
+        "tool_choice any or tool cannot be combined with an output format",
+    )
     prompt = render_chat(state, to_chat_messages(body), offered)
     prompt_ids = state.tokenizer.encode(prompt)
     max_tokens = clamp_max_tokens(state, body.max_tokens, len(prompt_ids))
@@ -144,12 +144,11 @@ async def messages(body: AnthropicMessagesRequest, request: Request):
         top_k=body.top_k or 0,
         seed=body.seed,
         stop=list(body.stop_sequences or []),
-        structured=forced or constraint,
+        structured=constraint,
     )
     rid = state.engine.new_request_id("msg")
     updates = await submit(
         state,
-        request,
         params,
         prompt_ids,
         anthropic=True,

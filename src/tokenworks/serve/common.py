@@ -97,7 +97,6 @@ def render_chat(state: ServerState, messages: list[dict], tools: list[Tool], **k
 
 async def submit(
     state: ServerState,
-    request: Request,
     params: SamplingParams,
     prompt_ids: list[int],
     anthropic: bool = False,

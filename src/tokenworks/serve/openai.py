@@ -135,7 +135,6 @@ async def completions(body: CompletionRequest, request: Request):
             streams.append(
                 await submit(
                     state,
-                    request,
                     params,
                     p,
                     request_id=rid,
@@ -150,7 +149,10 @@ async def completions(body: CompletionRequest, request: Request):
             await s.aclose()
         raise
     response_id = "cmpl-" + secrets.token_hex(12)
-    texts = [state.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
+    # the prompts as text, for echo only
+    texts = (
+        [state.tokenizer.decode(p, skip_special_tokens=False) for p in prompts] if body.echo else []
+    )
     if body.stream:
         return StreamingResponse(
             _completion_stream(state, request, body, streams, ids, response_id, texts),
@@ -335,14 +337,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     tool_list = tools.openai_tools(body.tools)
     mode, name = tools.openai_choice(body.tool_choice, tool_list)
-    constraint = structured.from_openai(body)
-    forced = tools.choose(tool_list, mode, name)
-    if forced is not None and constraint is not None:
-        raise bad_request(
-            "tool_choice required or named cannot be combined with response_format",
-            "tool_choice",
-        )
-    offered = tool_list if mode != "none" else []
+    offered, constraint = tools.resolve(
+        tool_list,
+        mode,
+        name,
+        structured.from_openai(body),
+        "tool_choice required or named cannot be combined with response_format",
+    )
     prompt = render_chat(
         state,
         _messages(body.messages),
@@ -356,12 +357,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(
         {"logprobs": "top_logprobs"},
-        **_common_params(body, max_tokens, logprobs, forced or constraint),
+        **_common_params(body, max_tokens, logprobs, constraint),
     )
     rid = state.engine.new_request_id("chatcmpl")
     updates = await submit(
         state,
-        request,
         params,
         prompt_ids,
         request_id=rid,

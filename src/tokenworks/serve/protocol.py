@@ -7,11 +7,9 @@ as vLLM and the OpenAI API do.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-
-NonNegInt = Field(default=None, ge=0)
 
 
 class _Body(BaseModel):
@@ -20,7 +18,6 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
 
 
 class StructuredOutputs(_Body):
@@ -120,6 +117,3 @@ class TokenizeRequest(_Body):
 class DetokenizeRequest(_Body):
     model: str | None = None
     tokens: list[int]
-
-
-Role = Literal["system", "user", "assistant", "tool", "developer"]

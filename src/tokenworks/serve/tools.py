@@ -125,6 +125,18 @@ def choose(tools: list[Tool], mode: str, name: str | None = None) -> StructuredO
     return StructuredOutput.lark(grammar)
 
 
+def resolve(
+    tool_list: list[Tool], mode: str, name: str | None, constraint, conflict: str
+) -> tuple[list[Tool], StructuredOutput | None]:
+    """The tools the prompt offers and the one grammar the output must follow: a forced
+    tool choice's, or the request's own output format. Both at once is a 400 (`conflict`
+    says so in the protocol's words)."""
+    forced = choose(tool_list, mode, name)
+    if forced is not None and constraint is not None:
+        raise bad_request(conflict, "tool_choice")
+    return (tool_list if mode != "none" else []), forced or constraint
+
+
 def openai_choice(tool_choice, tools: list[Tool]) -> tuple[str, str | None]:
     """OpenAI tool_choice -> (mode, name): mode is auto, none, required or named."""
     if tool_choice is None:
