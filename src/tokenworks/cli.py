@@ -1,8 +1,10 @@
-"""tokenworks generate | chat | serve | pull | models | bench latency | bench throughput"""
+"""tokenworks generate | chat | serve | pull | models | bench (latency, throughput, structured,
+serve, peers, report, compare)"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from tokenworks.config import add_engine_arguments, engine_kwargs
@@ -139,6 +141,20 @@ def cmd_bench_serve(args) -> int:
     return 0
 
 
+def cmd_bench_peers(args) -> int:
+    from tokenworks.bench.peer_engines import PEER_NAMES
+    from tokenworks.bench.peer_runs import BENCHES, run_peers
+
+    for name in args.only:
+        if name not in PEER_NAMES:
+            raise ValueError(f"--only {name!r}: known peers are {', '.join(PEER_NAMES)}")
+    for name in args.benches:
+        if name not in BENCHES:
+            raise ValueError(f"--benches {name!r}: choose from {', '.join(BENCHES)}")
+    run_peers(args)
+    return 0
+
+
 def cmd_bench_report(args) -> int:
     from tokenworks.bench.report import load_records, render
 
@@ -168,6 +184,21 @@ def _record_args(p: argparse.ArgumentParser) -> None:
         help="also measure a peer in the same run from its own venv: "
         "llama.cpp=/path/to/venv/bin/python, transformers=..., vllm=... (repeatable)",
     )
+
+
+def _names(s: str) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()]
+
+
+def _sweep_args(p: argparse.ArgumentParser, rates: list, concurrencies: list) -> None:
+    floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
+    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
+    p.add_argument("--request-rate", type=floats, default=rates, help="req/s, comma-separated")
+    p.add_argument("--max-concurrency", type=ints, default=concurrencies, help="comma-separated")
+    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1: Poisson)")
+    p.add_argument("--slo-ttft", type=float, default=None, help="seconds, for goodput")
+    p.add_argument("--slo-tpot", type=float, default=None, help="seconds, for goodput")
+    p.add_argument("--slo-e2e", type=float, default=None, help="seconds, for goodput")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=128)
+    p.add_argument("--manifest", default=None, help="a workload manifest instead of the above")
+    p.add_argument("--seed", type=int, default=0, help="of the random prompts")
     _record_args(p)
     p.set_defaults(fn=cmd_bench_throughput)
 
@@ -265,16 +298,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
-    floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
-    ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
-    p.add_argument("--request-rate", type=floats, default=[], help="req/s, comma-separated")
-    p.add_argument("--max-concurrency", type=ints, default=[], help="comma-separated")
-    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1: Poisson)")
-    p.add_argument("--slo-ttft", type=float, default=None, help="seconds, for goodput")
-    p.add_argument("--slo-tpot", type=float, default=None, help="seconds, for goodput")
-    p.add_argument("--slo-e2e", type=float, default=None, help="seconds, for goodput")
+    _sweep_args(p, rates=[], concurrencies=[])
     p.add_argument("--out", default="benchmarks/results", help="directory for the record")
     p.set_defaults(fn=cmd_bench_serve)
+
+    p = bsub.add_parser(
+        "peers", help="latency, offline and serving benchmarks on us and every installed peer"
+    )
+    add_engine_arguments(p)
+    p.add_argument(
+        "--peers-dir",
+        default=os.environ.get("TOKENWORKS_PEERS", "peers"),
+        help="where the peers' venvs live (benchmarks/peers.sh; default $TOKENWORKS_PEERS "
+        "or ./peers)",
+    )
+    p.add_argument("--hf-dir", default=None, help="the HF copy vLLM reads (default PEERS/smol-hf)")
+    p.add_argument(
+        "--only", type=_names, default=[], help="comma-separated peers (default: all known)"
+    )
+    p.add_argument(
+        "--benches",
+        type=_names,
+        default=["latency", "offline", "serving"],
+        help="comma-separated: latency, offline, serving (default all)",
+    )
+    p.add_argument("--prompt-tokens", type=int, default=512, help="latency: prefill length")
+    p.add_argument("--decode-tokens", type=int, default=128, help="latency: tokens decoded")
+    p.add_argument("--repeats", type=int, default=3, help="latency: repeats (median)")
+    p.add_argument("--offline-manifest", default=None, help="default 64 x 128 in / 128 out")
+    p.add_argument("--serving-manifest", default=None, help="default 32 x 128 in / 64 out")
+    p.add_argument("--vocab-size", type=int, default=49152, help="for random prompts")
+    p.add_argument("--seed", type=int, default=0)
+    _sweep_args(p, rates=[1.0, 2.0, 4.0], concurrencies=[1, 4, 16])
+    p.add_argument("--out", default="benchmarks/results", help="directory for the records")
+    p.add_argument(
+        "--report", default="benchmarks/report/peers", help="directory for peers.md + PNGs"
+    )
+    p.set_defaults(fn=cmd_bench_peers)
 
     p = bsub.add_parser("report", help="Markdown tables and PNG plots from evidence records")
     p.add_argument("records", nargs="+", help="record JSON files")

@@ -181,3 +181,21 @@ def engine_kwargs(args) -> dict:
         enable_prefix_caching=not args.no_prefix_caching,
         batch_invariant=args.batch_invariant,
     )
+
+
+def engine_argv(args) -> list[str]:
+    """The common engine flags back as a command line (for a `tokenworks serve` child
+    process): every flag whose value differs from its default."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_engine_arguments(parser)
+    argv = []
+    for action in parser._actions:
+        value = getattr(args, action.dest, action.default)
+        if value == action.default or value is None:
+            continue
+        flag = next(s for s in action.option_strings if s.startswith("--"))
+        if isinstance(action, argparse._StoreTrueAction):
+            argv.append(flag)
+        else:
+            argv += [flag, str(value)]
+    return argv

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from tokenworks.bench.peer_engines import vllm_env
 from tokenworks.bench.record import make_record, model_record, write_record
 from tokenworks.bench.workload import latency_prompt
 from tokenworks.config import engine_kwargs
@@ -74,12 +75,7 @@ def run_peer(name: str, python: str, args: dict, script: str | None = None) -> d
     script = Path(__file__).parent / "peers" / (script or PEER_SCRIPTS[name])
     env = dict(os.environ)
     if name == "vllm":
-        venv = Path(python).parent.parent
-        env.update(
-            VLLM_CPU_KVCACHE_SPACE="2",
-            VLLM_CPU_OMP_THREADS_BIND=f"0-{args['threads'] - 1}",
-            LD_PRELOAD=str(venv / "lib" / "libiomp5.so"),
-        )
+        env.update(vllm_env(python, args["threads"]))
     t = time.perf_counter()
     proc = subprocess.run(
         [python, str(script), json.dumps(args)],
@@ -108,10 +104,12 @@ def summarise(results: dict) -> dict:
     return {k: statistics.median(v) for k, v in results.items() if k.endswith("_tok_s") and v}
 
 
-def run_latency(args) -> Path:
+def run_latency(args, peers: dict[str, str] | None = None, not_run: dict | None = None) -> Path:
+    """Measure ours, then each peer ({name: its python}, default from --peer flags); peers
+    in not_run ({name: reason}) are recorded as NOT_RUN."""
     from tokenworks import LLM
 
-    peers = parse_peers(args.peer, PEER_SCRIPTS)
+    peers = parse_peers(args.peer, PEER_SCRIPTS) if peers is None else peers
     threads = args.threads or 2
     # The same prompt is timed repeatedly: a prefix-cache hit would time nothing.
     llm = LLM(
@@ -121,7 +119,7 @@ def run_latency(args) -> Path:
     short = prompt[:SHORT_PROMPT_TOKENS]
     ours = measure_tokenworks(llm, prompt, short, args.decode_tokens, args.repeats)
     summary = {"tokenworks": summarise(ours)}
-    peer_results = {}
+    peer_results = {name: {"status": "NOT_RUN", "reason": r} for name, r in (not_run or {}).items()}
     peer_args = {
         "gguf": llm.engine.loaded.file_path,
         "hf_dir": os.environ.get("TOKENWORKS_PEER_HF_DIR", ""),

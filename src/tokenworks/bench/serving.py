@@ -119,20 +119,38 @@ def sweep_points(args) -> list[dict]:
     return points or [{"rate": None}]
 
 
-def run_serving(args) -> Path:
+def serving_workload(args) -> dict:
+    """The record's workload: the manifest, and the sweep run over it."""
+    manifest = load_manifest(args.manifest) if args.manifest else default_manifest(args)
+    return {**manifest, "burstiness": args.burstiness, "points": sweep_points(args)}
+
+
+def write_not_run(args, engine_info: dict, reason: str) -> Path:
+    """A serving record for an engine that could not be measured: why, and no figure."""
+    record = make_not_run(
+        kind="serving", engine=engine_info, workload=serving_workload(args), reason=reason
+    )
+    if getattr(args, "label", None):
+        record["label"] = args.label
+    path = write_record(record, args.out)
+    print(f"NOT_RUN: {reason}\nrecord: {path}")
+    return path
+
+
+def run_serving(args, engine_extra: dict | None = None) -> Path:
+    """Run the sweep and write its record; engine_extra adds to the record's engine (what
+    a --base-url server is and how it was started)."""
     manifest = load_manifest(args.manifest) if args.manifest else default_manifest(args)
     points = sweep_points(args)
     if args.base_url:
-        engine_info = {"base_url": args.base_url, "served_model": args.served_model}
+        engine_info = {
+            "base_url": args.base_url,
+            "served_model": args.served_model,
+            **(engine_extra or {}),
+        }
         reason = unreachable(args.base_url, args.api_key)
         if reason:
-            workload = {**manifest, "burstiness": args.burstiness, "points": points}
-            record = make_not_run(
-                kind="serving", engine=engine_info, workload=workload, reason=reason
-            )
-            path = write_record(record, args.out)
-            print(f"NOT_RUN: {reason}\nrecord: {path}")
-            return path
+            return write_not_run(args, engine_info, reason)
         requests = build_requests(manifest, args.vocab_size)
         load = http_load(args.base_url, args.served_model, requests, args, args.api_key)
         runs = run_points(load, points, args)
@@ -167,7 +185,7 @@ def run_serving(args) -> Path:
         kind="serving",
         engine=engine_info,
         model=model_info,
-        workload={**manifest, "burstiness": args.burstiness, "points": points},
+        workload=serving_workload(args),
         results={"runs": runs},
         seeds=[args.seed],
     )

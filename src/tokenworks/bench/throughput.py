@@ -1,10 +1,12 @@
 """`tokenworks bench throughput`: offline throughput of many requests, with peers, one record.
 
-The workload of the batching issue: N requests of distinct P-token prompts, O output
-tokens each, greedy, EOS ignored, all submitted at once. Our engine runs them through
-continuous batching (LLM.generate); peers run the same token ids in their own venvs in the
-same run. The record also says how much KV memory the paged pool actually used at its
-peak against what a contiguous cache (one max-length row per sequence) would reserve.
+The workload of the batching issue by default (N requests of distinct P-token prompts, O
+output tokens each, greedy, EOS ignored, all submitted at once), or any single-prompt
+manifest (--manifest; text prompts are tokenised once, so every engine gets the same ids).
+Our engine runs them through continuous batching (LLM.generate); peers run the same token
+ids in their own venvs in the same run. The record also says how much KV memory the paged
+pool actually used at its peak against what a contiguous cache (one max-length row per
+sequence) would reserve.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from tokenworks.bench.latency import parse_peers, run_peer
 from tokenworks.bench.record import make_record, model_record, write_record
-from tokenworks.bench.workload import latency_prompt
+from tokenworks.bench.workload import build_requests, load_manifest
 from tokenworks.config import engine_kwargs
 
 PEER_SCRIPTS = {
@@ -26,19 +28,42 @@ PEER_SCRIPTS = {
 }
 
 
-def distinct_prompts(n: int, length: int, vocab_size: int) -> list[list[int]]:
-    return [latency_prompt(length, vocab_size, seed=1000 + i) for i in range(n)]
+def default_manifest(args) -> dict:
+    """The flags' workload: N distinct random prompts of P tokens, O output tokens each."""
+    return {
+        "kind": "random",
+        "num_requests": args.num_prompts,
+        "seed": getattr(args, "seed", 0),
+        "input": {"dist": "fixed", "value": args.input_tokens},
+        "output": {"dist": "fixed", "value": args.output_tokens},
+        "ignore_eos": True,
+    }
 
 
-def run_throughput(args) -> Path:
+def run_throughput(args, peers: dict[str, str] | None = None, not_run: dict | None = None) -> Path:
+    """Measure ours, then each peer ({name: its python}, default from --peer flags); peers
+    in not_run ({name: reason}) are recorded as NOT_RUN."""
     from tokenworks import LLM, SamplingParams
 
-    peers = parse_peers(args.peer, PEER_SCRIPTS)
+    peers = parse_peers(args.peer, PEER_SCRIPTS) if peers is None else peers
+    manifest = load_manifest(args.manifest) if getattr(args, "manifest", None) else None
+    manifest = manifest or default_manifest(args)
     threads = args.threads or 2
     llm = LLM(args.model, **{**engine_kwargs(args), "threads": threads})
     engine = llm.engine
-    prompts = distinct_prompts(args.num_prompts, args.input_tokens, engine.spec.vocab_size)
-    params = SamplingParams(max_tokens=args.output_tokens, temperature=0, ignore_eos=True)
+    requests = build_requests(manifest, engine.spec.vocab_size)
+    if any(r.turns for r in requests):
+        raise ValueError("offline throughput takes single-prompt workloads, not multi_turn")
+    prompts = [
+        r.prompt_ids if r.prompt_ids is not None else engine.tokenizer.encode(r.prompt)
+        for r in requests
+    ]  # every engine gets these very token ids
+    max_tokens = [r.max_tokens for r in requests]
+    ignore_eos = all(r.ignore_eos for r in requests)
+    params = [
+        SamplingParams(max_tokens=n, temperature=0, ignore_eos=r.ignore_eos)
+        for n, r in zip(max_tokens, requests, strict=True)
+    ]
     llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
     engine.blocks.reset_prefix_cache()  # the measured prompts must not hit the warm-up's
     engine.stats.clear()
@@ -46,24 +71,26 @@ def run_throughput(args) -> Path:
     outputs = llm.generate(prompts, params)
     elapsed = time.perf_counter() - t
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    input_tokens = sum(map(len, prompts))
     stats = list(engine.stats)
     block_bytes = engine.kv_bytes_per_token * engine.config.block_size
     peak_blocks = max(round(s.kv_usage * engine.blocks.num_blocks) for s in stats)
-    per_seq = args.input_tokens + args.output_tokens
+    longest = max(len(p) + n for p, n in zip(prompts, max_tokens, strict=True))
     kv = {
         "paged_peak_bytes": peak_blocks * block_bytes,
         "paged_pool_bytes": engine.blocks.num_blocks * block_bytes,
-        "contiguous_max_model_len_bytes": args.num_prompts
+        "contiguous_max_model_len_bytes": len(prompts)
         * engine.max_model_len
         * engine.kv_bytes_per_token,
-        "contiguous_exact_length_bytes": args.num_prompts * per_seq * engine.kv_bytes_per_token,
+        # a contiguous cache sized for this workload's longest request, one row per sequence
+        "contiguous_exact_length_bytes": len(prompts) * longest * engine.kv_bytes_per_token,
         "bytes_per_token": engine.kv_bytes_per_token,
     }
     ours = {
         "elapsed_s": elapsed,
         "output_tokens": generated,
         "output_tok_s": generated / elapsed,
-        "total_tok_s": (generated + args.num_prompts * args.input_tokens) / elapsed,
+        "total_tok_s": (generated + input_tokens) / elapsed,
         "steps": len(stats),
         "max_batch_size": max(s.batch_size for s in stats),
         "preemptions": sum(s.preemptions for s in stats),
@@ -72,15 +99,15 @@ def run_throughput(args) -> Path:
         "gguf": engine.loaded.file_path,
         "hf_dir": os.environ.get("TOKENWORKS_PEER_HF_DIR", ""),
         "prompts": prompts,
-        "output_tokens": args.output_tokens,
+        "max_tokens": max_tokens,
+        "ignore_eos": ignore_eos,
         "threads": threads,
         "dtype": llm.config.resolved_dtype,
     }
-    peer_results = {}
+    peer_results = {name: {"status": "NOT_RUN", "reason": r} for name, r in (not_run or {}).items()}
     for name, python in peers.items():
         print(f"measuring peer {name} with {python}")
-        env_script = PEER_SCRIPTS[name]
-        peer_results[name] = run_peer(name, python, peer_args, script=env_script)
+        peer_results[name] = run_peer(name, python, peer_args, script=PEER_SCRIPTS[name])
     ratios = {
         name: ours["output_tok_s"] / r["output_tok_s"]
         for name, r in peer_results.items()
@@ -90,23 +117,14 @@ def run_throughput(args) -> Path:
         kind="throughput",
         engine=llm.config.to_dict(),
         model=model_record(llm),
-        workload={
-            "num_prompts": args.num_prompts,
-            "input_tokens": args.input_tokens,
-            "output_tokens": args.output_tokens,
-            "threads": threads,
-            "prompt_seeds": [1000 + i for i in range(args.num_prompts)],
-            "eos": "ignored",
-            "sampling": "greedy",
-            "arrival": "all at once (offline)",
-        },
+        workload={**manifest, "threads": threads, "sampling": "greedy", "arrival": "offline"},
         results={
             "tokenworks": ours,
             "kv_memory": kv,
             "ratio_tokenworks_to_peer_output_tok_s": ratios,
             "steps": [s.__dict__ for s in stats],
         },
-        seeds=[1000],
+        seeds=[manifest.get("seed", 0)],
         peers=peer_results,
     )
     path = write_record(record, args.out)
