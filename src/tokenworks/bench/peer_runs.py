@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from tokenworks.bench import latency, throughput
@@ -31,7 +32,7 @@ from tokenworks.bench.peer_engines import (
 )
 from tokenworks.bench.report import NOT_RUN, compare_table, load_records
 from tokenworks.bench.serving import run_serving, write_not_run
-from tokenworks.config import engine_argv, engine_kwargs
+from tokenworks.config import EngineConfig, engine_argv, engine_kwargs
 
 BENCHES = ("latency", "offline", "serving")
 SERVED_MODEL = "model"  # the name every server is started with
@@ -135,9 +136,7 @@ def run_peers(args) -> Path:
             args, manifest=path, served_model=SERVED_MODEL, api_key=None, in_process=False
         )
         ours = tokenworks_server(engine_argv(args), SERVED_MODEL)
-        records.append(
-            _serve(sweep, "tokenworks", "tokenworks (bf16)", ours, {}, engine_kwargs(args), out)
-        )
+        records.append(_serve(sweep, "tokenworks", our_label(args), ours, {}, engine_kwargs(args)))
         for name in chosen:
             p = peers[name]
             label_ = p.label
@@ -148,10 +147,16 @@ def run_peers(args) -> Path:
                     )
                 )
                 continue
-            records.append(_serve(sweep, name, label_, p.server, p.server_env, {}, out))
+            records.append(_serve(sweep, name, label_, p.server, p.server_env, {}))
     report = write_peers_report(load_records(records), report_dir)
     print(f"report: {report}")
     return report
+
+
+def our_label(args) -> str:
+    config = EngineConfig(model=args.model, **engine_kwargs(args))
+    quant = f", {config.quantization}" if config.quantization else ""
+    return f"tokenworks ({config.resolved_dtype}{quant})"
 
 
 def _load(path: str | None, default: dict) -> dict:
@@ -169,11 +174,11 @@ def _longest(manifest: dict) -> int:
     return top(manifest.get("input", 128)) + top(manifest.get("output", 128))
 
 
-def _serve(sweep, name, label_, argv, env, config, out: Path) -> Path:
+def _serve(sweep, name, label_, argv, env, config) -> Path:
     """Start one engine's server, run the sweep against it, stop it; NOT_RUN if it fails
-    to start."""
+    to start (its log stays in the temp directory)."""
     engine = {"engine": name, "server_argv": argv, **({"config": config} if config else {})}
-    log = out / "logs" / f"serve-{name}.log"
+    log = Path(tempfile.gettempdir()) / "tokenworks-bench-peers" / f"serve-{name}.log"
     sweep = _with(sweep, label=label_)
     try:
         with running_server(argv, env, log) as url:
