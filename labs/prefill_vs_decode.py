@@ -10,7 +10,7 @@ engine steps:
 - prefill: one sequence, a P-token prompt (prefix caching off, so all P are computed);
 - decode: B running sequences (64-token prompts), one new token each.
 
-    python labs/prefill_vs_decode.py [--sizes 1,4,16,64,256,1024] [--repeats 5]
+    python labs/prefill_vs_decode.py [--sizes 1,4,16,64,256] [--repeats 5]
 
 Writes an evidence record and a PNG (milliseconds per token and tokens/s against the
 tokens in the forward pass).
@@ -28,6 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tokenworks import LLM, SamplingParams  # noqa: E402
+from tokenworks.bench.latency import decode_step_times  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
 
@@ -48,35 +49,17 @@ def prefill_step_s(llm: LLM, n: int, seed: int) -> float:
 
 
 def decode_step_s(llm: LLM, batch: int, steps: int, seed: int) -> list[float]:
-    """Durations of `steps` pure decode steps with all `batch` sequences in the pass (the
-    prompts are prefilled first, in as many steps as the token budget needs)."""
-    engine = llm.engine
-    budget = engine.config.max_num_batched_tokens
-    early = -(-batch * CONTEXT // budget) + 4  # tokens the first prefilled ones decode early
-    params = SamplingParams(max_tokens=steps + early, temperature=0, ignore_eos=True)
-    seqs = []
-    for i in range(batch):
-        prompt = latency_prompt(CONTEXT, engine.spec.vocab_size, seed=seed * 1000 + i)
-        seqs.append(engine.add_request(prompt_token_ids=prompt, params=params))
-    engine.stats.clear()
-    timed = []
-    while len(timed) < steps:
-        engine.step()
-        s = engine.stats[-1]
-        if s.prefill_tokens == 0 and s.decode_tokens == batch:
-            timed.append(s.duration_s)
-    for seq in seqs:
-        engine.abort_request(seq.request_id)
-    while engine.has_unfinished():
-        engine.step()
-    return timed
+    """Durations of pure decode steps with `batch` sequences in the pass."""
+    vocab = llm.engine.spec.vocab_size
+    prompts = [latency_prompt(CONTEXT, vocab, seed=seed * 1000 + i) for i in range(batch)]
+    return decode_step_times(llm.engine, prompts, steps)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--sizes", default="1,4,16,64,256,1024", help="tokens per forward pass")
+    ap.add_argument("--sizes", default="1,4,16,64,256", help="tokens per forward pass")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--decode-steps", type=int, default=12)
     ap.add_argument("--out", default="benchmarks/results")

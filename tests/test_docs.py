@@ -51,3 +51,20 @@ def test_the_checker_catches_a_wrong_number(tmp_path):
     assert LINK.findall("[1,005](../benchmarks/results/a.json#r/0/x*1000)") == [
         ("1,005", "../benchmarks/results/a.json", "r/0/x*1000")
     ]
+
+
+CONSOLE = re.compile(r"```console\n\$ (tokenworks plan [^\n]+)\n(.*?)```", re.S)
+PLAN_PAGES = [p for p in PAGES if CONSOLE.search(p.read_text())]
+
+
+@pytest.mark.parametrize("page", PLAN_PAGES, ids=[p.name for p in PLAN_PAGES])
+def test_every_plan_output_a_page_shows_is_what_the_code_prints(page, capsys):
+    """A page's `tokenworks plan` examples are run again; their output must not drift."""
+    import shlex
+
+    from tokenworks.cli import main
+
+    for command, shown in CONSOLE.findall(page.read_text()):
+        main(shlex.split(command)[1:])
+        printed = capsys.readouterr().out
+        assert printed.strip() == shown.strip(), f"{page.name}: `{command}` now prints:\n{printed}"

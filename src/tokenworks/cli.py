@@ -1,5 +1,6 @@
 """tokenworks generate | chat | serve | pull | models | bench (latency, throughput, structured,
-serve, peers, report, compare)"""
+serve, peers, report, compare) | plan (models, hardware, kv, fit, roofline, quant, queue, spec,
+cost, batching, paging)"""
 
 from __future__ import annotations
 
@@ -158,7 +159,16 @@ def cmd_bench_peers(args) -> int:
 def cmd_bench_report(args) -> int:
     from tokenworks.bench.report import load_records, render
 
-    print(render(load_records(args.records), args.out))
+    records = load_records(args.records)
+    if args.peers:
+        from pathlib import Path
+
+        from tokenworks.bench.peer_runs import write_peers_report
+
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        print(write_peers_report(records, Path(args.out)))
+        return 0
+    print(render(records, args.out))
     return 0
 
 
@@ -199,6 +209,12 @@ def _sweep_args(p: argparse.ArgumentParser, rates: list, concurrencies: list) ->
     p.add_argument("--slo-ttft", type=float, default=None, help="seconds, for goodput")
     p.add_argument("--slo-tpot", type=float, default=None, help="seconds, for goodput")
     p.add_argument("--slo-e2e", type=float, default=None, help="seconds, for goodput")
+    p.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=8,
+        help="requests sent at once, untimed, before the sweep (0: none)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -339,12 +355,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = bsub.add_parser("report", help="Markdown tables and PNG plots from evidence records")
     p.add_argument("records", nargs="+", help="record JSON files")
     p.add_argument("--out", default="benchmarks/report", help="directory for report.md + PNGs")
+    p.add_argument(
+        "--peers",
+        action="store_true",
+        help="write the engines-side-by-side report (peers.md) of bench peers instead",
+    )
     p.set_defaults(fn=cmd_bench_report)
 
     p = bsub.add_parser("compare", help="several engines' serving runs side by side, as ratios")
     p.add_argument("records", nargs="+", help="serving records of the same workload")
     p.add_argument("--out", default=None, help="also write the table to this file")
     p.set_defaults(fn=cmd_bench_compare)
+    from tokenworks.plan.commands import add_plan_parser
+
+    add_plan_parser(sub)
     return parser
 
 

@@ -56,6 +56,30 @@ def measure_tokenworks(llm, prompt: list[int], short: list[int], n_decode: int, 
     return {"prefill_tok_s": prefill, "decode_tok_s": decode}
 
 
+def decode_step_times(engine, prompts: list[list[int]], steps: int) -> list[float]:
+    """Durations of `steps` pure decode steps with every one of the prompts' sequences in
+    the pass. The prompts are prefilled first, in as many steps as the token budget needs
+    (sequences prefilled early decode meanwhile, so they get the tokens to keep going);
+    afterwards the sequences are aborted and their blocks freed."""
+    from tokenworks import SamplingParams
+
+    early = -(-sum(map(len, prompts)) // engine.config.max_num_batched_tokens) + 4
+    params = SamplingParams(max_tokens=steps + early, temperature=0, ignore_eos=True)
+    seqs = [engine.add_request(prompt_token_ids=p, params=params) for p in prompts]
+    engine.stats.clear()
+    timed = []
+    while len(timed) < steps and engine.has_unfinished():
+        engine.step()
+        s = engine.stats[-1]
+        if s.prefill_tokens == 0 and s.decode_tokens == len(prompts):
+            timed.append(s.duration_s)
+    for seq in seqs:
+        engine.abort_request(seq.request_id)
+    while engine.has_unfinished():
+        engine.step()
+    return timed
+
+
 def parse_peers(specs: list[str], known: dict) -> dict[str, str]:
     """--peer NAME=PYTHON flags -> {name: python}, refusing malformed or unknown ones."""
     peers = {}

@@ -291,7 +291,9 @@ def write_peers_report(records: list[dict], report_dir: Path) -> Path:
     )
     lines += [
         f"Machine: {hw.get('cpu')}, {hw.get('cores')} cores; tokenworks at {commit}. "
-        "Ratios above 1 mean tokenworks is faster. Every figure is in the linked record.",
+        "In the latency and offline tables, tokenworks / engine above 1 means tokenworks is "
+        "faster; the serving table gives each engine's output as a multiple of tokenworks'. "
+        "Every figure is in the linked record.",
         "",
     ]
     not_run: dict[str, list[str]] = {}

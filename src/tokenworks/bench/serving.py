@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from tokenworks.bench.client import run_in_process, run_load
 from tokenworks.bench.metrics import compute
 from tokenworks.bench.record import make_not_run, make_record, model_record, write_record
-from tokenworks.bench.workload import build_requests, load_manifest
+from tokenworks.bench.workload import BenchRequest, build_requests, load_manifest
 from tokenworks.config import engine_kwargs
 
 
@@ -61,9 +62,11 @@ def step_summary(stats) -> dict:
     }
 
 
-def run_points(load, points, args, engine=None) -> list:
+def run_points(load, points, args, engine=None, warm_up=None) -> list:
     """One load run per sweep point ({"rate": r} or {"max_concurrency": c}); load(point)
-    returns (results, duration)."""
+    returns (results, duration). warm_up() runs first, untimed."""
+    if warm_up is not None:
+        warm_up()
     out = []
     slos = {
         k: v
@@ -113,6 +116,21 @@ def _load(runner, args, *head, **kw):
     return load
 
 
+def warm_up_requests(requests: list[BenchRequest], n: int) -> list[BenchRequest]:
+    """The first n requests, cut to 16 output tokens: enough for every engine to build
+    its kernels and graphs for batched shapes before anything is timed."""
+    return [replace(r, max_tokens=min(r.max_tokens, 16)) for r in requests[:n]]
+
+
+def http_warm_up(base_url, model, requests, args, api_key=None):
+    warm = warm_up_requests(requests, getattr(args, "warmup_requests", 0))
+    if not warm:
+        return None
+    return lambda: asyncio.run(
+        run_load(base_url, model, warm, max_concurrency=len(warm), api_key=api_key, progress=False)
+    )
+
+
 def sweep_points(args) -> list[dict]:
     points = [{"rate": r} for r in args.request_rate]
     points += [{"max_concurrency": c} for c in args.max_concurrency]
@@ -122,7 +140,12 @@ def sweep_points(args) -> list[dict]:
 def serving_workload(args) -> dict:
     """The record's workload: the manifest, and the sweep run over it."""
     manifest = load_manifest(args.manifest) if args.manifest else default_manifest(args)
-    return {**manifest, "burstiness": args.burstiness, "points": sweep_points(args)}
+    return {
+        **manifest,
+        "burstiness": args.burstiness,
+        "points": sweep_points(args),
+        "warmup_requests": getattr(args, "warmup_requests", 0),
+    }
 
 
 def write_not_run(args, engine_info: dict, reason: str) -> Path:
@@ -153,7 +176,8 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
             return write_not_run(args, engine_info, reason)
         requests = build_requests(manifest, args.vocab_size)
         load = http_load(args.base_url, args.served_model, requests, args, args.api_key)
-        runs = run_points(load, points, args)
+        warm = http_warm_up(args.base_url, args.served_model, requests, args, args.api_key)
+        runs = run_points(load, points, args, warm_up=warm)
         model_info = {"id": args.served_model}
     else:
         from tokenworks import LLM
@@ -166,16 +190,33 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
         state = make_state(engine, [args.model])
         if getattr(args, "in_process", False):  # no HTTP: straight into the async front
             state.engine.start()
+            warm = warm_up_requests(requests, getattr(args, "warmup_requests", 0))
             try:
                 runs = run_points(
-                    in_process_load(state.engine, requests, args), points, args, engine=engine
+                    in_process_load(state.engine, requests, args),
+                    points,
+                    args,
+                    engine=engine,
+                    warm_up=lambda: (
+                        asyncio.run(
+                            run_in_process(
+                                state.engine,
+                                warm,
+                                max_concurrency=len(warm) or None,
+                                progress=False,
+                            )
+                        )
+                        if warm
+                        else None
+                    ),
                 )
             finally:
                 state.engine.shutdown()
         else:
             with ServerThread(build_app(state)) as srv:
                 load = http_load(srv.url, args.model, requests, args)
-                runs = run_points(load, points, args, engine=engine)
+                warm = http_warm_up(srv.url, args.model, requests, args)
+                runs = run_points(load, points, args, engine=engine, warm_up=warm)
         engine_info = {
             **llm.config.to_dict(),
             "client": "in-process" if getattr(args, "in_process", False) else "http",

@@ -8,7 +8,7 @@ from tokenworks.models.gpt2 import GPT2Model
 from tokenworks.models.llama import LlamaModel
 from tokenworks.models.loader import LoadedModel, ModelLoadError, load
 from tokenworks.models.spec import ModelSpec
-from tokenworks.ops.linear import quantize_, quantized_linear, tile_linears_
+from tokenworks.ops.linear import matvec_linears_, quantize_, quantized_linear, tile_linears_
 
 ARCHITECTURES = {"llama": LlamaModel, "gpt2": GPT2Model}
 
@@ -34,6 +34,8 @@ def build_model(
             model.lm_head = quantized_linear("int8", head, dense_from_rows)
     if batch_invariant:
         tile_linears_(model)
+    elif quantization is None and dtype == torch.bfloat16 and device == "cpu":
+        matvec_linears_(model)  # single-row products (batch-1 decode) via torch.mv
     return model
 
 

@@ -1,0 +1,414 @@
+"""`tokenworks plan ...`: the planning toolkit on the command line, as tables or --json."""
+
+from __future__ import annotations
+
+import json
+
+from tokenworks.units import GiB, dtype_name, fmt_bytes, fmt_rate, fmt_seconds
+
+
+def table(rows: list[dict], columns: list[str] | None = None) -> str:
+    """A plain aligned text table (the first row's keys, or `columns`)."""
+    if not rows:
+        return "(nothing)"
+    cols = columns or list(rows[0])
+    cells = [[str(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+
+    def line(vals):
+        return "  ".join(v.ljust(w) for v, w in zip(vals, widths, strict=True)).rstrip()
+
+    return "\n".join([line(cols), line(["-" * w for w in widths]), *map(line, cells)])
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x]
+
+
+def _emit(args, rows: list[dict] | dict, text: str) -> None:
+    print(json.dumps(rows, indent=2) if args.json else text)
+
+
+def _model_args(p, required=True):
+    p.add_argument("--model", required=required, help="catalogue name or path to config.json")
+
+
+def _hw_args(p):
+    p.add_argument("--gpu", "--hardware", dest="gpu", required=True,
+                   help="catalogue name (h100, a100-40gb, ...) or this-cpu (measured)")  # fmt: skip
+
+
+def _weights_arg(p):
+    p.add_argument("--dtype", default="bf16",
+                   help="weight format: bf16, fp16, fp8, int8, q8_0, q4_0, q4_1, int4-g128, "
+                   "or BITS[:gGROUP[:zero]]")  # fmt: skip
+
+
+def _compute_dtype(args, scheme) -> str:
+    if args.compute_dtype:
+        return args.compute_dtype
+    return "fp8" if scheme.name == "fp8" else "bf16"
+
+
+# ------------------------------------------------------------------ commands
+
+
+def cmd_models(args) -> int:
+    from tokenworks.plan.kv import kv_bytes_per_token
+    from tokenworks.plan.models import MODELS
+
+    rows = []
+    for m in MODELS.values():
+        rows.append(
+            {
+                "model": m.name,
+                "params": f"{m.params() / 1e9:.3g}B",
+                "active": f"{m.params(True) / 1e9:.3g}B",
+                "layers": m.n_layers,
+                "attention": m.attention
+                + (f"+window {m.sliding_window}" if m.sliding_window else ""),
+                "kv/token bf16": fmt_bytes(kv_bytes_per_token(m)),
+                "source": m.source,
+            }
+        )
+    _emit(args, rows, table(rows))
+    return 0
+
+
+def cmd_hardware(args) -> int:
+    from tokenworks.plan.hardware import HARDWARE
+    from tokenworks.plan.probe import probe
+
+    hws = list(HARDWARE.values()) + ([probe(args.threads)] if args.probe else [])
+    rows = [
+        {
+            "hardware": h.name,
+            "memory": fmt_bytes(h.memory_bytes),
+            "bandwidth": fmt_rate(h.bandwidth),
+            "bf16 peak": fmt_rate(h.peak("bf16"), "FLOP/s"),
+            "ridge FLOP/B": f"{h.ridge('bf16'):.0f}",
+            "source": h.source,
+        }
+        for h in hws
+    ]
+    _emit(args, rows, table(rows))
+    return 0
+
+
+def cmd_kv(args) -> int:
+    from tokenworks.plan.kv import kv_bytes, kv_bytes_per_token
+    from tokenworks.plan.models import get_model
+
+    m = get_model(args.model)
+    rows = [
+        {
+            "context": c,
+            "kv per sequence": fmt_bytes(kv_bytes(m, c, args.kv_dtype)),
+            "bytes": int(kv_bytes(m, c, args.kv_dtype)),
+        }
+        for c in args.context
+    ]
+    if m.attention == "mla":
+        cached = f"a {m.kv_lora_rank} latent + {m.qk_rope_head_dim} RoPE key"
+    else:
+        cached = f"{m.n_kv_heads} KV heads x {m.head_dim}"
+    head = (
+        f"{m.name}: {m.attention.upper()}, {m.n_layers} layers, {cached}, "
+        f"{dtype_name(args.kv_dtype)} cache: "
+        f"{fmt_bytes(kv_bytes_per_token(m, args.kv_dtype))} per token"
+        + (f" (before windows: local layers keep {m.sliding_window})" if m.sliding_window else "")
+    )
+    _emit(args, {"model": m.name, "per_token_bytes": kv_bytes_per_token(m, args.kv_dtype),
+                 "rows": rows}, head + "\n" + table(rows))  # fmt: skip
+    return 0
+
+
+def cmd_fit(args) -> int:
+    from tokenworks.plan.hardware import get_hardware
+    from tokenworks.plan.memory import fit
+    from tokenworks.plan.models import get_model
+    from tokenworks.plan.quant import parse_scheme
+
+    f = fit(
+        get_model(args.model),
+        get_hardware(args.gpu),
+        tp=args.tp,
+        pp=args.pp,
+        context=args.context,
+        batch=args.batch,
+        scheme=parse_scheme(args.dtype),
+        kv_dtype=args.kv_dtype,
+        utilization=args.utilization,
+        overhead=args.overhead_gib * GiB,
+    )
+    rows = [
+        {"per device": "memory", "value": fmt_bytes(f.device_memory)},
+        {
+            "per device": f"usable (x{args.utilization} - {args.overhead_gib} GiB overhead)",
+            "value": fmt_bytes(f.usable),
+        },  # fmt: skip
+        {
+            "per device": f"weights ({f.weight_format}, tp {f.tp}, pp {f.pp})",
+            "value": fmt_bytes(f.weights_per_device),
+        },  # fmt: skip
+        {"per device": "left for the KV cache", "value": fmt_bytes(f.kv_budget_per_device)},
+        {"per device": "KV per token", "value": fmt_bytes(f.kv_per_token_per_device)},
+        {
+            "per device": f"KV per sequence at {f.context} tokens",
+            "value": fmt_bytes(f.kv_per_sequence_per_device),
+        },  # fmt: skip
+        {"per device": "sequences that fit", "value": f.max_sequences},
+    ]
+    text = f"{f.model} on {f.devices} x {f.hardware}: {f.verdict}\n" + table(rows)
+    _emit(args, f.to_dict(), text)
+    return 0 if f.fits else 1
+
+
+def cmd_roofline(args) -> int:
+    from tokenworks.plan.hardware import get_hardware
+    from tokenworks.plan.models import get_model
+    from tokenworks.plan.quant import parse_scheme
+    from tokenworks.plan.roofline import decode, prefill, ridge_batch
+
+    m, hw, scheme = get_model(args.model), get_hardware(args.gpu), parse_scheme(args.dtype)
+    cd = _compute_dtype(args, scheme)
+    ceilings = [
+        decode(m, hw, scheme, batch=b, context=args.context, kv_dtype=args.kv_dtype,
+               compute_dtype=cd)
+        for b in args.batch
+    ]  # fmt: skip
+    ceilings += [
+        prefill(m, hw, scheme, prompt=p, kv_dtype=args.kv_dtype, compute_dtype=cd)
+        for p in args.prompt
+    ]
+    rb = ridge_batch(m, hw, scheme, context=args.context, kv_dtype=args.kv_dtype,
+                     compute_dtype=cd)  # fmt: skip
+    rows = [
+        {
+            "phase": c.phase,
+            "batch": c.batch,
+            "tokens": c.tokens,
+            "context": c.context,
+            "moved": fmt_bytes(c.weight_bytes + c.kv_bytes),
+            "FLOP": f"{c.flops:.3g}",
+            "FLOP/B": f"{c.intensity:.1f}",
+            "step": fmt_seconds(c.step_time_s),
+            "bound": c.bound,
+            "tok/s total": f"{c.tokens_per_s:,.0f}",
+            "tok/s per seq": f"{c.tokens_per_s_per_seq:,.1f}",
+        }
+        for c in ceilings
+    ]
+    ridge = (
+        f"decode turns compute-bound at batch {rb}"
+        if rb
+        else "decode stays memory-bound at every batch (KV reads grow with it)"
+    )
+    head = (
+        f"{m.name} ({scheme.name} weights, {cd} math, {dtype_name(args.kv_dtype)} KV) on "
+        f"{hw.name}: {fmt_rate(hw.bandwidth)}, {fmt_rate(hw.peak(cd), 'FLOP/s')}, ridge "
+        f"{hw.ridge(cd):.0f} FLOP/B; at context {args.context} {ridge}"
+    )
+    _emit(args, {"ridge_batch": rb, "ceilings": [c.to_dict() for c in ceilings]},
+          head + "\n" + table(rows))  # fmt: skip
+    return 0
+
+
+def cmd_quant(args) -> int:
+    from tokenworks.plan.models import get_model
+    from tokenworks.plan.quant import parse_scheme, weight_bytes
+
+    m = get_model(args.model)
+    rows = []
+    for spec in args.formats:
+        s = parse_scheme(spec)
+        rows.append(
+            {
+                "format": s.name,
+                "bits/weight": f"{s.bits_per_weight:.4g}",
+                "weights": fmt_bytes(weight_bytes(m, s)),
+                "bytes": int(weight_bytes(m, s)),
+            }
+        )
+    _emit(args, rows, f"{m.name}: {m.params():,} parameters\n" + table(rows))
+    return 0
+
+
+def cmd_queue(args) -> int:
+    from tokenworks.plan.queueing import mg1, mm1, simulate
+
+    out = {"mg1": mg1(args.rate, args.service_mean, args.service_cv2)}
+    if args.service_cv2 == 1:
+        out["mm1"] = mm1(args.rate, 1 / args.service_mean)
+    if args.simulate:
+        mean, cv2 = args.service_mean, args.service_cv2
+        if cv2 == 0:
+            service = lambda r: mean  # noqa: E731
+        else:  # gamma with the given mean and squared CV
+            shape = 1 / cv2
+            service = lambda r: r.gammavariate(shape, mean / shape)  # noqa: E731
+        out["simulated"] = simulate(args.rate, service, n=args.requests, seed=args.seed)
+    rows = [
+        {"model": k, "utilization": f"{v.get('utilization', out['mg1']['utilization']):.3f}",
+         "mean wait": fmt_seconds(v["mean_wait_s"]),
+         "mean time in system": fmt_seconds(v["mean_time_in_system_s"])}
+        for k, v in out.items()
+    ]  # fmt: skip
+    _emit(args, out, table(rows))
+    return 0
+
+
+def cmd_spec(args) -> int:
+    from tokenworks.plan.speculative import best_k, expected_tokens, monte_carlo, speedup
+
+    rows = []
+    for k in args.k:
+        row = {
+            "k": k,
+            "tokens/pass": f"{expected_tokens(args.alpha, k):.3f}",
+            "speed-up": f"{speedup(args.alpha, k, args.draft_cost):.3f}",
+        }
+        if args.monte_carlo:
+            row["monte carlo tokens/pass"] = f"{monte_carlo(args.alpha, k, seed=args.seed):.3f}"
+        rows.append(row)
+    best = best_k(args.alpha, args.draft_cost)
+    head = (
+        f"acceptance {args.alpha}, draft pass = {args.draft_cost} target passes; best k = "
+        f"{best} ({speedup(args.alpha, best, args.draft_cost):.3f}x)"
+    )
+    _emit(args, {"best_k": best, "rows": rows}, head + "\n" + table(rows))
+    return 0
+
+
+def cmd_cost(args) -> int:
+    from tokenworks.plan.cost import cost_per_million
+
+    c = cost_per_million(args.price_per_hour, args.tokens_per_s, args.devices)
+    _emit(
+        args,
+        {"cost_per_million_tokens": c},
+        f"{args.devices} device(s) at {args.price_per_hour}/h, {args.tokens_per_s:,.0f} tok/s: "
+        f"{c:.4g} per million tokens",
+    )
+    return 0
+
+
+def cmd_batching(args) -> int:
+    from tokenworks.plan.batching import compare_batching, expected_static_utilization, lengths
+
+    outs = lengths(args.requests, args.min_out, args.max_out, args.seed)
+    r = compare_batching(outs, args.batch)
+    r["static_utilization_closed_form"] = expected_static_utilization(
+        args.min_out, args.max_out, args.batch
+    )
+    rows = [{"figure": k, "value": f"{v:.4g}" if isinstance(v, float) else v} for k, v in r.items()]
+    _emit(args, r, table(rows))
+    return 0
+
+
+def cmd_paging(args) -> int:
+    from tokenworks.plan.batching import compare_paging, lengths
+    from tokenworks.plan.kv import kv_bytes_per_token
+    from tokenworks.plan.models import get_model
+
+    per_token = kv_bytes_per_token(get_model(args.model), args.kv_dtype)
+    seqs = lengths(args.requests, args.min_len, args.max_len, args.seed)
+    r = compare_paging(seqs, args.reserve or args.max_len, args.block_size, per_token)
+    rows = [
+        {"figure": k, "value": fmt_bytes(v) if k.endswith("bytes") else
+         (f"{v:.4g}" if isinstance(v, float) else v)}
+        for k, v in r.items()
+    ]  # fmt: skip
+    _emit(args, r, table(rows))
+    return 0
+
+
+# ------------------------------------------------------------------ the parser
+
+
+def add_plan_parser(sub) -> None:
+    plan = sub.add_parser("plan", help="predictions: fit, roofline, KV, queues, cost...")
+    psub = plan.add_subparsers(dest="plan_command", required=True)
+
+    def command(name, fn, help):
+        p = psub.add_parser(name, help=help)
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(fn=fn)
+        return p
+
+    command("models", cmd_models, "the model catalogue: parameters, attention, KV per token")
+    p = command("hardware", cmd_hardware, "the hardware catalogue (with --probe: this CPU)")
+    p.add_argument("--probe", action="store_true", help="also measure this machine")
+    p.add_argument("--threads", type=int, default=None)
+
+    p = command("kv", cmd_kv, "KV cache bytes per token and per sequence")
+    _model_args(p)
+    p.add_argument("--context", type=_ints, default=[1024, 8192, 32768])
+    p.add_argument("--kv-dtype", default="bf16")
+
+    p = command("fit", cmd_fit, "does it fit: weights + KV per device, sequences that fit")
+    _model_args(p)
+    _hw_args(p)
+    _weights_arg(p)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
+    p.add_argument("--context", type=int, default=None, help="tokens (default: the model's)")
+    p.add_argument("--batch", type=int, default=1, help="sequences that must fit at once")
+    p.add_argument("--kv-dtype", default="bf16")
+    p.add_argument("--utilization", type=float, default=0.9, help="share of memory to use")
+    p.add_argument("--overhead-gib", type=float, default=1.0, help="activations, runtime")
+
+    p = command("roofline", cmd_roofline, "decode and prefill ceilings, and the bound")
+    _model_args(p)
+    _hw_args(p)
+    _weights_arg(p)
+    p.add_argument("--batch", type=_ints, default=[1, 8, 64, 256], help="decode batches")
+    p.add_argument("--context", type=int, default=1024, help="decode context")
+    p.add_argument("--prompt", type=_ints, default=[512], help="prefill lengths")
+    p.add_argument("--kv-dtype", default="bf16")
+    p.add_argument("--compute-dtype", default=None, help="default bf16 (fp8 for fp8 weights)")
+
+    p = command("quant", cmd_quant, "bits per weight and weight bytes by format")
+    _model_args(p)
+    p.add_argument(
+        "--formats",
+        type=lambda s: s.split(","),
+        default=["bf16", "fp8", "q8_0", "q4_1", "int4-g128"],
+    )
+
+    p = command("queue", cmd_queue, "M/M/1 and M/G/1 waits (and a simulation)")
+    p.add_argument("--rate", type=float, required=True, help="arrivals per second")
+    p.add_argument("--service-mean", type=float, required=True, help="seconds per request")
+    p.add_argument("--service-cv2", type=float, default=1.0, help="squared CV (1: exponential)")
+    p.add_argument("--simulate", action="store_true")
+    p.add_argument("--requests", type=int, default=200_000)
+    p.add_argument("--seed", type=int, default=0)
+
+    p = command("spec", cmd_spec, "speculative decoding: tokens per pass, speed-up")
+    p.add_argument("--alpha", type=float, required=True, help="per-token acceptance rate")
+    p.add_argument("--k", type=_ints, default=[1, 2, 4, 8], help="draft tokens per round")
+    p.add_argument("--draft-cost", type=float, default=0.1, help="draft pass / target pass")
+    p.add_argument("--monte-carlo", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = command("cost", cmd_cost, "cost per million tokens")
+    p.add_argument("--price-per-hour", type=float, required=True, help="per device")
+    p.add_argument("--tokens-per-s", type=float, required=True)
+    p.add_argument("--devices", type=int, default=1)
+
+    p = command("batching", cmd_batching, "static versus continuous batching, simulated")
+    p.add_argument("--requests", type=int, default=256)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--min-out", type=int, default=16)
+    p.add_argument("--max-out", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+
+    p = command("paging", cmd_paging, "contiguous versus paged KV allocation")
+    _model_args(p)
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--min-len", type=int, default=64)
+    p.add_argument("--max-len", type=int, default=2048)
+    p.add_argument("--reserve", type=int, default=None, help="tokens reserved per sequence")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-dtype", default="bf16")
+    p.add_argument("--seed", type=int, default=0)
