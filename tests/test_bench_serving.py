@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import statistics
 
 import httpx
@@ -15,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tokenworks.bench.client import run_load
 from tokenworks.bench.metrics import RequestResult, compute, percentile
 from tokenworks.bench.workload import (
+    BenchRequest,
     WorkloadError,
     arrival_offsets,
     build_requests,
@@ -61,6 +63,14 @@ def test_poisson_and_gamma_arrivals():
         assert statistics.pstdev(g) / statistics.fmean(g) == pytest.approx(shape**-0.5, rel=0.15)
     assert arrival_offsets(3, None) == [0.0, 0.0, 0.0]
     assert arrival_offsets(5, 2.0, seed=7) == arrival_offsets(5, 2.0, seed=7)
+    # a ramp from 2 to 20 req/s: the last quarter's gaps are far shorter than the first's
+    ramp = gaps(arrival_offsets(n, 2.0, 1.0, seed=1, ramp_to=20.0))
+    first, last = statistics.fmean(ramp[: n // 4]), statistics.fmean(ramp[-n // 4 :])
+    assert first > 3 * last
+    # the gap at fraction f of the run has mean 1 / (2 + 18 f): integrate over the quarters
+    assert first == pytest.approx(math.log(6.5 / 2) / 18 / 0.25, rel=0.1)
+    with pytest.raises(ValueError, match="ramp_to"):
+        arrival_offsets(3, 1.0, ramp_to=0.0)
 
 
 def test_workload_manifests(tmp_path):
@@ -144,6 +154,20 @@ def test_load_generator_totals_equal_the_servers_counters(smol_server):
     assert f["completed"] == 6 and f["ttft_s"]["n"] == 6 and f["itl_s"]["n"] > 0
 
 
+def test_text_prompts_go_to_the_chat_endpoint_when_asked(smol_server):
+    reqs = [BenchRequest(None, "Name a colour.", 4), BenchRequest(None, "Say hi.", 4)]
+    results, _ = asyncio.run(
+        run_load(smol_server.url, "smollm2-135m", reqs, endpoint="chat", progress=False)
+    )
+    assert all(r.ok and r.output_tokens == 4 and r.chunk_times for r in results)
+    # the chat template wraps the prompt: more prompt tokens than the bare text has
+    bare = len(smol_server.engine.tokenizer.encode("Name a colour."))
+    assert results[0].input_tokens > bare
+    ids = [BenchRequest([1, 2, 3], None, 4)]
+    with pytest.raises(ValueError, match="chat endpoint takes text"):
+        asyncio.run(run_load(smol_server.url, "smollm2-135m", ids, endpoint="chat"))
+
+
 def test_failed_requests_are_counted_not_timed(smol_server):
     from tokenworks.bench.workload import BenchRequest
 
@@ -191,7 +215,17 @@ def test_a_serving_record_holds_what_design_names(smol_server, tmp_path):
     assert record["git"]["commit"] and "dirty" in record["git"]
     assert record["workload"]["sha256"] and record["workload"]["manifest"]["kind"] == "random"
     runs = record["results"]["runs"]
-    assert [r["point"] for r in runs] == [{"rate": 50.0}, {"max_concurrency": 2}]
+    # each point sends prompts of its own seed: none repeats an earlier point's (a prefix
+    # cache would answer those without work)
+    assert [r["point"] for r in runs] == [
+        {"rate": 50.0, "seed": 0},
+        {"max_concurrency": 2, "seed": 1},
+    ]
+    from tokenworks.bench.serving import point_requests
+
+    requests_for = point_requests(record["workload"]["manifest"], 49152)
+    first, second = requests_for(0), requests_for(1)
+    assert first[0].prompt_ids != second[0].prompt_ids and requests_for(0) is first
     for run in runs:
         assert run["figures"]["completed"] == 4 and "goodput" in run["figures"]
         assert len(run["requests"]) == 4 and run["requests"][0]["chunk_times"]

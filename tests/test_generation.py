@@ -233,3 +233,27 @@ def test_a_dense_copy_serves_large_batches_with_the_same_grid(toy_llm, method):
         sq, sb = quant(ids[:1], torch.arange(1), one), both(ids[:1], torch.arange(1), one)
     assert torch.equal(sq, sb)  # below the threshold: the quantised kernel itself
     assert (lq - lb).abs().max() < 0.05 * lq.abs().max()  # above: the same grid, dense
+
+
+def test_matvec_linear_is_the_same_product_sharing_the_weights(toy_llm):
+    import torch
+
+    from tokenworks.models import build_model
+    from tokenworks.ops.linear import MatvecLinear
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 48, bias=True).to(torch.bfloat16)
+    mv = MatvecLinear(lin)
+    assert mv.weight is lin.weight  # shared, not copied
+    one, many = torch.randn(1, 64).to(torch.bfloat16), torch.randn(5, 64).to(torch.bfloat16)
+    ref = one.float() @ lin.weight.float().T + lin.bias.float()
+    assert torch.allclose(mv(one).float(), ref, atol=0.05, rtol=0.02)
+    assert torch.equal(mv(many), lin(many))  # two or more rows: the ordinary product
+    # bf16 on the CPU gets it, with the tied LM head still tied; float32 keeps nn.Linear
+    loaded = toy_llm.engine.loaded
+    model = build_model(loaded.spec, loaded.weights, torch.bfloat16)
+    assert isinstance(model.lm_head, MatvecLinear)
+    if loaded.spec.tie_embeddings:
+        assert model.lm_head.weight is model.embed.weight
+    assert not isinstance(build_model(loaded.spec, loaded.weights, torch.float32).lm_head,
+                          MatvecLinear)  # fmt: skip

@@ -200,12 +200,35 @@ def _names(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
+def _ramps(s: str) -> list[tuple[float, float]]:
+    out = []
+    for part in s.split(","):
+        a, sep, b = part.partition(":")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"ramp {part!r}: expected FROM:TO (req/s)")
+        out.append((float(a), float(b)))
+    return out
+
+
 def _sweep_args(p: argparse.ArgumentParser, rates: list, concurrencies: list) -> None:
     floats = lambda s: [float(x) for x in s.split(",")]  # noqa: E731
     ints = lambda s: [int(x) for x in s.split(",")]  # noqa: E731
     p.add_argument("--request-rate", type=floats, default=rates, help="req/s, comma-separated")
     p.add_argument("--max-concurrency", type=ints, default=concurrencies, help="comma-separated")
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (1: Poisson)")
+    p.add_argument(
+        "--ramp",
+        type=_ramps,
+        default=[],
+        metavar="FROM:TO,...",
+        help="sweep points whose rate rises linearly from FROM to TO req/s over the run",
+    )
+    p.add_argument(
+        "--endpoint",
+        choices=["completions", "chat"],
+        default="completions",
+        help="send prompts to /v1/completions, or text prompts as chat messages",
+    )
     p.add_argument("--slo-ttft", type=float, default=None, help="seconds, for goodput")
     p.add_argument("--slo-tpot", type=float, default=None, help="seconds, for goodput")
     p.add_argument("--slo-e2e", type=float, default=None, help="seconds, for goodput")

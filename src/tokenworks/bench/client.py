@@ -29,8 +29,17 @@ async def send(
     headers: dict | None = None,
     count_tokens: Callable[[str], int] | None = None,
     messages: list[dict] | None = None,
+    chat: bool = False,
 ) -> RequestResult:
-    """One streamed request: /v1/completions, or /v1/chat/completions given messages."""
+    """One streamed request: /v1/completions, or /v1/chat/completions given messages (or
+    with chat=True, the prompt text as one user message)."""
+    if chat and messages is None:
+        if req.prompt is None:
+            raise ValueError(
+                "the chat endpoint takes text: use a text, jsonl or multi_turn workload "
+                "(random and shared_prefix prompts are token ids), or --endpoint completions"
+            )
+        messages = [{"role": "user", "content": req.prompt}]
     body = {
         "model": model,
         "max_tokens": req.max_tokens,
@@ -112,9 +121,14 @@ async def run_load(
     count_tokens: Callable[[str], int] | None = None,
     progress: bool = True,
     timeout_s: float = 600.0,
+    ramp_to: float | None = None,
+    endpoint: str = "completions",
 ) -> tuple[list[RequestResult], float]:
-    """Send the requests on a Poisson/gamma schedule (rate per second; None: all at once),
-    at most max_concurrency in flight; return their results and the run's wall time."""
+    """Send the requests on a Poisson/gamma schedule (rate per second, ramping to ramp_to;
+    None: all at once), at most max_concurrency in flight, to /v1/completions or (endpoint
+    "chat") /v1/chat/completions; return their results and the run's wall time."""
+    if endpoint not in ("completions", "chat"):
+        raise ValueError(f"endpoint {endpoint!r}: expected completions or chat")
     url = base_url.rstrip("/") + "/v1/completions"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     limits = httpx.Limits(max_connections=max_concurrency or len(requests) or 1)
@@ -123,9 +137,10 @@ async def run_load(
         async def run(req: BenchRequest) -> list[RequestResult]:
             if req.turns:
                 return await send_conversation(http, url, model, req, headers, count_tokens)
-            return [await send(http, url, model, req, headers, count_tokens)]
+            chat = endpoint == "chat"
+            return [await send(http, url, model, req, headers, count_tokens, chat=chat)]
 
-        offsets = arrival_offsets(len(requests), rate, burstiness, seed)
+        offsets = arrival_offsets(len(requests), rate, burstiness, seed, ramp_to)
         return await schedule(requests, offsets, max_concurrency, run, progress)
 
 
@@ -160,6 +175,7 @@ async def run_in_process(
     max_concurrency: int | None = None,
     seed: int = 0,
     progress: bool = True,
+    ramp_to: float | None = None,
 ) -> tuple[list[RequestResult], float]:
     """The same load, timed the same way, straight into an AsyncEngine (no HTTP): what the
     server's transport costs is the difference between this and run_load."""
@@ -188,5 +204,5 @@ async def run_in_process(
     async def run(req: BenchRequest) -> list[RequestResult]:
         return [await send_one(req)]
 
-    offsets = arrival_offsets(len(requests), rate, burstiness, seed)
+    offsets = arrival_offsets(len(requests), rate, burstiness, seed, ramp_to)
     return await schedule(requests, offsets, max_concurrency, run, progress)

@@ -31,7 +31,7 @@ from tokenworks.bench.peer_engines import (
     tokenworks_server,
 )
 from tokenworks.bench.report import NOT_RUN, compare_table, load_records
-from tokenworks.bench.serving import run_serving, write_not_run
+from tokenworks.bench.serving import point_label, run_serving, write_not_run
 from tokenworks.config import EngineConfig, engine_argv, engine_kwargs
 
 BENCHES = ("latency", "offline", "serving")
@@ -260,7 +260,7 @@ def serving_plot(records: list[dict], path: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for r in ran:
         runs = r["results"]["runs"]
-        xs = [json.dumps(x["point"]).strip("{}").replace('"', "") for x in runs]
+        xs = [point_label(x["point"]).strip("{}").replace('"', "") for x in runs]
         axes[0].plot(xs, [x["figures"]["output_throughput"] for x in runs], "o-", label=r["label"])
         ttft = [
             1000 * x["figures"]["ttft_s"]["median"] if x["figures"].get("ttft_s") else None

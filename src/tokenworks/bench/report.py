@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tokenworks.bench.serving import summary_table
+from tokenworks.bench.serving import point_label, summary_table
 
 NOT_RUN = "NOT_RUN"
 
@@ -90,7 +90,7 @@ def _plots(record: dict, out_dir: Path, stem: str) -> list[Path]:
             for q in done
             for a, b in zip(q["chunk_times"], q["chunk_times"][1:], strict=False)
         ]
-        name = json.dumps(r["point"])
+        name = point_label(r["point"])
         if ttft:
             axes[0].hist(ttft, bins=20, alpha=0.5, label=name)
         if itl:
@@ -178,5 +178,5 @@ def compare_table(records: list[dict]) -> str:
             cells.append(
                 f"{f['output_throughput']:.1f} ({f['output_throughput'] / ref:.2f}x), {ttft}"
             )
-        lines.append(f"| {json.dumps(point)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {point_label(point)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

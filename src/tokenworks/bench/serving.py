@@ -90,25 +90,34 @@ def run_points(load, points, args, engine=None, warm_up=None) -> list:
     return out
 
 
-def http_load(base_url, model, requests, args, api_key=None):
+def http_load(base_url, model, requests_for, args, api_key=None):
     """load(point) over HTTP against the server at base_url."""
-    return _load(run_load, args, base_url, model, requests, api_key=api_key)
+    endpoint = getattr(args, "endpoint", "completions")
+
+    def head(requests):
+        return (base_url, model, requests)
+
+    return _load(run_load, args, requests_for, head, api_key=api_key, endpoint=endpoint)
 
 
-def in_process_load(front, requests, args):
+def in_process_load(front, requests_for, args):
     """load(point) straight into an AsyncEngine."""
-    return _load(run_in_process, args, front, requests)
+    return _load(run_in_process, args, requests_for, lambda requests: (front, requests))
 
 
-def _load(runner, args, *head, **kw):
+def _load(runner, args, requests_for, head, **kw):
+    """load(point): the point's own requests (requests_for(point's seed)) on its schedule."""
+
     def load(point):
+        seed = point.get("seed", args.seed)
         return asyncio.run(
             runner(
-                *head,
+                *head(requests_for(seed)),
                 rate=point.get("rate"),
                 burstiness=args.burstiness,
                 max_concurrency=point.get("max_concurrency"),
-                seed=args.seed,
+                ramp_to=point.get("ramp_to"),
+                seed=seed,
                 **kw,
             )
         )
@@ -116,14 +125,16 @@ def _load(runner, args, *head, **kw):
     return load
 
 
-def warm_up_requests(requests: list[BenchRequest], n: int) -> list[BenchRequest]:
-    """The first n requests, cut to 16 output tokens: enough for every engine to build
-    its kernels and graphs for batched shapes before anything is timed."""
-    return [replace(r, max_tokens=min(r.max_tokens, 16)) for r in requests[:n]]
+def warm_up_requests(requests_for, args) -> list[BenchRequest]:
+    """--warmup-requests requests of their own seed (prompts no sweep point sends), cut to
+    16 output tokens: enough for every engine to build its kernels and graphs for batched
+    shapes before anything is timed, without warming a prefix cache for the points."""
+    n = getattr(args, "warmup_requests", 0)
+    return [replace(r, max_tokens=min(r.max_tokens, 16)) for r in requests_for(args.seed - 1)[:n]]
 
 
-def http_warm_up(base_url, model, requests, args, api_key=None):
-    warm = warm_up_requests(requests, getattr(args, "warmup_requests", 0))
+def http_warm_up(base_url, model, requests_for, args, api_key=None):
+    warm = warm_up_requests(requests_for, args)
     if not warm:
         return None
     return lambda: asyncio.run(
@@ -132,9 +143,30 @@ def http_warm_up(base_url, model, requests, args, api_key=None):
 
 
 def sweep_points(args) -> list[dict]:
+    """The sweep, each point with its own prompt seed (args.seed + its index): a point never
+    resends an earlier point's prompts, which a prefix cache would answer without work."""
     points = [{"rate": r} for r in args.request_rate]
+    points += [{"rate": a, "ramp_to": b} for a, b in getattr(args, "ramp", [])]
     points += [{"max_concurrency": c} for c in args.max_concurrency]
-    return points or [{"rate": None}]
+    points = points or [{"rate": None}]
+    return [{**p, "seed": args.seed + k} for k, p in enumerate(points)]
+
+
+def point_label(point: dict) -> str:
+    """A sweep point as reports show it (the prompt seed left out)."""
+    return json.dumps({k: v for k, v in point.items() if k != "seed"})
+
+
+def point_requests(manifest: dict, vocab_size: int):
+    """requests_for(seed): the manifest's requests drawn with that seed (cached)."""
+    cache: dict[int, list[BenchRequest]] = {}
+
+    def requests_for(seed: int) -> list[BenchRequest]:
+        if seed not in cache:
+            cache[seed] = build_requests({**manifest, "seed": seed}, vocab_size)
+        return cache[seed]
+
+    return requests_for
 
 
 def serving_workload(args) -> dict:
@@ -174,9 +206,9 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
         reason = unreachable(args.base_url, args.api_key)
         if reason:
             return write_not_run(args, engine_info, reason)
-        requests = build_requests(manifest, args.vocab_size)
-        load = http_load(args.base_url, args.served_model, requests, args, args.api_key)
-        warm = http_warm_up(args.base_url, args.served_model, requests, args, args.api_key)
+        requests_for = point_requests(manifest, args.vocab_size)
+        load = http_load(args.base_url, args.served_model, requests_for, args, args.api_key)
+        warm = http_warm_up(args.base_url, args.served_model, requests_for, args, args.api_key)
         runs = run_points(load, points, args, warm_up=warm)
         model_info = {"id": args.served_model}
     else:
@@ -186,14 +218,14 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
 
         llm = LLM(args.model, **engine_kwargs(args))
         engine = llm.engine
-        requests = build_requests(manifest, engine.spec.vocab_size)
+        requests_for = point_requests(manifest, engine.spec.vocab_size)
         state = make_state(engine, [args.model])
         if getattr(args, "in_process", False):  # no HTTP: straight into the async front
             state.engine.start()
-            warm = warm_up_requests(requests, getattr(args, "warmup_requests", 0))
+            warm = warm_up_requests(requests_for, args)
             try:
                 runs = run_points(
-                    in_process_load(state.engine, requests, args),
+                    in_process_load(state.engine, requests_for, args),
                     points,
                     args,
                     engine=engine,
@@ -214,8 +246,8 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
                 state.engine.shutdown()
         else:
             with ServerThread(build_app(state)) as srv:
-                load = http_load(srv.url, args.model, requests, args)
-                warm = http_warm_up(srv.url, args.model, requests, args)
+                load = http_load(srv.url, args.model, requests_for, args)
+                warm = http_warm_up(srv.url, args.model, requests_for, args)
                 runs = run_points(load, points, args, engine=engine, warm_up=warm)
         engine_info = {
             **llm.config.to_dict(),
@@ -250,7 +282,7 @@ def summary_table(record: dict) -> str:
     for run in record["results"]["runs"]:
         f = run["figures"]
         rows.append(
-            f"| {json.dumps(run['point'])} | {f['completed']} | {f['failed']} | "
+            f"| {point_label(run['point'])} | {f['completed']} | {f['failed']} | "
             f"{f['output_throughput']:.1f} | {f['request_throughput']:.2f} | "
             f"{ms(f, 'ttft_s')} | {ms(f, 'tpot_s')} | {ms(f, 'itl_s')} |"
         )

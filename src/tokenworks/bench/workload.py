@@ -166,23 +166,28 @@ def build_requests(manifest: dict, vocab_size: int) -> list[BenchRequest]:
 
 
 def arrival_offsets(
-    n: int, rate: float | None, burstiness: float = 1.0, seed: int = 0
+    n: int,
+    rate: float | None,
+    burstiness: float = 1.0,
+    seed: int = 0,
+    ramp_to: float | None = None,
 ) -> list[float]:
     """Send times (seconds from the start) of n requests.
 
     rate None or inf: all at once. Otherwise gaps are gamma-distributed with mean 1/rate and
     shape `burstiness` (vLLM's convention): 1 is a Poisson process (exponential gaps, the
     coefficient of variation is 1); below 1 is burstier, above 1 more regular (CV is
-    1/sqrt(burstiness)).
+    1/sqrt(burstiness)). With ramp_to, the rate rises (or falls) linearly from `rate` for
+    the first request to `ramp_to` for the last: a ramp that finds where latency breaks.
     """
     if rate is None or math.isinf(rate):
         return [0.0] * n
-    if rate <= 0 or burstiness <= 0:
-        raise WorkloadError("rate and burstiness must be > 0")
+    if rate <= 0 or burstiness <= 0 or (ramp_to is not None and ramp_to <= 0):
+        raise WorkloadError("rate, ramp_to and burstiness must be > 0")
     rng = random.Random(seed)
-    theta = 1.0 / (rate * burstiness)
     t, out = 0.0, []
-    for _ in range(n):
+    for i in range(n):
         out.append(t)
-        t += rng.gammavariate(burstiness, theta)
+        r = rate if ramp_to is None else rate + (ramp_to - rate) * i / max(1, n - 1)
+        t += rng.gammavariate(burstiness, 1.0 / (r * burstiness))
     return out

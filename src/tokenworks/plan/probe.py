@@ -1,8 +1,8 @@
 """Measure this machine: the figures a roofline needs, from a few seconds of torch.
 
-- decode bandwidth: a weight-streaming matrix-vector product (a 128 MiB matrix times one
-  vector, the shape of batch-1 decode), in bfloat16 and float32: bytes of the matrix per
-  second. This, not a plain copy, is what bounds decode on a CPU;
+- decode bandwidth: a weight-streaming matrix-vector product (`torch.mv`, the kernel the
+  engine's batch-1 decode uses, on a 128 MiB matrix), in bfloat16 and float32: bytes of
+  the matrix per second. This, not a plain copy, is what bounds decode on a CPU;
 - copy bandwidth: a large tensor copy (read + write), for reference;
 - matmul rates: square products (2048 x 2048 by default) in bfloat16 and float32, FLOP/s.
 """
@@ -41,8 +41,8 @@ def probe(
                 elem = torch.tensor([], dtype=dtype).element_size()
                 n = int((matrix_mib * MiB / elem) ** 0.5)
                 w = torch.randn(n, n).to(dtype)
-                x = torch.randn(1, n).to(dtype)
-                t = _best(lambda w=w, x=x: torch.nn.functional.linear(x, w), repeats)
+                x = torch.randn(n).to(dtype)
+                t = _best(lambda w=w, x=x: torch.mv(w, x), repeats)
                 out[f"matvec_bandwidth_{name}"] = w.numel() * elem / t
                 k = matmul_size
                 a = torch.randn(k, k).to(dtype)
