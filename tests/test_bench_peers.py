@@ -136,6 +136,7 @@ def test_bench_peers_measures_ours_and_records_missing_peers_as_not_run(smol_loa
     assert len({s["workload"]["sha256"] for s in serving}) == 1
 
     text = (report / "peers.md").read_text()
+    assert text.startswith("# tokenworks and its peers")
     assert "## Single-stream latency" in text and "## Offline throughput" in text
     assert "| vllm | NOT_RUN |" in text and "## Not run here" in text
     assert "(1.00x)" in text  # ours in the serving comparison

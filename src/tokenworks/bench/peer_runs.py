@@ -283,14 +283,15 @@ def serving_plot(records: list[dict], path: Path) -> Path:
 
 def write_peers_report(records: list[dict], report_dir: Path) -> Path:
     report_dir = Path(report_dir)
-    lines = ["# tokenworks and its peers, measured in one run", ""]
+    lines = ["# tokenworks and its peers", ""]
     first = records[0] if records else {}
     hw, git = first.get("hardware", {}), first.get("git", {})
     commit = (git.get("commit") or "?")[:10] + (
         " (uncommitted changes)" if git.get("dirty") else ""
     )
     lines += [
-        f"Machine: {hw.get('cpu')}, {hw.get('cores')} cores; tokenworks at {commit}. "
+        f"Machine: {hw.get('cpu')}, {hw.get('cores')} cores; tokenworks at {commit}. Within "
+        "each table every engine ran the same workload in the same run, one after the other. "
         "In the latency and offline tables, tokenworks / engine above 1 means tokenworks is "
         "faster; the serving table gives each engine's output as a multiple of tokenworks'. "
         "Every figure is in the linked record.",
