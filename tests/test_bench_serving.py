@@ -303,3 +303,13 @@ def test_multi_turn_chats_send_the_conversation_so_far(smol_server):
         after["tokenworks:prefix_cache_hits_total"] - before["tokenworks:prefix_cache_hits_total"]
     )
     assert hits > 0  # later turns reuse the earlier turns' KV blocks
+
+
+def test_sweep_points_draw_fresh_prompts_from_the_manifests_seed():
+    from tokenworks.bench.serving import point_label, sweep_points
+
+    args = argparse.Namespace(seed=0, request_rate=[1.0, 2.0], max_concurrency=[4], ramp=[])
+    assert [p["seed"] for p in sweep_points(args)] == [0, 1, 2]
+    points = sweep_points(args, base_seed=7)  # a manifest's own seed comes first
+    assert [p["seed"] for p in points] == [7, 8, 9]
+    assert point_label(points[2]) == '{"max_concurrency": 4}'

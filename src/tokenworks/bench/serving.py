@@ -125,16 +125,17 @@ def _load(runner, args, requests_for, head, **kw):
     return load
 
 
-def warm_up_requests(requests_for, args) -> list[BenchRequest]:
+def warm_up_requests(requests_for, args, first_seed: int) -> list[BenchRequest]:
     """--warmup-requests requests of their own seed (prompts no sweep point sends), cut to
     16 output tokens: enough for every engine to build its kernels and graphs for batched
     shapes before anything is timed, without warming a prefix cache for the points."""
     n = getattr(args, "warmup_requests", 0)
-    return [replace(r, max_tokens=min(r.max_tokens, 16)) for r in requests_for(args.seed - 1)[:n]]
+    warm = requests_for(first_seed - 1)[:n]
+    return [replace(r, max_tokens=min(r.max_tokens, 16)) for r in warm]
 
 
-def http_warm_up(base_url, model, requests_for, args, api_key=None):
-    warm = warm_up_requests(requests_for, args)
+def http_warm_up(base_url, model, requests_for, args, first_seed, api_key=None):
+    warm = warm_up_requests(requests_for, args, first_seed)
     if not warm:
         return None
     return lambda: asyncio.run(
@@ -142,14 +143,16 @@ def http_warm_up(base_url, model, requests_for, args, api_key=None):
     )
 
 
-def sweep_points(args) -> list[dict]:
-    """The sweep, each point with its own prompt seed (args.seed + its index): a point never
-    resends an earlier point's prompts, which a prefix cache would answer without work."""
+def sweep_points(args, base_seed: int | None = None) -> list[dict]:
+    """The sweep, each point with its own prompt seed (the manifest's seed, else --seed,
+    plus the point's index): a point never resends an earlier point's prompts, which a
+    prefix cache would answer without work."""
+    base = args.seed if base_seed is None else base_seed
     points = [{"rate": r} for r in args.request_rate]
     points += [{"rate": a, "ramp_to": b} for a, b in getattr(args, "ramp", [])]
     points += [{"max_concurrency": c} for c in args.max_concurrency]
     points = points or [{"rate": None}]
-    return [{**p, "seed": args.seed + k} for k, p in enumerate(points)]
+    return [{**p, "seed": base + k} for k, p in enumerate(points)]
 
 
 def point_label(point: dict) -> str:
@@ -175,7 +178,7 @@ def serving_workload(args) -> dict:
     return {
         **manifest,
         "burstiness": args.burstiness,
-        "points": sweep_points(args),
+        "points": sweep_points(args, manifest.get("seed")),
         "warmup_requests": getattr(args, "warmup_requests", 0),
     }
 
@@ -196,7 +199,7 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
     """Run the sweep and write its record; engine_extra adds to the record's engine (what
     a --base-url server is and how it was started)."""
     manifest = load_manifest(args.manifest) if args.manifest else default_manifest(args)
-    points = sweep_points(args)
+    points = sweep_points(args, manifest.get("seed"))
     if args.base_url:
         engine_info = {
             "base_url": args.base_url,
@@ -208,7 +211,9 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
             return write_not_run(args, engine_info, reason)
         requests_for = point_requests(manifest, args.vocab_size)
         load = http_load(args.base_url, args.served_model, requests_for, args, args.api_key)
-        warm = http_warm_up(args.base_url, args.served_model, requests_for, args, args.api_key)
+        warm = http_warm_up(
+            args.base_url, args.served_model, requests_for, args, points[0]["seed"], args.api_key
+        )
         runs = run_points(load, points, args, warm_up=warm)
         model_info = {"id": args.served_model}
     else:
@@ -222,7 +227,7 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
         state = make_state(engine, [args.model])
         if getattr(args, "in_process", False):  # no HTTP: straight into the async front
             state.engine.start()
-            warm = warm_up_requests(requests_for, args)
+            warm = warm_up_requests(requests_for, args, points[0]["seed"])
             try:
                 runs = run_points(
                     in_process_load(state.engine, requests_for, args),
@@ -247,7 +252,7 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
         else:
             with ServerThread(build_app(state)) as srv:
                 load = http_load(srv.url, args.model, requests_for, args)
-                warm = http_warm_up(srv.url, args.model, requests_for, args)
+                warm = http_warm_up(srv.url, args.model, requests_for, args, points[0]["seed"])
                 runs = run_points(load, points, args, engine=engine, warm_up=warm)
         engine_info = {
             **llm.config.to_dict(),
