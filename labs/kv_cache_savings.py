@@ -31,6 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from tokenworks import LLM, SamplingParams  # noqa: E402
+from tokenworks.bench.latency import prompt_steps  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
 
@@ -51,16 +52,7 @@ def decode_with_cache(llm: LLM, prompt: list[int], n: int) -> list[tuple[int, fl
 
 def recompute_s(llm: LLM, prompt: list[int], repeats: int) -> float:
     """Median seconds of one forward pass over the whole prompt: a token without a cache."""
-    engine = llm.engine
-    times = []
-    for _ in range(repeats):
-        engine.stats.clear()
-        engine.add_request(
-            prompt_token_ids=prompt, params=SamplingParams(max_tokens=1, temperature=0)
-        )
-        while engine.has_unfinished():
-            engine.step()
-        times.append(sum(s.duration_s for s in engine.stats))
+    times = [sum(s.duration_s for s in prompt_steps(llm.engine, prompt)) for _ in range(repeats)]
     return statistics.median(times)
 
 

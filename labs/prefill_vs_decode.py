@@ -27,8 +27,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from tokenworks import LLM, SamplingParams  # noqa: E402
-from tokenworks.bench.latency import decode_step_times  # noqa: E402
+from tokenworks import LLM  # noqa: E402
+from tokenworks.bench.latency import decode_step_times, prompt_steps  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
 
@@ -37,13 +37,8 @@ CONTEXT = 64  # prompt tokens of each decoding sequence
 
 def prefill_step_s(llm: LLM, n: int, seed: int) -> float:
     """Seconds of the single step that prefills an n-token prompt (and samples 1 token)."""
-    engine = llm.engine
-    engine.stats.clear()
-    prompt = latency_prompt(n, engine.spec.vocab_size, seed=seed)
-    engine.add_request(prompt_token_ids=prompt, params=SamplingParams(max_tokens=1, temperature=0))
-    while engine.has_unfinished():
-        engine.step()
-    steps = list(engine.stats)
+    prompt = latency_prompt(n, llm.engine.spec.vocab_size, seed=seed)
+    steps = prompt_steps(llm.engine, prompt)
     assert len(steps) == 1 and steps[0].prefill_tokens == n, "prompt was split across steps"
     return steps[0].duration_s
 

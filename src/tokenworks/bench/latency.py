@@ -56,6 +56,18 @@ def measure_tokenworks(llm, prompt: list[int], short: list[int], n_decode: int, 
     return {"prefill_tok_s": prefill, "decode_tok_s": decode}
 
 
+def prompt_steps(engine, prompt: list[int]) -> list:
+    """Run a prompt alone for one new token; the engine's StepStats of that run (one step
+    unless the token budget chunked the prompt)."""
+    from tokenworks import SamplingParams
+
+    engine.stats.clear()
+    engine.add_request(prompt_token_ids=prompt, params=SamplingParams(max_tokens=1, temperature=0))
+    while engine.has_unfinished():
+        engine.step()
+    return list(engine.stats)
+
+
 def decode_step_times(engine, prompts: list[list[int]], steps: int) -> list[float]:
     """Durations of `steps` pure decode steps with every one of the prompts' sequences in
     the pass. The prompts are prefilled first, in as many steps as the token budget needs

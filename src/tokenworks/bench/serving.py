@@ -134,13 +134,22 @@ def warm_up_requests(requests_for, args, first_seed: int) -> list[BenchRequest]:
     return [replace(r, max_tokens=min(r.max_tokens, 16)) for r in warm]
 
 
-def http_warm_up(base_url, model, requests_for, args, first_seed, api_key=None):
+def _warm_up(runner, head, requests_for, args, first_seed, **kw):
+    """warm_up() for run_points: the warm-up requests all at once (None: no warm-up)."""
     warm = warm_up_requests(requests_for, args, first_seed)
     if not warm:
         return None
-    return lambda: asyncio.run(
-        run_load(base_url, model, warm, max_concurrency=len(warm), api_key=api_key, progress=False)
-    )
+    return lambda: asyncio.run(runner(*head(warm), max_concurrency=len(warm), progress=False, **kw))
+
+
+def http_warm_up(base_url, model, requests_for, args, first_seed, api_key=None):
+    head = lambda requests: (base_url, model, requests)  # noqa: E731
+    return _warm_up(run_load, head, requests_for, args, first_seed, api_key=api_key)
+
+
+def in_process_warm_up(front, requests_for, args, first_seed):
+    head = lambda requests: (front, requests)  # noqa: E731
+    return _warm_up(run_in_process, head, requests_for, args, first_seed)
 
 
 def sweep_points(args, base_seed: int | None = None) -> list[dict]:
@@ -172,9 +181,10 @@ def point_requests(manifest: dict, vocab_size: int):
     return requests_for
 
 
-def serving_workload(args) -> dict:
-    """The record's workload: the manifest, and the sweep run over it."""
-    manifest = load_manifest(args.manifest) if args.manifest else default_manifest(args)
+def serving_workload(args, manifest: dict | None = None) -> dict:
+    """The record's workload: the manifest (read from args unless given), and the sweep."""
+    if manifest is None:
+        manifest = load_manifest(args.manifest) if args.manifest else default_manifest(args)
     return {
         **manifest,
         "burstiness": args.burstiness,
@@ -183,11 +193,10 @@ def serving_workload(args) -> dict:
     }
 
 
-def write_not_run(args, engine_info: dict, reason: str) -> Path:
+def write_not_run(args, engine_info: dict, reason: str, manifest: dict | None = None) -> Path:
     """A serving record for an engine that could not be measured: why, and no figure."""
-    record = make_not_run(
-        kind="serving", engine=engine_info, workload=serving_workload(args), reason=reason
-    )
+    workload = serving_workload(args, manifest)
+    record = make_not_run(kind="serving", engine=engine_info, workload=workload, reason=reason)
     if getattr(args, "label", None):
         record["label"] = args.label
     path = write_record(record, args.out)
@@ -208,7 +217,7 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
         }
         reason = unreachable(args.base_url, args.api_key)
         if reason:
-            return write_not_run(args, engine_info, reason)
+            return write_not_run(args, engine_info, reason, manifest)
         requests_for = point_requests(manifest, args.vocab_size)
         load = http_load(args.base_url, args.served_model, requests_for, args, args.api_key)
         warm = http_warm_up(
@@ -227,26 +236,10 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
         state = make_state(engine, [args.model])
         if getattr(args, "in_process", False):  # no HTTP: straight into the async front
             state.engine.start()
-            warm = warm_up_requests(requests_for, args, points[0]["seed"])
+            warm = in_process_warm_up(state.engine, requests_for, args, points[0]["seed"])
             try:
-                runs = run_points(
-                    in_process_load(state.engine, requests_for, args),
-                    points,
-                    args,
-                    engine=engine,
-                    warm_up=lambda: (
-                        asyncio.run(
-                            run_in_process(
-                                state.engine,
-                                warm,
-                                max_concurrency=len(warm) or None,
-                                progress=False,
-                            )
-                        )
-                        if warm
-                        else None
-                    ),
-                )
+                load = in_process_load(state.engine, requests_for, args)
+                runs = run_points(load, points, args, engine=engine, warm_up=warm)
             finally:
                 state.engine.shutdown()
         else:
@@ -263,7 +256,7 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
         kind="serving",
         engine=engine_info,
         model=model_info,
-        workload=serving_workload(args),
+        workload=serving_workload(args, manifest),
         results={"runs": runs},
         seeds=[args.seed],
     )

@@ -12,31 +12,25 @@ from tokenworks.plan.models import ModelShape
 from tokenworks.units import dtype_bytes
 
 
-def kv_bytes_per_token(model: ModelShape, kv_dtype: str = "bf16") -> float:
-    """Bytes one token of context adds to the cache, all layers (window not reached)."""
+def kv_bytes_per_token(
+    model: ModelShape, kv_dtype: str = "bf16", layers: int | None = None
+) -> float:
+    """Bytes one token of context adds to the cache (window not reached), over all layers
+    or the first `layers` (a pipeline stage's share)."""
     b = dtype_bytes(kv_dtype)
-    return sum(model.kv_elements_per_token(i) for i in range(model.n_layers)) * b
+    return sum(model.kv_elements_per_token(i) for i in range(layers or model.n_layers)) * b
 
 
-def kv_bytes(model: ModelShape, context: int, kv_dtype: str = "bf16") -> float:
-    """Bytes one sequence's cache holds at `context` tokens (sliding windows capped)."""
+def kv_bytes(
+    model: ModelShape, context: int, kv_dtype: str = "bf16", layers: int | None = None
+) -> float:
+    """Bytes one sequence's cache holds at `context` tokens (sliding windows capped), over
+    all layers or the first `layers`."""
     if context < 0:
         raise ValueError("context must be >= 0 tokens")
     b = dtype_bytes(kv_dtype)
     total = 0.0
-    for i in range(model.n_layers):
+    for i in range(layers or model.n_layers):
         tokens = min(context, model.sliding_window) if model.is_local(i) else context
         total += tokens * model.kv_elements_per_token(i) * b
     return total
-
-
-def kv_table(model: ModelShape, contexts: list[int], kv_dtype: str = "bf16") -> list[dict]:
-    return [
-        {
-            "context": c,
-            "bytes": kv_bytes(model, c, kv_dtype),
-            "per_token": kv_bytes(model, c, kv_dtype) / c,
-        }
-        for c in contexts
-        if c > 0
-    ]

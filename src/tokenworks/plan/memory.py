@@ -14,9 +14,10 @@ import math
 from dataclasses import asdict, dataclass
 
 from tokenworks.plan.hardware import Hardware
+from tokenworks.plan.kv import kv_bytes, kv_bytes_per_token
 from tokenworks.plan.models import ModelShape
 from tokenworks.plan.quant import QuantScheme
-from tokenworks.units import GiB, dtype_bytes
+from tokenworks.units import GiB
 
 
 @dataclass
@@ -98,15 +99,9 @@ def fit(
     if not 0 < utilization <= 1:
         raise ValueError("utilization must be in (0, 1]")
     share = kv_heads_share(model, tp)
-    layers = math.ceil(model.n_layers / pp)
-    b = dtype_bytes(kv_dtype)
-    kv_token = max(model.kv_elements_per_token(i) for i in range(model.n_layers)) * b
-    kv_token_dev = layers * kv_token * share
-    # at this context, windowed layers hold at most their window
-    kv_seq_dev = 0.0
-    for i in range(layers):
-        tokens = min(context, model.sliding_window) if model.is_local(i) else context
-        kv_seq_dev += tokens * model.kv_elements_per_token(i) * b * share
+    layers = math.ceil(model.n_layers / pp)  # the fullest stage
+    kv_token_dev = kv_bytes_per_token(model, kv_dtype, layers) * share
+    kv_seq_dev = kv_bytes(model, context, kv_dtype, layers) * share  # windows capped
     weights = weights_per_device(model, scheme, tp, pp)
     usable = hw.memory_bytes * utilization - overhead
     budget = usable - weights

@@ -121,8 +121,9 @@ def prefill(
     w = step_weight_params(model, prompt) * scheme.bits_per_weight / 8
     kv = kv_bytes(model, prompt, kv_dtype)
     # token i attends to i + 1 keys: sum over the prompt of attention at context i + 1
-    attn = sum(model.attention_flops_per_token(i + 1) for i in _sample_positions(prompt)) * (
-        prompt / len(_sample_positions(prompt))
+    positions = _sample_positions(prompt)
+    attn = sum(model.attention_flops_per_token(i + 1) for i in positions) * (
+        prompt / len(positions)
     )
     flops = prompt * 2 * model.matmul_params() + attn
     return _ceiling("prefill", 1, prompt, prompt, w, kv, flops, hw, compute_dtype)
