@@ -29,11 +29,12 @@ class EngineConfig:
     device: str = "cpu"
     threads: int | None = None  # torch intra-op threads on CPU; None leaves torch's default
     max_model_len: int | None = None  # context limit; None: the model's own
-    # batched decode attention: "sdpa" (gather K/V through the block tables, torch SDPA),
-    # "cpp" (ops/csrc: reads through the block tables, no copy; built on first use),
-    # "auto" (cpp on the CPU where it builds, else sdpa). Both are bound by reading the KV
-    # pool from memory; here the kernel measured 0.9x the torch path (bench throughput).
-    attention: str = "sdpa"
+    # decode kernels: "sdpa" (torch: gather K/V through the block tables, then SDPA),
+    # "cpp" (the C kernels of ops/csrc, built on first use: decode attention reads through
+    # the block tables with no copy, and a small decode batch runs as one fused call),
+    # "auto" (cpp on the CPU for bfloat16 and quantised weights where it builds; float32
+    # keeps torch, the path the exactness tests pin down)
+    attention: str = "auto"
     quantization: str | None = None  # None (the file's weights, dequantised), "int8", "int4"
     # with quantization: also keep a dense copy of the dequantised weights and use it for
     # products of at least this many rows (prefill, big batches); None: quantised only
@@ -127,9 +128,11 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--attention",
-        default="sdpa",
+        default="auto",
         choices=["sdpa", "cpp", "auto"],
-        help="batched decode attention: torch SDPA over gathered K/V, or the C++ paged kernel",
+        help="decode kernels: torch (gathered K/V + SDPA), the C kernels of ops/csrc (paged "
+        "attention, whole small decode steps in one call), or auto: C for bfloat16 and "
+        "quantised weights on the CPU, torch for float32 (default: auto)",
     )
     g = p.add_argument_group("KV memory and scheduling")
     g.add_argument(

@@ -35,6 +35,7 @@ from tokenworks.engine.structured import GrammarCompiler
 from tokenworks.models import build_model, load
 from tokenworks.models.loader import LoadedModel
 from tokenworks.ops import paged_kernel
+from tokenworks.ops.fused_decode import LlamaDecodeKernel
 from tokenworks.tokenizer import TokenizerWrapper
 
 GiB = 1024**3
@@ -122,6 +123,9 @@ class LLMEngine:
             batch_decode=not config.batch_invariant,
             decode_kernel=self._use_decode_kernel(),
         )
+        if self.runner.decode_kernel and hasattr(self.model, "decode_kernel"):
+            # small decode batches: the whole step in one C call (None where it cannot)
+            self.model.decode_kernel = LlamaDecodeKernel.prepare(self.model, self.pool)
         self._ids = itertools.count()
         self._arrivals = itertools.count()
         self._steps = itertools.count()
@@ -136,16 +140,19 @@ class LLMEngine:
         }
 
     def _use_decode_kernel(self) -> bool:
-        """attention="cpp" demands the C++ paged decode kernel, "auto" takes it on the CPU
-        when it builds, "sdpa" keeps the pure-torch gather + SDPA path."""
+        """attention="cpp" demands the C kernels (ops/csrc), "auto" takes them on the CPU
+        for the fast dtypes when they build (float32 stays on torch, the exact path the
+        oracle tests pin down), "sdpa" keeps the pure-torch gather + SDPA path."""
         c = self.config
         if c.attention == "sdpa" or c.batch_invariant or c.device != "cpu":
             if c.attention == "cpp":
                 raise ValueError("attention='cpp' runs on the CPU without batch_invariant")
             return False
+        if c.attention == "auto" and c.torch_dtype == torch.float32:
+            return False
         ok = paged_kernel.load() is not None
         if c.attention == "cpp" and not ok:
-            raise ValueError("attention='cpp': the C++ kernel could not be built (see the log)")
+            raise ValueError("attention='cpp': the C kernels could not be built (see the log)")
         return ok
 
     @functools.cached_property

@@ -64,6 +64,9 @@ class LlamaModel(nn.Module):
         cos, sin = cos_sin_table(spec, spec.max_position)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        # ops/fused_decode.LlamaDecodeKernel, set by the engine: small decode-only batches
+        # then run as one call into the C kernels instead of the modules below
+        self.decode_kernel = None
 
     def load_weights(self, w: dict[str, torch.Tensor]) -> None:
         """Copy Hugging Face-named float32 weights in, fusing QKV and gate/up."""
@@ -99,6 +102,12 @@ class LlamaModel(nn.Module):
         cache=None,
         logits_rows: torch.Tensor | None = None,  # which of the T rows need logits; None: all
     ) -> torch.Tensor:  # [N, vocab] float32
+        kernel = self.decode_kernel
+        if kernel is not None and cache is not None and kernel.accepts(input_ids.shape[0], meta):
+            logits = kernel.run(input_ids, positions, meta, self.spec.sliding_window)
+            if logits_rows is not None and logits_rows.numel() != logits.shape[0]:
+                logits = logits.index_select(0, logits_rows)
+            return logits
         x = self.embed(input_ids)
         cos = self.cos[positions].to(x.dtype).unsqueeze(1)  # [T, 1, D]
         sin = self.sin[positions].to(x.dtype).unsqueeze(1)

@@ -32,7 +32,7 @@ class DecodeBatch:
     token_rows: torch.Tensor  # [B] long: each decode token's row in the flat batch
     kv_index: torch.Tensor | None  # [B, L] long: context slots, padded with 0 (torch path)
     context_lens: torch.Tensor  # [B] long: keys each decode token attends to (itself included)
-    block_tables: torch.Tensor | None = None  # [B, max_blocks] long (C++ kernel path)
+    block_tables: torch.Tensor | None = None  # [B, max_blocks] long (C kernel path)
     block_size: int = 0
     uniform: bool = False  # every context has the same length: no padding, no mask needed
     _masks: dict = field(default_factory=dict)  # window -> [B, 1, 1, L] bool, built once a step
@@ -163,7 +163,7 @@ def _decode_batch(q, k_pool, v_pool, dec: DecodeBatch, scale, window) -> torch.T
             qd, k_pool, v_pool, dec.block_tables, dec.context_lens, dec.block_size, scale, window
         )
         if o is None:
-            raise RuntimeError("the C++ paged attention kernel is not available")
+            raise RuntimeError("the C paged attention kernel is not available")
         return o.reshape(qd.shape[0], n_heads * d)
     b, length = dec.kv_index.shape
     # index_select on flat indices is a plain row copy, ~4x faster than advanced indexing

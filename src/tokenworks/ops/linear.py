@@ -62,12 +62,37 @@ def int4_dequantize(q: torch.Tensor, sz: torch.Tensor, group: int = INT4_GROUP) 
     return wg.reshape(n, k)
 
 
+def q4_blocks(q: torch.Tensor, sz: torch.Tensor) -> torch.Tensor:
+    """int4_quantize's output as rows of 20-byte blocks [N, K/32 * 20] uint8 for the C kernels.
+
+    The layout of GGUF's Q4_1 with bfloat16 in place of float16: scale d and minimum m,
+    then 16 bytes whose low nibbles hold the block's elements 0-15 and high nibbles 16-31.
+    """
+    n, k = q.shape
+    scale, zero = sz[..., 0].T, sz[..., 1].T  # [N, K/32]
+    dm = torch.stack([scale, zero - 8.0 * scale], dim=-1).to(torch.bfloat16)
+    qg = q.reshape(n, k // INT4_GROUP, INT4_GROUP)
+    nibbles = (qg[..., :16] | (qg[..., 16:] << 4)).to(torch.uint8)  # [N, K/32, 16]
+    return torch.cat([dm.view(torch.uint8), nibbles], dim=-1).reshape(n, -1).contiguous()
+
+
+def q4_dequantize(blocks: torch.Tensor, k: int) -> torch.Tensor:
+    """The float32 weights [N, K] that q4 blocks hold (the C kernels' exact grid)."""
+    b = blocks.reshape(blocks.shape[0], k // INT4_GROUP, 20)
+    dm = b[..., :4].contiguous().view(torch.bfloat16).float()  # [N, K/32, 2]
+    lo, hi = (b[..., 4:] & 0xF).float(), (b[..., 4:] >> 4).float()
+    q = torch.cat([lo, hi], dim=-1)  # [N, K/32, 32]
+    return (q * dm[..., :1] + dm[..., 1:]).reshape(blocks.shape[0], k)
+
+
 class Int4Linear(nn.Module):
     def __init__(self, linear: nn.Linear, group: int = INT4_GROUP):
         super().__init__()
         q, sz = int4_quantize(linear.weight.detach(), group)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         self.register_buffer("packed", packed)
+        # the same grid in the blocks the C decode kernels read (ops/fused_decode.py)
+        self.register_buffer("q4_blocks", q4_blocks(q, sz) if group == INT4_GROUP else None)
         self.register_buffer("scales_and_zeros", sz.to(linear.weight.dtype))
         self.bias = linear.bias
         self.group = group

@@ -1,52 +1,56 @@
-"""The C++ paged decode-attention kernel (csrc/paged_decode.cpp), built on first use.
+"""Paged decode attention through the C kernels (csrc/decode.c, built on first use).
 
-torch.utils.cpp_extension compiles it for this machine (g++ and ninja, about a minute,
-cached under ~/.cache/torch_extensions). Where it cannot be built (no compiler, no ninja,
-a GPU tensor) the pure-torch path in attention.py runs instead, with the same results.
+Reads keys and values straight out of the block pool through each sequence's block table
+(no gathered copy, no padding, no mask). Where the kernels cannot be built (no compiler,
+a GPU tensor) the pure-torch path in attention.py runs instead, with the same results up
+to rounding.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import os
-from pathlib import Path
+import ctypes
 
 import torch
 
-log = logging.getLogger(__name__)
-SOURCE = Path(__file__).parent / "csrc" / "paged_decode.cpp"
+from tokenworks.ops import ckernels as ck
 
 
-@functools.cache
 def load():
-    """The compiled module, or None where it cannot be built (then say why, once)."""
-    if os.environ.get("TOKENWORKS_NO_CPP_KERNELS"):
-        return None
-    try:
-        from torch.utils.cpp_extension import load as build
-
-        return build(
-            name="tokenworks_paged_decode",
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
-    except Exception as e:  # a missing compiler or ninja: fall back, keep working
-        log.warning("C++ paged attention unavailable (%s); using the torch path", e)
-        return None
+    """The loaded kernel library, or None where it cannot be built here."""
+    return ck.library()
 
 
 def paged_decode_attention(
     q, k_pool, v_pool, block_tables, context_lens, block_size, scale, window
 ) -> torch.Tensor | None:
     """q [B, H, D] -> [B, H, D], or None when the kernel is not available for these inputs."""
-    if q.device.type != "cpu":
+    lib = load()
+    if lib is None or q.device.type != "cpu" or k_pool.dtype not in (torch.float32, torch.bfloat16):
         return None
-    mod = load()
-    if mod is None:
-        return None
-    return mod.paged_decode_attention(
-        q, k_pool, v_pool, block_tables, context_lens, block_size, scale, window or 0
+    b, n_heads, d = q.shape
+    qf = q.float().contiguous()
+    out = torch.empty_like(qf)
+    tables = block_tables.contiguous()
+    lens = context_lens.contiguous()
+    kv = ck.KV(
+        ck.ptr(k_pool),
+        ck.ptr(v_pool),
+        ck.DTYPE_CODES[k_pool.dtype],
+        ck.ptr(tables),
+        tables.shape[1],
+        ck.ptr(lens),
+        block_size,
+        window or 0,
     )
+    lib.tw_paged_attention(
+        ctypes.byref(kv),
+        ck.ptr(qf),
+        ck.ptr(out),
+        b,
+        n_heads,
+        k_pool.shape[1],
+        d,
+        scale,
+        torch.get_num_threads(),
+    )
+    return out.to(q.dtype)

@@ -1,0 +1,186 @@
+"""The C decode kernels (csrc/decode.c): built with the system C compiler, loaded with ctypes.
+
+The first use compiles the file for this machine (`cc -O3 -march=native -fopenmp`, about a
+second) into `$TOKENWORKS_HOME/kernels/`, named by a hash of the source, the flags and the
+CPU, so an edit, a new compiler flag or another CPU builds afresh and a cached build is
+never used where it was not made. No torch headers are involved: tensors are passed as raw
+pointers. OpenMP comes from the libgomp torch has already loaded, so the kernels and torch
+share one thread pool.
+
+Where the library cannot be built (no compiler, TOKENWORKS_NO_C_KERNELS set), `library()`
+returns None and callers keep the pure-torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from tokenworks.models.catalogue import home
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).parent / "csrc" / "decode.c"
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+
+F32, BF16, I8, Q4 = 0, 1, 2, 3  # Q4: blocks of ops/linear.q4_blocks
+DTYPE_CODES = {torch.float32: F32, torch.bfloat16: BF16, torch.int8: I8}
+
+c_ptr = ctypes.c_void_p
+
+
+class Linear(ctypes.Structure):
+    _fields_ = [
+        ("w", c_ptr),
+        ("scale", c_ptr),
+        ("bias", c_ptr),
+        ("dtype", ctypes.c_int),
+        ("n", ctypes.c_int),
+        ("k", ctypes.c_int),
+    ]
+
+
+class KV(ctypes.Structure):
+    _fields_ = [
+        ("k_pool", c_ptr),
+        ("v_pool", c_ptr),
+        ("kv_dtype", ctypes.c_int),
+        ("block_tables", c_ptr),
+        ("max_blocks", ctypes.c_int),
+        ("context_lens", c_ptr),
+        ("block_size", ctypes.c_int),
+        ("window", ctypes.c_int),
+    ]
+
+
+class Dims(ctypes.Structure):
+    _fields_ = [
+        ("hidden", ctypes.c_int),
+        ("n_heads", ctypes.c_int),
+        ("n_kv_heads", ctypes.c_int),
+        ("head_dim", ctypes.c_int),
+        ("intermediate", ctypes.c_int),
+        ("vocab", ctypes.c_int),
+        ("eps", ctypes.c_float),
+        ("attn_scale", ctypes.c_float),
+    ]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", c_ptr),
+        ("post_norm", c_ptr),
+        ("qkv", Linear),
+        ("o", Linear),
+        ("gate_up", Linear),
+        ("down", Linear),
+        ("k_pool", c_ptr),
+        ("v_pool", c_ptr),
+    ]
+
+
+class Model(ctypes.Structure):
+    _fields_ = [
+        ("embed", c_ptr),
+        ("embed_dtype", ctypes.c_int),
+        ("final_norm", c_ptr),
+        ("head", Linear),
+        ("cos", c_ptr),
+        ("sin", c_ptr),
+    ]
+
+
+class Scratch(ctypes.Structure):
+    _fields_ = [(name, c_ptr) for name in ("h", "hb", "qkv", "attn", "gu", "act")]
+
+
+def ptr(t: torch.Tensor | None) -> int | None:
+    """A contiguous CPU tensor's data address (None passes NULL)."""
+    if t is None:
+        return None
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError("the C kernels take contiguous CPU tensors")
+    return t.data_ptr()
+
+
+def _cpu_tag() -> str:
+    """What -march=native depends on: the CPU model and its feature flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        keep = [x for x in lines if x.startswith(("model name", "flags"))][:2]
+        return "\n".join(keep)
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def _build(cc: str) -> Path:
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + "\0".join([cc, *FLAGS, _cpu_tag()]).encode()).hexdigest()[:16]
+    target = home() / "kernels" / f"decode-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        run = subprocess.run(
+            [cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True
+        )
+        if run.returncode != 0:
+            raise RuntimeError(f"{cc} failed:\n{run.stderr.strip()}")
+        os.replace(tmp, target)  # atomic: concurrent builders never see half a file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None where they cannot be built here (the reason is logged)."""
+    if os.environ.get("TOKENWORKS_NO_C_KERNELS"):
+        return None
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        log.warning("no C compiler (cc, gcc or $CC): the C decode kernels are off")
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(cc)))
+    except (OSError, RuntimeError) as e:
+        log.warning("the C decode kernels could not be built (%s); using torch", e)
+        return None
+    lib.tw_paged_attention.restype = None
+    lib.tw_paged_attention.argtypes = [
+        ctypes.POINTER(KV),
+        c_ptr,
+        c_ptr,
+        *[ctypes.c_int] * 4,
+        ctypes.c_float,
+        ctypes.c_int,
+    ]
+    lib.tw_llama_decode.restype = None
+    lib.tw_llama_decode.argtypes = [
+        ctypes.POINTER(Dims),
+        ctypes.POINTER(Model),
+        ctypes.POINTER(Layer),
+        ctypes.c_int,
+        ctypes.POINTER(KV),
+        c_ptr,
+        c_ptr,
+        c_ptr,
+        ctypes.c_int,
+        c_ptr,
+        ctypes.POINTER(Scratch),
+        c_ptr,
+        ctypes.c_int,
+    ]
+    return lib

@@ -1,0 +1,496 @@
+// CPU decode kernels in plain C (built with the system compiler on first use, loaded with
+// ctypes; see ops/ckernels.py).
+//
+// Decode reads every weight once per step while doing little arithmetic with it, so its
+// cost on a CPU is bytes moved plus, in eager torch, a fixed cost for each of the ~600
+// small ops a step launches. `tw_llama_decode` runs a whole Llama-family decode step (the
+// embedding, every layer, the final norm and the LM head) in one call and one OpenMP
+// parallel region: no per-op dispatch, no intermediate tensors. The residual stream and
+// all activations stay in float32; weights are float32, bfloat16 or int8 (one scale per
+// output row); K and V live in the paged pool of engine/kv_cache.py (float32 or bfloat16),
+// read through each sequence's block table.
+//
+// `tw_paged_attention` is the attention part alone, for the torch path's batched decode.
+//
+// Vector paths use AVX-512 (BF16 dot products where the CPU has them); every loop has a
+// plain C fallback, so the file builds for any CPU the compiler targets.
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+enum { TW_F32 = 0, TW_BF16 = 1, TW_I8 = 2, TW_Q4 = 3 };
+
+// TW_Q4 weights: each row is K/32 blocks of 20 bytes, the layout of GGUF's Q4_1 with
+// bfloat16 in place of float16: scale d and minimum m, then 16 bytes whose low nibbles are
+// the block's elements 0-15 and high nibbles elements 16-31; a weight is q * d + m.
+#define Q4_BLOCK 32
+#define Q4_BYTES 20
+
+static inline float bf16_to_f32(uint16_t h) {
+  union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+  return v.f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {  // round to nearest even, as torch does
+  union { float f; uint32_t u; } v = {f};
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);  // NaN
+  v.u += 0x7fffu + ((v.u >> 16) & 1u);
+  return (uint16_t)(v.u >> 16);
+}
+
+// One row of n values, any supported dtype, to float32.
+static inline void row_to_f32(const void* base, int dtype, int64_t row, int n, float* out) {
+  if (dtype == TW_F32) {
+    memcpy(out, (const float*)base + row * n, sizeof(float) * n);
+  } else {
+    const uint16_t* r = (const uint16_t*)base + row * n;
+    for (int i = 0; i < n; ++i) out[i] = bf16_to_f32(r[i]);
+  }
+}
+
+static inline void row_from_f32(void* base, int dtype, int64_t row, int n, const float* in) {
+  if (dtype == TW_F32) {
+    memcpy((float*)base + row * n, in, sizeof(float) * n);
+  } else {
+    uint16_t* r = (uint16_t*)base + row * n;
+    for (int i = 0; i < n; ++i) r[i] = f32_to_bf16(in[i]);
+  }
+}
+
+// ---------------------------------------------------------------- dot products ------
+// x is float32; xb is the same vector rounded to bfloat16 (used by the BF16 path only).
+
+static inline float dot_f32(const float* w, const float* x, int k) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < k; ++i) s += w[i] * x[i];
+  return s;
+}
+
+static inline float dot_bf16(const uint16_t* w, const float* x, const uint16_t* xb, int k) {
+#if defined(__AVX512BF16__)
+  if (k % 32 == 0) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 64 <= k; i += 64) {
+      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(xb + i),
+                            (__m512bh)_mm512_loadu_si512(w + i));
+      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(xb + i + 32),
+                            (__m512bh)_mm512_loadu_si512(w + i + 32));
+    }
+    if (i < k)
+      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(xb + i),
+                            (__m512bh)_mm512_loadu_si512(w + i));
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  }
+#endif
+  (void)xb;
+  float s = 0.f;
+  for (int i = 0; i < k; ++i) s += bf16_to_f32(w[i]) * x[i];
+  return s;
+}
+
+static inline float dot_i8(const int8_t* w, const float* x, int k) {
+#if defined(__AVX512F__)
+  if (k % 32 == 0) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    for (int i = 0; i < k; i += 32) {
+      __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + i))));
+      __m512 w1 =
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + i + 16))));
+      a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + i), a0);
+      a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + i + 16), a1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  }
+#endif
+  float s = 0.f;
+  for (int i = 0; i < k; ++i) s += (float)w[i] * x[i];
+  return s;
+}
+
+// A Q4 row times x: sum over blocks of d * (q . x) + m * (sum of x over the block); xsum
+// holds those sums, computed once per input row.
+static inline float dot_q4(const uint8_t* row, const float* x, const float* xsum, int k) {
+  const int blocks = k / Q4_BLOCK;
+  float mins = 0.f;
+  for (int g = 0; g < blocks; ++g) mins += bf16_to_f32(((const uint16_t*)(row + g * Q4_BYTES))[1]) * xsum[g];
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi32(0xF);
+  for (int g = 0; g < blocks; ++g) {
+    const uint8_t* blk = row + g * Q4_BYTES;
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(blk + 4)));
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, low));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4));
+    __m512 t = _mm512_mul_ps(lo, _mm512_loadu_ps(x + g * Q4_BLOCK));
+    t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + g * Q4_BLOCK + 16), t);
+    acc = _mm512_fmadd_ps(t, _mm512_set1_ps(bf16_to_f32(*(const uint16_t*)blk)), acc);
+  }
+  return _mm512_reduce_add_ps(acc) + mins;
+#else
+  float s = 0.f;
+  for (int g = 0; g < blocks; ++g) {
+    const uint8_t* blk = row + g * Q4_BYTES;
+    float t = 0.f;
+    for (int j = 0; j < 16; ++j)
+      t += (blk[4 + j] & 0xF) * x[g * Q4_BLOCK + j] + (blk[4 + j] >> 4) * x[g * Q4_BLOCK + 16 + j];
+    s += bf16_to_f32(*(const uint16_t*)blk) * t;
+  }
+  return s + mins;
+#endif
+}
+
+// One linear layer's weights: w [n, k] of `dtype`; scale [n] (int8 only) and bias [n] may
+// be NULL.
+typedef struct {
+  const void* w;
+  const float* scale;
+  const float* bias;
+  int dtype;
+  int n, k;
+} tw_linear;
+
+// Weight rows are requested this many rows ahead of the one being multiplied: a decode
+// step streams every weight once, and a core alone keeps too few reads in flight.
+#define PREFETCH_ROWS 4
+
+// y[b, j] (+)= W[j] . x[b] for b < B: the output rows are shared among the threads (call
+// inside a parallel region). With accumulate the result is added to y (a residual).
+static void linear_rows(const tw_linear* L, const float* x, const uint16_t* xb, float* y, int B,
+                        int accumulate) {
+  const int n = L->n, k = L->k;
+  const int64_t row_bytes = L->dtype == TW_Q4 ? (int64_t)k / Q4_BLOCK * Q4_BYTES
+                            : (int64_t)k * (L->dtype == TW_F32 ? 4 : L->dtype == TW_BF16 ? 2 : 1);
+  float* xsum = NULL;  // Q4: each input row's sums over blocks (every thread its own)
+  if (L->dtype == TW_Q4) {
+    xsum = (float*)malloc(sizeof(float) * (size_t)B * (k / Q4_BLOCK));
+    for (int b = 0; b < B; ++b)
+      for (int g = 0; g < k / Q4_BLOCK; ++g) {
+        float t = 0.f;
+        for (int j = 0; j < Q4_BLOCK; ++j) t += x[(int64_t)b * k + g * Q4_BLOCK + j];
+        xsum[b * (k / Q4_BLOCK) + g] = t;
+      }
+  }
+#pragma omp for schedule(static)
+  for (int j = 0; j < n; ++j) {
+    if (j + PREFETCH_ROWS < n) {  // the hardware prefetcher alone leaves bandwidth unused
+      const char* ahead = (const char*)L->w + ((int64_t)j + PREFETCH_ROWS) * row_bytes;
+      for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(ahead + o, 0, 3);
+    }
+    for (int b = 0; b < B; ++b) {
+      const float* xr = x + (int64_t)b * k;
+      float s;
+      if (L->dtype == TW_BF16)
+        s = dot_bf16((const uint16_t*)L->w + (int64_t)j * k, xr, xb + (int64_t)b * k, k);
+      else if (L->dtype == TW_I8)
+        s = dot_i8((const int8_t*)L->w + (int64_t)j * k, xr, k);
+      else if (L->dtype == TW_Q4)
+        s = dot_q4((const uint8_t*)L->w + j * row_bytes, xr, xsum + b * (k / Q4_BLOCK), k);
+      else
+        s = dot_f32((const float*)L->w + (int64_t)j * k, xr, k);
+      if (L->scale) s *= L->scale[j];
+      if (L->bias) s += L->bias[j];
+      float* out = y + (int64_t)b * n + j;
+      *out = accumulate ? *out + s : s;
+    }
+  }
+  free(xsum);
+}
+
+static inline void round_row(const float* x, uint16_t* xb, int n) {
+  for (int i = 0; i < n; ++i) xb[i] = f32_to_bf16(x[i]);
+}
+
+static void rms_norm_row(const float* x, const float* w, float eps, float* out, uint16_t* outb,
+                         int n) {
+  float ss = 0.f;
+  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float r = 1.f / sqrtf(ss / n + eps);
+  for (int i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
+  round_row(out, outb, n);
+}
+
+// ---------------------------------------------------------------- paged attention ---
+
+typedef struct {
+  const void* k_pool;  // [slots, kv_heads, head_dim]
+  const void* v_pool;
+  int kv_dtype;
+  const int64_t* block_tables;  // [B, max_blocks]
+  int max_blocks;
+  const int64_t* context_lens;  // [B]: keys each query attends to, its own included
+  int block_size;
+  int window;  // 0: none; else attend to the last `window` keys only
+} tw_kv;
+
+#if defined(__AVX512F__)
+// e^x for 16 lanes: 2^(x log2 e) split into an integer power (applied by scalef) and a
+// fraction whose 2^f comes from a degree-6 polynomial (relative error about 2e-7).
+static inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);  // [-0.5, 0.5]
+  __m512 p = _mm512_set1_ps(1.5403530e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512 load16(const void* base, int dtype, int64_t offset) {
+  if (dtype == TW_F32) return _mm512_loadu_ps((const float*)base + offset);
+  const __m256i h = _mm256_loadu_si256((const __m256i*)((const uint16_t*)base + offset));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
+// softmax over n scores in place (float32)
+static void softmax(float* s, int64_t n) {
+  float mx = -INFINITY, sum = 0.f;
+  for (int64_t j = 0; j < n; ++j) mx = s[j] > mx ? s[j] : mx;
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; j + 16 <= n; j += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(mx)));
+    _mm512_storeu_ps(s + j, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  sum = _mm512_reduce_add_ps(acc);
+#endif
+  for (; j < n; ++j) {
+    s[j] = expf(s[j] - mx);
+    sum += s[j];
+  }
+  const float inv = 1.f / sum;
+  for (j = 0; j < n; ++j) s[j] *= inv;
+}
+
+// Keys are requested this many positions ahead: blocks lie anywhere in the pool, so the
+// hardware prefetcher loses the stream at every block boundary.
+#define PREFETCH_KEYS 8
+
+static inline void prefetch_rows(const void* pool, const tw_kv* kv, const int64_t* table,
+                                 int64_t l, int64_t L, int64_t first_row, int64_t row_bytes,
+                                 int64_t span) {
+  if (l >= L) return;
+  const int64_t slot = table[l / kv->block_size] * kv->block_size + l % kv->block_size;
+  const char* p = (const char*)pool + slot * row_bytes + first_row;
+  for (int64_t o = 0; o < span; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
+// Sequence b's query heads of KV heads [h0, h1): q [(h1 - h0) * G, D] (float32, not yet
+// scaled) -> out, same shape. Scores over the whole context first, then softmax, then the
+// weighted sum of values. Keys are visited in order and each visit reads the slot's rows
+// of all the KV heads asked for, so the pool is swept front to back, each row read once
+// for all the query heads that share it (GQA).
+static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, int D,
+                   float scale, const float* q, float* out) {
+  const int64_t L = kv->context_lens[b];
+  const int64_t first = kv->window > 0 && L > kv->window ? L - kv->window : 0;
+  const int64_t n = L - first;
+  const int64_t* table = kv->block_tables + (int64_t)b * kv->max_blocks;
+  const int bs = kv->block_size, nh = h1 - h0, nq = nh * G;
+  float* scores = (float*)malloc(sizeof(float) * (size_t)(nq * n));
+  float* qs = (float*)malloc(sizeof(float) * (size_t)(nq * D));
+  float* acc = (float*)calloc((size_t)(nq * D), sizeof(float));
+  float row[256];
+  const int64_t esz = kv->kv_dtype == TW_F32 ? 4 : 2, span = (int64_t)nh * D * esz;
+  const int64_t slot_bytes = (int64_t)kv_heads * D * esz;
+  for (int i = 0; i < nq * D; ++i) qs[i] = q[i] * scale;
+  for (int64_t l = first; l < L; ++l) {
+    const int64_t slot = table[l / bs] * bs + l % bs;
+    prefetch_rows(kv->k_pool, kv, table, l + PREFETCH_KEYS, L, h0 * D * esz, slot_bytes, span);
+    for (int h = h0; h < h1; ++h) {
+      const int64_t r = slot * kv_heads + h;
+      const float* qh = qs + (h - h0) * G * D;
+      float* sh = scores + (int64_t)(h - h0) * G * n + (l - first);
+#if defined(__AVX512F__)
+      if (D % 16 == 0) {
+        __m512 k[16];
+        for (int c = 0; c < D / 16; ++c) k[c] = load16(kv->k_pool, kv->kv_dtype, r * D + 16 * c);
+        for (int g = 0; g < G; ++g) {
+          __m512 a = _mm512_mul_ps(k[0], _mm512_loadu_ps(qh + g * D));
+          for (int c = 1; c < D / 16; ++c)
+            a = _mm512_fmadd_ps(k[c], _mm512_loadu_ps(qh + g * D + 16 * c), a);
+          sh[g * n] = _mm512_reduce_add_ps(a);
+        }
+        continue;
+      }
+#endif
+      row_to_f32(kv->k_pool, kv->kv_dtype, r, D, row);
+      for (int g = 0; g < G; ++g) sh[g * n] = dot_f32(qh + g * D, row, D);
+    }
+  }
+  for (int i = 0; i < nq; ++i) softmax(scores + (int64_t)i * n, n);
+  for (int64_t l = first; l < L; ++l) {
+    const int64_t slot = table[l / bs] * bs + l % bs;
+    prefetch_rows(kv->v_pool, kv, table, l + PREFETCH_KEYS, L, h0 * D * esz, slot_bytes, span);
+    for (int h = h0; h < h1; ++h) {
+      const int64_t r = slot * kv_heads + h;
+      const float* ph = scores + (int64_t)(h - h0) * G * n + (l - first);
+      float* ah = acc + (h - h0) * G * D;
+#if defined(__AVX512F__)
+      if (D % 16 == 0) {
+        for (int c = 0; c < D / 16; ++c) {
+          const __m512 v = load16(kv->v_pool, kv->kv_dtype, r * D + 16 * c);
+          for (int g = 0; g < G; ++g) {
+            float* o = ah + g * D + 16 * c;
+            _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_set1_ps(ph[g * n]), v, _mm512_loadu_ps(o)));
+          }
+        }
+        continue;
+      }
+#endif
+      row_to_f32(kv->v_pool, kv->kv_dtype, r, D, row);
+      for (int g = 0; g < G; ++g) {
+        const float p = ph[g * n];
+        float* o = ah + g * D;
+#pragma omp simd
+        for (int d = 0; d < D; ++d) o[d] += p * row[d];
+      }
+    }
+  }
+  memcpy(out, acc, sizeof(float) * (size_t)(nq * D));
+  free(acc);
+  free(qs);
+  free(scores);
+}
+
+// The attention work of a step: B sequences, each split by KV heads only when there are
+// fewer sequences than threads (else a sequence is one task, its rows read in order).
+static void attention_tasks(const tw_kv* kv, const float* q, int64_t q_stride, float* out,
+                            int64_t out_stride, int B, int H, int kv_heads, int D, float scale,
+                            int threads) {
+  const int G = H / kv_heads;
+  const int split = B < threads ? kv_heads : 1;
+#pragma omp for schedule(dynamic)
+  for (int i = 0; i < B * split; ++i) {
+    const int b = i / split, part = i % split;
+    const int h0 = part * kv_heads / split, h1 = (part + 1) * kv_heads / split;
+    attend(kv, b, h0, h1, kv_heads, G, D, scale, q + b * q_stride + (int64_t)h0 * G * D,
+           out + b * out_stride + (int64_t)h0 * G * D);
+  }
+}
+
+// q [B, H, D] float32 -> out [B, H, D] float32, one decode query per sequence.
+void tw_paged_attention(const tw_kv* kv, const float* q, float* out, int B, int H, int kv_heads,
+                        int D, float scale, int threads) {
+#pragma omp parallel num_threads(threads)
+  attention_tasks(kv, q, (int64_t)H * D, out, (int64_t)H * D, B, H, kv_heads, D, scale, threads);
+}
+
+// ---------------------------------------------------------------- the decode step ---
+
+typedef struct {
+  int hidden, n_heads, n_kv_heads, head_dim, intermediate, vocab;
+  float eps, attn_scale;
+} tw_dims;
+
+typedef struct {
+  const float* input_norm;  // [hidden] float32
+  const float* post_norm;
+  tw_linear qkv, o, gate_up, down;
+  void* k_pool;  // this layer's pool, [slots, kv_heads, head_dim]
+  void* v_pool;
+} tw_layer;
+
+typedef struct {
+  const void* embed;  // [vocab, hidden]
+  int embed_dtype;
+  const float* final_norm;
+  tw_linear head;
+  const float* cos;  // [positions, head_dim] float32, each half repeated
+  const float* sin;
+} tw_model;
+
+// Scratch memory for B rows, float32 unless said (the caller allocates it once per size).
+typedef struct {
+  float* h;       // [B, hidden]
+  uint16_t* hb;   // [B, max(hidden, intermediate, q_size)] bfloat16 copies of inputs
+  float* qkv;     // [B, q_size + 2 * kv_size]
+  float* attn;    // [B, q_size]
+  float* gu;      // [B, 2 * intermediate]
+  float* act;     // [B, intermediate]
+} tw_scratch;
+
+static void rope_row(float* v, const float* cos, const float* sin, int D) {
+  const int half = D / 2;
+  for (int i = 0; i < half; ++i) {
+    const float a = v[i], b = v[i + half];
+    v[i] = a * cos[i] - b * sin[i];
+    v[i + half] = b * cos[i + half] + a * sin[i + half];
+  }
+}
+
+// One decode token for each of B sequences: ids [B], positions [B], slots [B] (where each
+// new K/V goes) -> logits [B, vocab]. kv gives the block tables and context lengths (its
+// pools are taken per layer from `layers`).
+void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers, int n_layers,
+                     const tw_kv* kv_in, const int64_t* ids, const int64_t* positions,
+                     const int64_t* slots, int B, float* x, const tw_scratch* s, float* logits,
+                     int threads) {
+  const int H = d->n_heads, KVH = d->n_kv_heads, D = d->head_dim, hid = d->hidden;
+  const int I = d->intermediate;
+  const int q_size = H * D, kv_size = KVH * D, nqkv = q_size + 2 * kv_size;
+  for (int b = 0; b < B; ++b) row_to_f32(m->embed, m->embed_dtype, ids[b], hid, x + b * hid);
+#pragma omp parallel num_threads(threads)
+  {
+    for (int li = 0; li < n_layers; ++li) {
+      const tw_layer* L = &layers[li];
+      tw_kv kv = *kv_in;
+      kv.k_pool = L->k_pool;
+      kv.v_pool = L->v_pool;
+#pragma omp for schedule(static)
+      for (int b = 0; b < B; ++b)
+        rms_norm_row(x + b * hid, L->input_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
+      linear_rows(&L->qkv, s->h, s->hb, s->qkv, B, 0);
+      // RoPE on q and k, then this token's K and V into the pool.
+#pragma omp for schedule(static)
+      for (int b = 0; b < B; ++b) {
+        float* r = s->qkv + (int64_t)b * nqkv;
+        const float* c = m->cos + positions[b] * D;
+        const float* sn = m->sin + positions[b] * D;
+        for (int hh = 0; hh < H + KVH; ++hh) rope_row(r + hh * D, c, sn, D);
+        for (int hh = 0; hh < KVH; ++hh) {
+          row_from_f32(L->k_pool, kv.kv_dtype, slots[b] * KVH + hh, D, r + q_size + hh * D);
+          row_from_f32(L->v_pool, kv.kv_dtype, slots[b] * KVH + hh, D,
+                       r + q_size + kv_size + hh * D);
+        }
+      }
+      attention_tasks(&kv, s->qkv, nqkv, s->attn, q_size, B, H, KVH, D, d->attn_scale, threads);
+#pragma omp for schedule(static)
+      for (int b = 0; b < B; ++b) round_row(s->attn + b * q_size, s->hb + b * q_size, q_size);
+      linear_rows(&L->o, s->attn, s->hb, x, B, 1);  // x += o_proj(attn)
+#pragma omp for schedule(static)
+      for (int b = 0; b < B; ++b)
+        rms_norm_row(x + b * hid, L->post_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
+      linear_rows(&L->gate_up, s->h, s->hb, s->gu, B, 0);
+#pragma omp for schedule(static)
+      for (int i = 0; i < B * I; ++i) {  // SwiGLU: silu(gate) * up
+        const int b = i / I, j = i % I;
+        const float g = s->gu[(int64_t)b * 2 * I + j], u = s->gu[(int64_t)b * 2 * I + I + j];
+        const float a = g / (1.f + expf(-g)) * u;
+        s->act[i] = a;
+        s->hb[i] = f32_to_bf16(a);
+      }
+      linear_rows(&L->down, s->act, s->hb, x, B, 1);  // x += down(act)
+    }
+#pragma omp for schedule(static)
+    for (int b = 0; b < B; ++b)
+      rms_norm_row(x + b * hid, m->final_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
+    linear_rows(&m->head, s->h, s->hb, logits, B, 0);
+  }
+}

@@ -1,0 +1,183 @@
+"""The fused C decode step (ops/fused_decode.py) against the torch modules it replaces."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tokenworks.engine.kv_cache import KVPool
+from tokenworks.models import build_model
+from tokenworks.models.toy import toy_spec, toy_weights
+from tokenworks.ops import ckernels
+from tokenworks.ops.attention import AttentionMetadata
+from tokenworks.ops.fused_decode import LlamaDecodeKernel
+
+pytestmark = pytest.mark.skipif(
+    ckernels.library() is None, reason="the C kernels cannot be built here"
+)
+
+VARIANTS = {
+    "gqa": {},
+    "qkv-bias": {"qkv_bias": True},
+    "sliding-window": {"sliding_window": 5},
+    "mqa": {"n_kv_heads": 1},
+}
+
+
+def _weights(spec):
+    w = toy_weights(spec, seed=3)
+    if spec.qkv_bias:
+        g = torch.Generator().manual_seed(4)
+        for i in range(spec.n_layers):
+            for n, size in (("q", spec.q_size), ("k", spec.kv_size), ("v", spec.kv_size)):
+                w[f"model.layers.{i}.self_attn.{n}_proj.bias"] = torch.randn(size, generator=g)
+    return w
+
+
+def _decode_step(model, pool, ctx_lens, fused: bool):
+    """One decode token for each sequence (contexts already in the pool) -> logits."""
+    torch.manual_seed(7)
+    bs = pool.block_size
+    tables, start = [], 0
+    for n in ctx_lens:  # blocks handed out in a scrambled order
+        need = -(-(n + 1) // bs)
+        tables.append([(start + j) * 7 % pool.num_blocks for j in range(need)])
+        start += need
+    b = len(ctx_lens)
+    ids = torch.randint(0, model.spec.vocab_size, (b,))
+    meta = AttentionMetadata.paged([1] * b, ctx_lens, tables, bs, decode_kernel=fused)
+    if fused:
+        assert model.decode_kernel.accepts(b, meta)
+    with torch.inference_mode():
+        return model(ids, torch.tensor(ctx_lens), meta, pool)
+
+
+def _model_and_pool(spec, dtype, quantization=None):
+    model = build_model(spec, _weights(spec), dtype, quantization=quantization)
+    pool = KVPool(spec.n_layers, 64, 4, spec.n_kv_heads, spec.head_dim, dtype)
+    g = torch.Generator().manual_seed(5)
+    for t in pool.k + pool.v:
+        t.copy_(torch.randn(t.shape, generator=g))
+    return model, pool
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_float32_fused_step_equals_the_modules(variant, quantization):
+    spec = dataclasses.replace(toy_spec(), **VARIANTS[variant])
+    model, pool = _model_and_pool(spec, torch.float32, quantization)
+    ctx_lens = [0, 3, 17, 40, 9]
+    want = _decode_step(model, pool, ctx_lens, fused=False)
+    model.decode_kernel = LlamaDecodeKernel.prepare(model, pool)
+    assert model.decode_kernel is not None
+    got = _decode_step(model, pool, ctx_lens, fused=True)
+    assert got.shape == want.shape
+    assert (got - want).abs().max() < 1e-4 * max(1.0, want.abs().max().item())
+
+
+def test_bfloat16_fused_step_is_at_least_as_close_to_float32_as_the_modules():
+    """Activations stay float32 in the kernel, so its error comes from the weights alone."""
+    spec = toy_spec()
+    ref_model, ref_pool = _model_and_pool(spec, torch.float32)
+    model, pool = _model_and_pool(spec, torch.bfloat16)
+    for a, b in zip(ref_pool.k + ref_pool.v, pool.k + pool.v, strict=True):
+        a.copy_(b.float())  # the same (bfloat16-representable) context in both pools
+    ctx_lens = [2, 30, 11]
+    ref = _decode_step(ref_model, ref_pool, ctx_lens, fused=False)
+    torch_err = (_decode_step(model, pool, ctx_lens, fused=False) - ref).abs().max()
+    model.decode_kernel = LlamaDecodeKernel.prepare(model, pool)
+    fused_err = (_decode_step(model, pool, ctx_lens, fused=True) - ref).abs().max()
+    assert fused_err <= torch_err * 1.1, (fused_err, torch_err)
+
+
+def test_batches_beyond_max_rows_and_prefill_stay_on_the_modules():
+    spec = toy_spec()
+    model, pool = _model_and_pool(spec, torch.float32)
+    kernel = LlamaDecodeKernel.prepare(model, pool, max_rows=2)
+    tables = [[0, 1], [2, 3], [4, 5]]
+    decode3 = AttentionMetadata.paged([1] * 3, [3, 3, 3], tables, 4, decode_kernel=True)
+    decode2 = AttentionMetadata.paged([1] * 2, [3, 3], tables[:2], 4, decode_kernel=True)
+    mixed = AttentionMetadata.paged([4, 1], [0, 3], tables[:2], 4, decode_kernel=True)
+    assert kernel.accepts(2, decode2)
+    assert not kernel.accepts(3, decode3)
+    assert not kernel.accepts(5, mixed)
+    gathered = AttentionMetadata.paged([1] * 2, [3, 3], tables[:2], 4, decode_kernel=False)
+    assert not kernel.accepts(2, gathered)  # no block tables: the torch gather path
+
+
+def _dequantized_copy(model):
+    """The same model with every quantised layer replaced by float32 nn.Linear of its grid."""
+    import copy
+
+    from tokenworks.ops.linear import Int4Linear, Int8Linear, q4_dequantize
+
+    ref = copy.deepcopy(model)
+    ref.decode_kernel = None
+    for module in list(ref.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, Int4Linear):
+                w = q4_dequantize(child.q4_blocks, child.in_features)
+            elif isinstance(child, Int8Linear):
+                w = child.qweight.float() * child.scale.float()[:, None]
+            else:
+                continue
+            lin = torch.nn.Linear(
+                child.in_features, child.out_features, bias=child.bias is not None
+            )
+            lin.weight.data.copy_(w)
+            if child.bias is not None:
+                lin.bias.data.copy_(child.bias.float())
+            setattr(module, name, lin)
+    return ref
+
+
+@pytest.mark.parametrize("variant", ["gqa", "qkv-bias"])
+def test_int4_fused_step_equals_its_dequantised_grid(variant):
+    from tokenworks.ops.linear import Int4Linear
+
+    spec = dataclasses.replace(toy_spec(), **VARIANTS[variant])
+    model, pool = _model_and_pool(spec, torch.float32, "int4")
+    assert any(isinstance(m, Int4Linear) for m in model.modules())
+    ctx_lens = [1, 12, 33]
+    want = _decode_step(_dequantized_copy(model), pool, ctx_lens, fused=False)
+    model.decode_kernel = LlamaDecodeKernel.prepare(model, pool)
+    assert model.decode_kernel is not None
+    got = _decode_step(model, pool, ctx_lens, fused=True)
+    assert (got - want).abs().max() < 1e-4 * max(1.0, want.abs().max().item())
+
+
+def test_q4_blocks_hold_the_int4_grid():
+    from tokenworks.ops.linear import int4_dequantize, int4_quantize, q4_blocks, q4_dequantize
+
+    w = torch.randn(48, 96)
+    q, sz = int4_quantize(w)
+    grid = int4_dequantize(q, sz)
+    got = q4_dequantize(q4_blocks(q, sz), 96)
+    # scale and minimum are stored in bfloat16: a weight moves by well under one step
+    step = sz[..., 0].T.repeat_interleave(32, dim=1)
+    assert ((got - grid).abs() / step).max() < 0.1
+    assert ((got - w).abs() / step).max() < 0.6  # and stays within half a step of w
+
+
+def test_batch_invariant_models_are_not_taken():
+    spec = toy_spec()
+    _, pool = _model_and_pool(spec, torch.float32)
+    inv = build_model(spec, _weights(spec), torch.float32, batch_invariant=True)
+    assert LlamaDecodeKernel.prepare(inv, pool) is None
+
+
+def test_the_real_model_in_bfloat16_decodes_through_the_kernel(smol_loaded):
+    from tokenworks import LLM, SamplingParams
+
+    llm = LLM("smollm2-135m", dtype="bfloat16", loaded=smol_loaded, kv_cache_memory=0.25)
+    assert llm.engine.model.decode_kernel is not None  # attention="auto" takes it
+    calls = []
+    kernel = llm.engine.model.decode_kernel
+    run = kernel.run
+    kernel.run = lambda *a: calls.append(1) or run(*a)
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    out = llm.generate(["The capital of France is"], params)[0].outputs[0]
+    assert len(calls) == 23  # every token after the first came from the fused step
+    assert "Paris" in out.text
