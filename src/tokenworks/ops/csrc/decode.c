@@ -158,9 +158,9 @@ typedef struct {
   int n, k;
 } tw_linear;
 
-// Weight rows are requested this many rows ahead of the one being multiplied: a decode
-// step streams every weight once, and a core alone keeps too few reads in flight.
-#define PREFETCH_ROWS 4
+// Weight rows are requested about this many bytes ahead of the one being multiplied: a
+// decode step streams every weight once, and a core alone keeps too few reads in flight.
+#define PREFETCH_BYTES 4096
 
 // y[b, j] (+)= W[j] . x[b] for b < B: the output rows are shared among the threads (call
 // inside a parallel region). With accumulate the result is added to y (a residual).
@@ -179,10 +179,11 @@ static void linear_rows(const tw_linear* L, const float* x, const uint16_t* xb, 
         xsum[b * (k / Q4_BLOCK) + g] = t;
       }
   }
+  const int ahead_rows = (int)((PREFETCH_BYTES + row_bytes - 1) / row_bytes);
 #pragma omp for schedule(static)
   for (int j = 0; j < n; ++j) {
-    if (j + PREFETCH_ROWS < n) {  // the hardware prefetcher alone leaves bandwidth unused
-      const char* ahead = (const char*)L->w + ((int64_t)j + PREFETCH_ROWS) * row_bytes;
+    if (j + ahead_rows < n) {  // the hardware prefetcher alone leaves bandwidth unused
+      const char* ahead = (const char*)L->w + ((int64_t)j + ahead_rows) * row_bytes;
       for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(ahead + o, 0, 3);
     }
     for (int b = 0; b < B; ++b) {
