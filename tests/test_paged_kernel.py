@@ -20,11 +20,12 @@ def test_the_kernel_builds_here():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [None, 7])
-def test_the_kernel_equals_the_torch_path(dtype, window):
+@pytest.mark.parametrize("d", [16, 64])  # 64: bfloat16 takes the 16-keys-at-once path
+def test_the_kernel_equals_the_torch_path(dtype, window, d):
     if paged_kernel.load() is None:
         pytest.skip("the C kernel is not built here")
     torch.manual_seed(0)
-    n_heads, n_kv, d, bs = 6, 2, 16, 4
+    n_heads, n_kv, bs = 6, 2, 4
     pool = KVPool(1, 40, bs, n_kv, d, dtype)
     pool.k[0].normal_()
     pool.v[0].normal_()
