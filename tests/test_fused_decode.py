@@ -65,20 +65,25 @@ def _model_and_pool(spec, dtype, quantization=None):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("quantization", [None, "int8"])
-def test_float32_fused_step_equals_the_modules(variant, quantization):
+@pytest.mark.parametrize("max_rows", [8, 0])  # 0: every batch takes run_batched
+def test_float32_fused_step_equals_the_modules(variant, quantization, max_rows):
+    if quantization and not max_rows:
+        pytest.skip("run_batched multiplies dense weights only")
     spec = dataclasses.replace(toy_spec(), **VARIANTS[variant])
     model, pool = _model_and_pool(spec, torch.float32, quantization)
     ctx_lens = [0, 3, 17, 40, 9]
     want = _decode_step(model, pool, ctx_lens, fused=False)
-    model.decode_kernel = LlamaDecodeKernel.prepare(model, pool)
+    model.decode_kernel = LlamaDecodeKernel.prepare(model, pool, max_rows=max_rows)
     assert model.decode_kernel is not None
     got = _decode_step(model, pool, ctx_lens, fused=True)
     assert got.shape == want.shape
     assert (got - want).abs().max() < 1e-4 * max(1.0, want.abs().max().item())
 
 
-def test_bfloat16_fused_step_is_at_least_as_close_to_float32_as_the_modules():
-    """Activations stay float32 in the kernel, so its error comes from the weights alone."""
+@pytest.mark.parametrize("max_rows", [8, 0])
+def test_bfloat16_fused_step_is_at_least_as_close_to_float32_as_the_modules(max_rows):
+    """Activations stay float32 in the kernel, so its error comes from the weights alone
+    (run_batched: the products' inputs are bfloat16, as in torch, the rest float32)."""
     spec = toy_spec()
     ref_model, ref_pool = _model_and_pool(spec, torch.float32)
     model, pool = _model_and_pool(spec, torch.bfloat16)
@@ -87,12 +92,12 @@ def test_bfloat16_fused_step_is_at_least_as_close_to_float32_as_the_modules():
     ctx_lens = [2, 30, 11]
     ref = _decode_step(ref_model, ref_pool, ctx_lens, fused=False)
     torch_err = (_decode_step(model, pool, ctx_lens, fused=False) - ref).abs().max()
-    model.decode_kernel = LlamaDecodeKernel.prepare(model, pool)
+    model.decode_kernel = LlamaDecodeKernel.prepare(model, pool, max_rows=max_rows)
     fused_err = (_decode_step(model, pool, ctx_lens, fused=True) - ref).abs().max()
     assert fused_err <= torch_err * 1.1, (fused_err, torch_err)
 
 
-def test_batches_beyond_max_rows_and_prefill_stay_on_the_modules():
+def test_which_batches_the_kernel_takes():
     spec = toy_spec()
     model, pool = _model_and_pool(spec, torch.float32)
     kernel = LlamaDecodeKernel.prepare(model, pool, max_rows=2)
@@ -101,10 +106,14 @@ def test_batches_beyond_max_rows_and_prefill_stay_on_the_modules():
     decode2 = AttentionMetadata.paged([1] * 2, [3, 3], tables[:2], 4, decode_kernel=True)
     mixed = AttentionMetadata.paged([4, 1], [0, 3], tables[:2], 4, decode_kernel=True)
     assert kernel.accepts(2, decode2)
-    assert not kernel.accepts(3, decode3)
-    assert not kernel.accepts(5, mixed)
+    assert kernel.accepts(3, decode3)  # beyond max_rows: run_batched (dense weights)
+    assert not kernel.accepts(5, mixed)  # prefill in the batch: the modules
     gathered = AttentionMetadata.paged([1] * 2, [3, 3], tables[:2], 4, decode_kernel=False)
     assert not kernel.accepts(2, gathered)  # no block tables: the torch gather path
+    int8, pool8 = _model_and_pool(spec, torch.float32, "int8")
+    kernel8 = LlamaDecodeKernel.prepare(int8, pool8, max_rows=2)
+    assert kernel8.accepts(2, decode2)
+    assert not kernel8.accepts(3, decode3)  # int8 without a dense copy: the modules
 
 
 def _dequantized_copy(model):

@@ -183,4 +183,27 @@ def library() -> ctypes.CDLL | None:
         c_ptr,
         ctypes.c_int,
     ]
+    lib.tw_residual_norm.restype = None
+    lib.tw_residual_norm.argtypes = [
+        c_ptr,
+        c_ptr,
+        ctypes.c_int,
+        c_ptr,
+        ctypes.c_float,
+        c_ptr,
+        *[ctypes.c_int] * 4,
+    ]
+    lib.tw_swiglu.restype = None
+    lib.tw_swiglu.argtypes = [c_ptr, c_ptr, *[ctypes.c_int] * 4]
+    lib.tw_rope_attend.restype = None
+    lib.tw_rope_attend.argtypes = [
+        ctypes.POINTER(Dims),
+        ctypes.POINTER(KV),
+        c_ptr,
+        c_ptr,
+        ctypes.c_int,
+        *[c_ptr] * 4,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
     return lib

@@ -56,12 +56,32 @@ def _linear(layer: nn.Module, keep: list) -> ck.Linear | None:
     return ck.Linear(ck.ptr(w), _f32(scale, keep), _f32(layer.bias, keep), code, n, k)
 
 
+def _dense(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight, bias) of a layer torch can multiply densely, or None."""
+    if isinstance(layer, DenseForLargeBatches):
+        return layer.dense_weight, layer.quantized.bias
+    if isinstance(layer, (nn.Linear, MatvecLinear)):
+        return layer.weight, layer.bias
+    return None
+
+
 class LlamaDecodeKernel:
-    def __init__(self, lib, dims, model_c, layers_c, keep, spec, max_rows):
+    def __init__(self, lib, dims, model_c, layers_c, keep, spec, max_rows, model, pool):
         self.lib, self.dims, self.model_c, self.layers_c = lib, dims, model_c, layers_c
         self.keep, self.spec, self.max_rows = keep, spec, max_rows
         self._scratch: dict[int, tuple] = {}
-        self.kv_dtype = next(ck.DTYPE_CODES[t.k[0].dtype] for t in keep if hasattr(t, "k"))
+        self.pool = pool
+        self.kv_dtype = ck.DTYPE_CODES[pool.k[0].dtype]
+        # Bigger batches: torch's products on dense weights, the rest in C (run_batched)
+        names = ("qkv", "o_proj", "gate_up", "down")
+        dense = [[_dense(getattr(layer, n)) for n in names] for layer in model.layers]
+        head = _dense(model.lm_head)
+        found = [d for row in dense for d in row] + [head]
+        dtypes = {d[0].dtype for d in found if d is not None}
+        ok = all(d is not None for d in found) and len(dtypes) == 1
+        self.dense, self.dense_head = (dense, head) if ok else (None, None)
+        self.act_dtype = dtypes.pop() if ok else None
+        self.embed = model.embed.weight
 
     @classmethod
     def prepare(cls, model: nn.Module, pool, max_rows: int = MAX_ROWS) -> LlamaDecodeKernel | None:
@@ -113,16 +133,17 @@ class LlamaDecodeKernel:
             spec.norm_eps,
             spec.head_dim**-0.5,
         )
-        return cls(lib, dims, model_c, layers, keep, spec, max_rows)
+        return cls(lib, dims, model_c, layers, keep, spec, max_rows, model, pool)
 
     def accepts(self, n_tokens: int, meta) -> bool:
-        """A decode-only batch with block tables (not too big for this path)."""
+        """A decode-only batch with block tables: up to max_rows sequences run the whole
+        step in C; more run run_batched when the weights are dense."""
         dec = meta.decode
         return (
             dec is not None
             and dec.block_tables is not None
             and dec.token_rows.numel() == n_tokens
-            and n_tokens <= self.max_rows
+            and (n_tokens <= self.max_rows or self.dense is not None)
         )
 
     def _buffers(self, b: int) -> tuple:
@@ -141,18 +162,14 @@ class LlamaDecodeKernel:
             self._scratch[b] = (bufs, scratch)
         return self._scratch[b]
 
-    def run(self, input_ids, positions, meta, window: int | None) -> torch.Tensor:
-        """logits [B, vocab] float32 for a decode-only batch of B sequences."""
+    def _kv(self, meta, window: int | None, layer: int | None = None) -> tuple:
         dec = meta.decode
-        b = input_ids.shape[0]
-        ids = input_ids.contiguous()
-        pos = positions.contiguous()
-        slots = meta.slot_mapping.contiguous()
         tables = dec.block_tables.contiguous()
         lens = dec.context_lens.contiguous()
+        pools = (None, None) if layer is None else (self.pool.k[layer], self.pool.v[layer])
         kv = ck.KV(
-            None,
-            None,
+            ck.ptr(pools[0]),
+            ck.ptr(pools[1]),
             self.kv_dtype,
             ck.ptr(tables),
             tables.shape[1],
@@ -160,6 +177,17 @@ class LlamaDecodeKernel:
             dec.block_size,
             window or 0,
         )
+        return kv, (tables, lens)  # the tensors must outlive the call
+
+    def run(self, input_ids, positions, meta, window: int | None) -> torch.Tensor:
+        """logits [B, vocab] float32 for a decode-only batch of B sequences."""
+        if input_ids.shape[0] > self.max_rows:
+            return self.run_batched(input_ids, positions, meta, window)
+        b = input_ids.shape[0]
+        ids = input_ids.contiguous()
+        pos = positions.contiguous()
+        slots = meta.slot_mapping.contiguous()
+        kv, _alive = self._kv(meta, window)
         _, scratch = self._buffers(b)
         x = torch.empty(b, self.spec.hidden_size)
         logits = torch.empty(b, self.spec.vocab_size)
@@ -179,3 +207,86 @@ class LlamaDecodeKernel:
             torch.get_num_threads(),
         )
         return logits
+
+    def run_batched(self, input_ids, positions, meta, window: int | None) -> torch.Tensor:
+        """A big decode batch: torch multiplies, C does everything between the products
+        (residual + RMSNorm, RoPE + cache write + paged attention, SwiGLU) in 3 calls a
+        layer instead of about twenty torch ops; the residual stream stays float32."""
+        lib, s, threads = self.lib, self.spec, torch.get_num_threads()
+        b, act = input_ids.shape[0], self.act_dtype
+        code = ck.DTYPE_CODES[act]
+        pos = positions.contiguous()
+        slots = meta.slot_mapping.contiguous()
+        x = self.embed.index_select(0, input_ids).float().contiguous()  # [B, hidden]
+        h = torch.empty(b, s.hidden_size, dtype=act)
+        attn = torch.empty(b, s.q_size, dtype=act)
+        proj = torch.empty(b, s.hidden_size, dtype=act)
+        gu = torch.empty(b, 2 * s.intermediate_size, dtype=act)
+        mlp_in = torch.empty(b, s.intermediate_size, dtype=act)
+        qkv = torch.empty(b, s.q_size + 2 * s.kv_size, dtype=act)
+        eps = s.norm_eps
+        delta = None
+        for i, ((wqkv, bqkv), (wo, _), (wgu, _), (wd, _)) in enumerate(self.dense):
+            layer = self.layers_c[i]
+            lib.tw_residual_norm(
+                ck.ptr(x),
+                ck.ptr(delta),
+                code,
+                layer.input_norm,
+                eps,
+                ck.ptr(h),
+                code,
+                b,
+                s.hidden_size,
+                threads,
+            )
+            if bqkv is None:
+                torch.mm(h, wqkv.t(), out=qkv)
+            else:
+                torch.addmm(bqkv, h, wqkv.t(), out=qkv)
+            kv, _alive = self._kv(meta, window, i)
+            lib.tw_rope_attend(
+                ctypes.byref(self.dims),
+                ctypes.byref(kv),
+                ck.ptr(qkv),
+                ck.ptr(attn),
+                code,
+                ck.ptr(pos),
+                ck.ptr(slots),
+                self.model_c.cos,
+                self.model_c.sin,
+                b,
+                threads,
+            )
+            torch.mm(attn, wo.t(), out=proj)
+            lib.tw_residual_norm(
+                ck.ptr(x),
+                ck.ptr(proj),
+                code,
+                layer.post_norm,
+                eps,
+                ck.ptr(h),
+                code,
+                b,
+                s.hidden_size,
+                threads,
+            )
+            torch.mm(h, wgu.t(), out=gu)
+            lib.tw_swiglu(ck.ptr(gu), ck.ptr(mlp_in), code, b, s.intermediate_size, threads)
+            torch.mm(mlp_in, wd.t(), out=proj)
+            delta = proj
+        lib.tw_residual_norm(
+            ck.ptr(x),
+            ck.ptr(delta),
+            code,
+            self.model_c.final_norm,
+            eps,
+            ck.ptr(h),
+            code,
+            b,
+            s.hidden_size,
+            threads,
+        )
+        w, bias = self.dense_head
+        logits = torch.mm(h, w.t()) if bias is None else torch.addmm(bias, h, w.t())
+        return logits.float()

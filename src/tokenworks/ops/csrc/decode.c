@@ -554,3 +554,80 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
     linear_rows(&m->head, s->h, s->hb, logits, B, 0);
   }
 }
+
+// ------------------------------------------- the pieces around torch's matrix products ---
+// Big decode batches are compute-bound in their matrix products, which stay with torch
+// (oneDNN); what lies between them, about twenty small torch ops a layer, runs as three
+// calls: tw_residual_norm, tw_rope_attend and tw_swiglu. Inputs and outputs are rows of
+// float32 or bfloat16 (the products' dtype); the residual stream x stays float32.
+
+static inline void load_row(const void* base, int dtype, int64_t row, int n, float* out) {
+  row_to_f32(base, dtype, row, n, out);
+}
+
+// x [B, n] += delta (if any); h = rmsnorm(x) * w, written in h_dtype.
+void tw_residual_norm(float* x, const void* delta, int delta_dtype, const float* w, float eps,
+                      void* h, int h_dtype, int B, int n, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int b = 0; b < B; ++b) {
+    float* xr = x + (int64_t)b * n;
+    float* tmp = (float*)malloc(sizeof(float) * (size_t)n);
+    if (delta) {
+      load_row(delta, delta_dtype, b, n, tmp);
+      for (int i = 0; i < n; ++i) xr[i] += tmp[i];
+    }
+    float ss = 0.f;
+    for (int i = 0; i < n; ++i) ss += xr[i] * xr[i];
+    const float r = 1.f / sqrtf(ss / n + eps);
+    for (int i = 0; i < n; ++i) tmp[i] = xr[i] * r * w[i];
+    row_from_f32(h, h_dtype, b, n, tmp);
+    free(tmp);
+  }
+}
+
+// act [B, I] = silu(gate) * up, from gu [B, 2I] (gate then up), both in `dtype`.
+void tw_swiglu(const void* gu, void* act, int dtype, int B, int I, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int b = 0; b < B; ++b) {
+    float* g = (float*)malloc(sizeof(float) * 2 * (size_t)I);
+    float* u = g + I;
+    load_row(gu, dtype, 2 * (int64_t)b, I, g);
+    load_row(gu, dtype, 2 * (int64_t)b + 1, I, u);
+    for (int i = 0; i < I; ++i) g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    row_from_f32(act, dtype, b, I, g);
+    free(g);
+  }
+}
+
+// One decode token per sequence: qkv [B, q + 2kv] (in `dtype`) -> RoPE on q and k, this
+// token's K and V into the pool (kv's pools, kv->kv_dtype), attention through the block
+// tables -> out [B, q] in `dtype`.
+void tw_rope_attend(const tw_dims* d, const tw_kv* kv, const void* qkv, void* out, int dtype,
+                    const int64_t* positions, const int64_t* slots, const float* cos,
+                    const float* sin, int B, int threads) {
+  const int H = d->n_heads, KVH = d->n_kv_heads, D = d->head_dim;
+  const int q_size = H * D, kv_size = KVH * D, nqkv = q_size + 2 * kv_size;
+  float* qf = (float*)malloc(sizeof(float) * (size_t)B * nqkv);
+  float* of = (float*)malloc(sizeof(float) * (size_t)B * q_size);
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int b = 0; b < B; ++b) {
+      float* r = qf + (int64_t)b * nqkv;
+      load_row(qkv, dtype, b, nqkv, r);
+      const float* c = cos + positions[b] * D;
+      const float* s = sin + positions[b] * D;
+      for (int hh = 0; hh < H + KVH; ++hh) rope_row(r + hh * D, c, s, D);
+      for (int hh = 0; hh < KVH; ++hh) {
+        row_from_f32((void*)kv->k_pool, kv->kv_dtype, slots[b] * KVH + hh, D, r + q_size + hh * D);
+        row_from_f32((void*)kv->v_pool, kv->kv_dtype, slots[b] * KVH + hh, D,
+                     r + q_size + kv_size + hh * D);
+      }
+    }
+    attention_tasks(kv, qf, nqkv, of, q_size, B, H, KVH, D, d->attn_scale, threads);
+#pragma omp for schedule(static)
+    for (int b = 0; b < B; ++b) row_from_f32(out, dtype, b, q_size, of + (int64_t)b * q_size);
+  }
+  free(of);
+  free(qf);
+}
