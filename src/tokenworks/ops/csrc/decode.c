@@ -49,19 +49,31 @@ static inline uint16_t f32_to_bf16(float f) {  // round to nearest even, as torc
 static inline void row_to_f32(const void* base, int dtype, int64_t row, int n, float* out) {
   if (dtype == TW_F32) {
     memcpy(out, (const float*)base + row * n, sizeof(float) * n);
-  } else {
-    const uint16_t* r = (const uint16_t*)base + row * n;
-    for (int i = 0; i < n; ++i) out[i] = bf16_to_f32(r[i]);
+    return;
   }
+  const uint16_t* r = (const uint16_t*)base + row * n;
+  int i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256((const __m256i*)(r + i));
+    _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+#endif
+  for (; i < n; ++i) out[i] = bf16_to_f32(r[i]);
 }
 
 static inline void row_from_f32(void* base, int dtype, int64_t row, int n, const float* in) {
   if (dtype == TW_F32) {
     memcpy((float*)base + row * n, in, sizeof(float) * n);
-  } else {
-    uint16_t* r = (uint16_t*)base + row * n;
-    for (int i = 0; i < n; ++i) r[i] = f32_to_bf16(in[i]);
+    return;
   }
+  uint16_t* r = (uint16_t*)base + row * n;
+  int i = 0;
+#if defined(__AVX512BF16__)
+  for (; i + 16 <= n; i += 16)  // round to nearest even, as f32_to_bf16
+    _mm256_storeu_si256((__m256i*)(r + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(in + i)));
+#endif
+  for (; i < n; ++i) r[i] = f32_to_bf16(in[i]);
 }
 
 // ---------------------------------------------------------------- dot products ------
@@ -207,7 +219,7 @@ static void linear_rows(const tw_linear* L, const float* x, const uint16_t* xb, 
 }
 
 static inline void round_row(const float* x, uint16_t* xb, int n) {
-  for (int i = 0; i < n; ++i) xb[i] = f32_to_bf16(x[i]);
+  row_from_f32(xb, TW_BF16, 0, n, x);
 }
 
 static void rms_norm_row(const float* x, const float* w, float eps, float* out, uint16_t* outb,
@@ -283,6 +295,20 @@ static void softmax(float* s, int64_t n) {
   }
   const float inv = 1.f / sum;
   for (j = 0; j < n; ++j) s[j] *= inv;
+}
+
+// out = silu(g) * u over n values, silu(g) = g / (1 + e^-g).
+static void silu_mul(const float* g, const float* u, float* out, int n) {
+  int i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    const __m512 gv = _mm512_loadu_ps(g + i);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+    const __m512 sv = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+    _mm512_storeu_ps(out + i, _mm512_mul_ps(sv, _mm512_loadu_ps(u + i)));
+  }
+#endif
+  for (; i < n; ++i) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
 }
 
 // The pool slot of each context position first..L-1: the block table walked once, with
@@ -538,13 +564,14 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
       for (int b = 0; b < B; ++b)
         rms_norm_row(x + b * hid, L->post_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
       linear_rows(&L->gate_up, s->h, s->hb, s->gu, B, 0);
+      const int chunks = (I + 127) / 128;
 #pragma omp for schedule(static)
-      for (int i = 0; i < B * I; ++i) {  // SwiGLU: silu(gate) * up
-        const int b = i / I, j = i % I;
-        const float g = s->gu[(int64_t)b * 2 * I + j], u = s->gu[(int64_t)b * 2 * I + I + j];
-        const float a = g / (1.f + expf(-g)) * u;
-        s->act[i] = a;
-        s->hb[i] = f32_to_bf16(a);
+      for (int c = 0; c < B * chunks; ++c) {  // SwiGLU: silu(gate) * up, 128 at a time
+        const int b = c / chunks, j = (c % chunks) * 128, len = I - j < 128 ? I - j : 128;
+        const float* g = s->gu + (int64_t)b * 2 * I + j;
+        float* a = s->act + (int64_t)b * I + j;
+        silu_mul(g, g + I, a, len);
+        round_row(a, s->hb + (int64_t)b * I + j, len);
       }
       linear_rows(&L->down, s->act, s->hb, x, B, 1);  // x += down(act)
     }
@@ -593,7 +620,7 @@ void tw_swiglu(const void* gu, void* act, int dtype, int B, int I, int threads) 
     float* u = g + I;
     load_row(gu, dtype, 2 * (int64_t)b, I, g);
     load_row(gu, dtype, 2 * (int64_t)b + 1, I, u);
-    for (int i = 0; i < I; ++i) g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+    silu_mul(g, u, g, I);
     row_from_f32(act, dtype, b, I, g);
     free(g);
   }
