@@ -107,13 +107,37 @@ def test_which_batches_the_kernel_takes():
     mixed = AttentionMetadata.paged([4, 1], [0, 3], tables[:2], 4, decode_kernel=True)
     assert kernel.accepts(2, decode2)
     assert kernel.accepts(3, decode3)  # beyond max_rows: run_batched (dense weights)
-    assert not kernel.accepts(5, mixed)  # prefill in the batch: the modules
-    gathered = AttentionMetadata.paged([1] * 2, [3, 3], tables[:2], 4, decode_kernel=False)
-    assert not kernel.accepts(2, gathered)  # no block tables: the torch gather path
+    assert kernel.accepts(5, mixed)  # prefill in the batch: run_batched, torch attention
+    assert not kernel.accepts(3, AttentionMetadata.single(3))  # no KV cache: the modules
     int8, pool8 = _model_and_pool(spec, torch.float32, "int8")
     kernel8 = LlamaDecodeKernel.prepare(int8, pool8, max_rows=2)
     assert kernel8.accepts(2, decode2)
     assert not kernel8.accepts(3, decode3)  # int8 without a dense copy: the modules
+    assert not kernel8.accepts(5, mixed)
+    gathered = AttentionMetadata.paged([1] * 2, [3, 3], tables[:2], 4, decode_kernel=False)
+    assert not kernel8.accepts(2, gathered)  # no block tables: not the whole-step path
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_and_mixed_batches_through_the_kernel_equal_the_modules(dtype):
+    spec = dataclasses.replace(toy_spec(), sliding_window=6)
+    model, pool = _model_and_pool(spec, dtype)
+    q_lens, ctx_lens = [5, 1, 3, 1], [0, 7, 2, 12]  # prefill chunks and decodes mixed
+    tables = [[0, 1], [2, 3], [4, 5], [6, 7, 8, 9]]
+    ids = torch.randint(
+        0, spec.vocab_size, (sum(q_lens),), generator=torch.Generator().manual_seed(1)
+    )
+    pos = torch.cat([torch.arange(c, c + n) for n, c in zip(q_lens, ctx_lens, strict=True)])
+    rows = torch.tensor([4, 5, 8, 9])  # each sequence's last row
+    out = {}
+    for fused in (False, True):
+        model.decode_kernel = LlamaDecodeKernel.prepare(model, pool) if fused else None
+        meta = AttentionMetadata.paged(q_lens, ctx_lens, tables, 4, decode_kernel=True)
+        with torch.inference_mode():
+            out[fused] = model(ids, pos, meta, pool, logits_rows=rows)
+    assert out[True].shape == (4, spec.vocab_size)
+    tol = 1e-4 if dtype == torch.float32 else 0.1  # bfloat16: the kernel keeps x in float32
+    assert (out[True] - out[False]).abs().max() < tol * max(1.0, out[False].abs().max().item())
 
 
 def _dequantized_copy(model):
@@ -184,9 +208,11 @@ def test_the_real_model_in_bfloat16_decodes_through_the_kernel(smol_loaded):
     assert llm.engine.model.decode_kernel is not None  # attention="auto" takes it
     calls = []
     kernel = llm.engine.model.decode_kernel
-    run = kernel.run
-    kernel.run = lambda *a: calls.append(1) or run(*a)
+    for name in ("_run_whole_step", "run_batched"):
+        run = getattr(kernel, name)
+        setattr(kernel, name, lambda *a, _run=run, _n=name, **k: calls.append(_n) or _run(*a, **k))
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     out = llm.generate(["The capital of France is"], params)[0].outputs[0]
-    assert len(calls) == 23  # every token after the first came from the fused step
+    # the prompt through run_batched, every later token as one whole C step
+    assert calls == ["run_batched"] + ["_run_whole_step"] * 23
     assert "Paris" in out.text

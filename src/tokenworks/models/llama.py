@@ -64,8 +64,9 @@ class LlamaModel(nn.Module):
         cos, sin = cos_sin_table(spec, spec.max_position)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-        # ops/fused_decode.LlamaDecodeKernel, set by the engine: small decode-only batches
-        # then run as one call into the C kernels instead of the modules below
+        # ops/fused_decode.LlamaDecodeKernel, set by the engine: the paged engine's batches
+        # then run on the C kernels (small decode batches as one call) instead of the
+        # modules below
         self.decode_kernel = None
 
     def load_weights(self, w: dict[str, torch.Tensor]) -> None:
@@ -104,10 +105,7 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:  # [N, vocab] float32
         kernel = self.decode_kernel
         if kernel is not None and cache is not None and kernel.accepts(input_ids.shape[0], meta):
-            logits = kernel.run(input_ids, positions, meta, self.spec.sliding_window)
-            if logits_rows is not None and logits_rows.numel() != logits.shape[0]:
-                logits = logits.index_select(0, logits_rows)
-            return logits
+            return kernel.run(input_ids, positions, meta, self.spec.sliding_window, logits_rows)
         x = self.embed(input_ids)
         cos = self.cos[positions].to(x.dtype).unsqueeze(1)  # [T, 1, D]
         sin = self.sin[positions].to(x.dtype).unsqueeze(1)

@@ -196,6 +196,17 @@ def attention(
     k_pool, v_pool = cache.k[layer], cache.v[layer]
     k_pool.index_copy_(0, meta.slot_mapping, k)
     v_pool.index_copy_(0, meta.slot_mapping, v)
+    return attention_over_pool(q, meta, k_pool, v_pool, scale, window)
+
+
+def attention_over_pool(
+    q: torch.Tensor,  # [T, H, D]
+    meta: AttentionMetadata,
+    k_pool: torch.Tensor,  # one layer's pool, the batch's own K and V already written
+    v_pool: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:  # [T, H*D]
     n_heads, d = q.shape[1], q.shape[2]
     if meta.decode is not None and meta.decode.token_rows.numel() == q.shape[0]:
         return _decode_batch(q, k_pool, v_pool, meta.decode, scale, window)  # decode only

@@ -206,4 +206,16 @@ def library() -> ctypes.CDLL | None:
         ctypes.c_int,
         ctypes.c_int,
     ]
+    lib.tw_rope_store.restype = None
+    lib.tw_rope_store.argtypes = [
+        ctypes.POINTER(Dims),
+        c_ptr,
+        c_ptr,
+        ctypes.c_int,
+        c_ptr,
+        ctypes.c_int,
+        *[c_ptr] * 4,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
     return lib

@@ -21,11 +21,13 @@ import torch
 from torch import nn
 
 from tokenworks.ops import ckernels as ck
+from tokenworks.ops.attention import attention_over_pool
 from tokenworks.ops.linear import DenseForLargeBatches, Int4Linear, Int8Linear, MatvecLinear
 from tokenworks.ops.rope import cos_sin_table
 
 MAX_ROWS = 8  # decode batches up to this size run the whole step in C
 PACK_ROWS = 64  # the batch size oneDNN tunes the big batches' packed weights for
+PACK_MAX = 256  # more rows than this (prefill) multiply the plain weights: packing no longer pays
 
 
 def _f32(t: torch.Tensor | None, keep: list) -> int | None:
@@ -67,7 +69,12 @@ def _dense(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
 
 
 def _product(w: torch.Tensor, bias: torch.Tensor | None):
-    """x -> x @ w.T (+ bias), through oneDNN's prepacked weights where it has them."""
+    """x -> x @ w.T (+ bias): through oneDNN's prepacked weights for up to PACK_MAX rows
+    where it has them (decode batches), else torch's product (prefill)."""
+
+    def plain(x):
+        return torch.mm(x, w.t()) if bias is None else torch.addmm(bias, x, w.t())
+
     if (
         w.device.type == "cpu"
         and w.dtype == torch.bfloat16
@@ -75,12 +82,14 @@ def _product(w: torch.Tensor, bias: torch.Tensor | None):
     ):
         try:
             packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
-            return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
         except (RuntimeError, AttributeError):  # a torch without these ops: plain products
-            pass
-    if bias is None:
-        return lambda x: torch.mm(x, w.t())
-    return lambda x: torch.addmm(bias, x, w.t())
+            return plain
+        return lambda x: (
+            torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+            if x.shape[0] <= PACK_MAX
+            else plain(x)
+        )
+    return plain
 
 
 class LlamaDecodeKernel:
@@ -155,15 +164,19 @@ class LlamaDecodeKernel:
         return cls(lib, dims, model_c, layers, keep, spec, max_rows, model, pool)
 
     def accepts(self, n_tokens: int, meta) -> bool:
-        """A decode-only batch with block tables: up to max_rows sequences run the whole
-        step in C; more run run_batched when the weights are dense."""
+        """Which batches run here: a decode-only batch of up to max_rows sequences (block
+        tables given) runs the whole step in C; with dense weights, any other batch of
+        the paged engine runs run_batched."""
+        if meta.slot_mapping is None:
+            return False  # no KV cache: the modules
         dec = meta.decode
-        return (
+        small = (
             dec is not None
             and dec.block_tables is not None
             and dec.token_rows.numel() == n_tokens
-            and (n_tokens <= self.max_rows or self.dense is not None)
+            and n_tokens <= self.max_rows
         )
+        return small or self.dense is not None
 
     def _buffers(self, b: int) -> tuple:
         if b not in self._scratch:
@@ -198,10 +211,24 @@ class LlamaDecodeKernel:
         )
         return kv, (tables, lens)  # the tensors must outlive the call
 
-    def run(self, input_ids, positions, meta, window: int | None) -> torch.Tensor:
-        """logits [B, vocab] float32 for a decode-only batch of B sequences."""
-        if input_ids.shape[0] > self.max_rows:
-            return self.run_batched(input_ids, positions, meta, window)
+    def run(self, input_ids, positions, meta, window, logits_rows=None) -> torch.Tensor:
+        """logits float32 [rows, vocab]: of logits_rows (None: every row) of the batch."""
+        dec = meta.decode
+        n = input_ids.shape[0]
+        whole_step = (
+            n <= self.max_rows
+            and dec is not None
+            and dec.block_tables is not None
+            and dec.token_rows.numel() == n
+        )
+        if not whole_step:
+            return self.run_batched(input_ids, positions, meta, window, logits_rows)
+        logits = self._run_whole_step(input_ids, positions, meta, window)
+        if logits_rows is not None and logits_rows.numel() != n:
+            logits = logits.index_select(0, logits_rows)
+        return logits
+
+    def _run_whole_step(self, input_ids, positions, meta, window) -> torch.Tensor:
         b = input_ids.shape[0]
         ids = input_ids.contiguous()
         pos = positions.contiguous()
@@ -227,6 +254,20 @@ class LlamaDecodeKernel:
         )
         return logits
 
+    def _attend_in_torch(self, qkv, meta, layer, pos, slots, window, code, threads):
+        """RoPE and the cache write in C, then attention over the pool in torch."""
+        s = self.spec
+        self.lib.tw_rope_store(
+            ctypes.byref(self.dims), ck.ptr(self.pool.k[layer]), ck.ptr(self.pool.v[layer]),
+            self.kv_dtype, ck.ptr(qkv), code, ck.ptr(pos), ck.ptr(slots),
+            self.model_c.cos, self.model_c.sin, qkv.shape[0], threads,
+        )  # fmt: skip
+        q = qkv[:, : s.q_size].view(-1, s.n_heads, s.head_dim)
+        out = attention_over_pool(
+            q, meta, self.pool.k[layer], self.pool.v[layer], self.dims.attn_scale, window
+        )
+        return out.contiguous()
+
     def _products(self) -> list:
         """Per layer, the four products (qkv, o, gate_up, down) as callables x -> x @ W.T.
 
@@ -240,15 +281,21 @@ class LlamaDecodeKernel:
             self._head = _product(*self.dense_head)
         return self._packed
 
-    def run_batched(self, input_ids, positions, meta, window: int | None) -> torch.Tensor:
-        """A big decode batch: torch multiplies, C does everything between the products
-        (residual + RMSNorm, RoPE + cache write + paged attention, SwiGLU) in 3 calls a
-        layer instead of about twenty torch ops; the residual stream stays float32."""
+    def run_batched(self, input_ids, positions, meta, window, logits_rows=None) -> torch.Tensor:
+        """Any other batch of the paged engine (big decode batches, prefill chunks, both
+        mixed): torch multiplies, C does what lies between the products (residual +
+        RMSNorm, RoPE + cache write, SwiGLU; decode-only batches: attention too) in 3
+        calls a layer instead of about twenty torch ops; the residual stream stays float32.
+        Batches with prefill rows attend in torch (ops/attention.attention_over_pool)."""
         lib, s, threads = self.lib, self.spec, torch.get_num_threads()
         b, act = input_ids.shape[0], self.act_dtype
         code = ck.DTYPE_CODES[act]
         pos = positions.contiguous()
         slots = meta.slot_mapping.contiguous()
+        dec = meta.decode
+        decode_only = (
+            dec is not None and dec.block_tables is not None and dec.token_rows.numel() == b
+        )
         x = self.embed.index_select(0, input_ids).float().contiguous()  # [B, hidden]
         h = torch.empty(b, s.hidden_size, dtype=act)
         attn = torch.empty(b, s.q_size, dtype=act)
@@ -262,11 +309,14 @@ class LlamaDecodeKernel:
                 b, s.hidden_size, threads,
             )  # fmt: skip
             qkv = f_qkv(h)
-            kv, _alive = self._kv(meta, window, i)
-            lib.tw_rope_attend(
-                ctypes.byref(self.dims), ctypes.byref(kv), ck.ptr(qkv), ck.ptr(attn), code,
-                ck.ptr(pos), ck.ptr(slots), self.model_c.cos, self.model_c.sin, b, threads,
-            )  # fmt: skip
+            if decode_only:
+                kv, _alive = self._kv(meta, window, i)
+                lib.tw_rope_attend(
+                    ctypes.byref(self.dims), ctypes.byref(kv), ck.ptr(qkv), ck.ptr(attn), code,
+                    ck.ptr(pos), ck.ptr(slots), self.model_c.cos, self.model_c.sin, b, threads,
+                )  # fmt: skip
+            else:
+                attn = self._attend_in_torch(qkv, meta, i, pos, slots, window, code, threads)
             proj = f_o(attn)
             lib.tw_residual_norm(
                 ck.ptr(x), ck.ptr(proj), code, layer.post_norm, eps, ck.ptr(h), code,
@@ -279,5 +329,7 @@ class LlamaDecodeKernel:
             ck.ptr(x), ck.ptr(delta), code, self.model_c.final_norm, eps, ck.ptr(h), code,
             b, s.hidden_size, threads,
         )  # fmt: skip
+        if logits_rows is not None and logits_rows.numel() != b:
+            h = h.index_select(0, logits_rows)
         logits = self._head(h)
         return logits.float()

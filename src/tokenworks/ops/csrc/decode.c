@@ -658,3 +658,28 @@ void tw_rope_attend(const tw_dims* d, const tw_kv* kv, const void* qkv, void* ou
   free(of);
   free(qf);
 }
+
+// Any flat batch (prefill chunks too): RoPE on q and k of each row of qkv [T, q + 2kv]
+// (in place, in `dtype`), and each row's K and V into its pool slot. Attention then runs
+// in torch over the pool (ops/attention.py).
+void tw_rope_store(const tw_dims* d, void* k_pool, void* v_pool, int kv_dtype, void* qkv,
+                   int dtype, const int64_t* positions, const int64_t* slots, const float* cos,
+                   const float* sin, int T, int threads) {
+  const int H = d->n_heads, KVH = d->n_kv_heads, D = d->head_dim;
+  const int q_size = H * D, kv_size = KVH * D, nqkv = q_size + 2 * kv_size;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int t = 0; t < T; ++t) {
+    float* r = (float*)malloc(sizeof(float) * (size_t)nqkv);
+    load_row(qkv, dtype, t, nqkv, r);
+    const float* c = cos + positions[t] * D;
+    const float* s = sin + positions[t] * D;
+    for (int hh = 0; hh < H + KVH; ++hh) rope_row(r + hh * D, c, s, D);
+    char* row = (char*)qkv + (int64_t)t * nqkv * (dtype == TW_F32 ? 4 : 2);
+    row_from_f32(row, dtype, 0, q_size + kv_size, r);  // q and k, rotated
+    for (int hh = 0; hh < KVH; ++hh) {
+      row_from_f32(k_pool, kv_dtype, slots[t] * KVH + hh, D, r + q_size + hh * D);
+      row_from_f32(v_pool, kv_dtype, slots[t] * KVH + hh, D, r + q_size + kv_size + hh * D);
+    }
+    free(r);
+  }
+}
