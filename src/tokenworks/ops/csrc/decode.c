@@ -383,6 +383,33 @@ static void scores_bf16(const uint16_t* kp, const int64_t* slots, int64_t n, int
 }
 #endif
 
+#if defined(__AVX512F__)
+// The weighted sum of values for head_dim 64 and G query heads at once (G a constant at
+// each call site, so the G x 4 sums stay in registers): each value row is read once.
+static inline __attribute__((always_inline)) void weighted_values64(
+    const void* v_pool, int kv_dtype, const int64_t* slots, int64_t n, int kv_heads, int h,
+    const float* scores, int G, float* out) {
+  __m512 acc[4][4];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
+  const int64_t esz = kv_dtype == TW_F32 ? 4 : 2;
+  for (int64_t l = 0; l < n; ++l) {
+    const int64_t r = (slots[l] * kv_heads + h) * 64;
+    if (l + PREFETCH_KEYS < n)
+      prefetch_span((const char*)v_pool + (slots[l + PREFETCH_KEYS] * kv_heads + h) * 64 * esz,
+                    64 * esz);
+    __m512 v[4];
+    for (int c = 0; c < 4; ++c) v[c] = load16(v_pool, kv_dtype, r + 16 * c);
+    for (int g = 0; g < G; ++g) {
+      const __m512 w = _mm512_set1_ps(scores[g * n + l]);
+      for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_fmadd_ps(w, v[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(out + g * 64 + 16 * c, acc[g][c]);
+}
+#endif
+
 // Sequence b's query heads of KV heads [h0, h1): q [(h1 - h0) * G, D] (float32, not yet
 // scaled) -> out, same shape. For each KV head: scores over the whole context, softmax,
 // then the weighted sum of values. Each key and value row is read once for all the query
@@ -418,6 +445,14 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
       }
     for (int g = 0; g < G; ++g) softmax(scores + g * n, n);
 #if defined(__AVX512F__)
+    if (D == 64 && G <= 4) {
+      const void* vp = kv->v_pool;
+      if (G == 1) weighted_values64(vp, kv->kv_dtype, slots, n, kv_heads, h, scores, 1, oh);
+      if (G == 2) weighted_values64(vp, kv->kv_dtype, slots, n, kv_heads, h, scores, 2, oh);
+      if (G == 3) weighted_values64(vp, kv->kv_dtype, slots, n, kv_heads, h, scores, 3, oh);
+      if (G == 4) weighted_values64(vp, kv->kv_dtype, slots, n, kv_heads, h, scores, 4, oh);
+      continue;
+    }
     if (D % 16 == 0) {  // one query head at a time, its sums in registers
       const int C = D / 16;
       for (int g = 0; g < G; ++g) {
