@@ -80,14 +80,24 @@ class AttentionMetadata:
         decode_kernel: bool = False,
     ) -> AttentionMetadata:
         """Slots and gather indices from block tables (built once per step, used by every layer)."""
-        slots, kv_index, dec_rows, dec_seq = [], [], [], []
+        slots: list[int] = []
+        kv_index, dec_rows, dec_seq, dec_tables, dec_lens = [], [], [], [], []
         start = 0
         for n, ctx, table in zip(query_lens, context_lens, block_tables, strict=True):
+            if batch_decode and n == 1 and decode_kernel:
+                # the kernel reads through the block table itself: only the new slot
+                slots.append(table[ctx // block_size] * block_size + ctx % block_size)
+                dec_rows.append(start)
+                dec_tables.append(table)
+                dec_lens.append(ctx + 1)
+                kv_index.append(None)
+                start += n
+                continue
             total = ctx + n
             pos = torch.arange(total)
             blocks = torch.tensor(table, dtype=torch.long)[pos // block_size]
             index = blocks * block_size + pos % block_size  # [ctx + n]
-            slots.append(index[ctx:])
+            slots.extend(index[ctx:].tolist())
             if batch_decode and n == 1:
                 dec_rows.append(start)
                 dec_seq.append(index)
@@ -97,22 +107,20 @@ class AttentionMetadata:
             start += n
         decode = None
         if dec_rows:
-            lens = torch.tensor([len(x) for x in dec_seq])
             rows = torch.tensor(dec_rows, device=device)
-            if decode_kernel:  # the kernel reads through the block tables themselves
-                dec_tables = [t for t, n in zip(block_tables, query_lens, strict=True) if n == 1]
+            if decode_kernel:
                 width = max(len(t) for t in dec_tables)
-                tables = torch.zeros(len(dec_tables), width, dtype=torch.long)
-                for j, t in enumerate(dec_tables):
-                    tables[j, : len(t)] = torch.tensor(t, dtype=torch.long)
-                decode = DecodeBatch(rows, None, lens, tables, block_size)
+                tables = torch.tensor([t + [0] * (width - len(t)) for t in dec_tables])
+                decode = DecodeBatch(rows, None, torch.tensor(dec_lens), tables, block_size)
             else:
+                lens = torch.tensor([len(x) for x in dec_seq])
                 padded = torch.zeros(len(dec_seq), int(lens.max()), dtype=torch.long)
                 for j, x in enumerate(dec_seq):
                     padded[j, : len(x)] = x
                 uniform = int(lens.min()) == int(lens.max())
                 decode = DecodeBatch(rows, padded.to(device), lens.to(device), uniform=uniform)
-        return cls(query_lens, context_lens, torch.cat(slots).to(device), kv_index, decode)
+        slot_mapping = torch.tensor(slots, dtype=torch.long, device=device)
+        return cls(query_lens, context_lens, slot_mapping, kv_index, decode)
 
     @property
     def num_tokens(self) -> int:

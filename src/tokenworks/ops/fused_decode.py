@@ -98,6 +98,7 @@ class LlamaDecodeKernel:
         self.keep, self.spec, self.max_rows = keep, spec, max_rows
         self._scratch: dict[int, tuple] = {}
         self.pool = pool
+        self.pool_ptrs = [(k.data_ptr(), v.data_ptr()) for k, v in zip(pool.k, pool.v, strict=True)]
         self.kv_dtype = ck.DTYPE_CODES[pool.k[0].dtype]
         # Bigger batches: torch's products on dense weights, the rest in C (run_batched)
         names = ("qkv", "o_proj", "gate_up", "down")
@@ -194,14 +195,14 @@ class LlamaDecodeKernel:
             self._scratch[b] = (bufs, scratch)
         return self._scratch[b]
 
-    def _kv(self, meta, window: int | None, layer: int | None = None) -> tuple:
+    def _kv(self, meta, window: int | None) -> tuple:
+        """The block tables and context lengths for C (each layer sets its own pools)."""
         dec = meta.decode
         tables = dec.block_tables.contiguous()
         lens = dec.context_lens.contiguous()
-        pools = (None, None) if layer is None else (self.pool.k[layer], self.pool.v[layer])
         kv = ck.KV(
-            ck.ptr(pools[0]),
-            ck.ptr(pools[1]),
+            None,
+            None,
             self.kv_dtype,
             ck.ptr(tables),
             tables.shape[1],
@@ -300,35 +301,37 @@ class LlamaDecodeKernel:
         h = torch.empty(b, s.hidden_size, dtype=act)
         attn = torch.empty(b, s.q_size, dtype=act)
         mlp_in = torch.empty(b, s.intermediate_size, dtype=act)
-        eps = s.norm_eps
-        delta = None
+        px, ph, pattn, pmlp = (t.data_ptr() for t in (x, h, attn, mlp_in))
+        hid, inter, eps = s.hidden_size, s.intermediate_size, s.norm_eps
+        kv, _alive = self._kv(meta, window) if decode_only else (None, None)
+        dims, cos, sin = ctypes.byref(self.dims), self.model_c.cos, self.model_c.sin
+        p_delta = None
         for i, (f_qkv, f_o, f_gu, f_down) in enumerate(self._products()):
             layer = self.layers_c[i]
             lib.tw_residual_norm(
-                ck.ptr(x), ck.ptr(delta), code, layer.input_norm, eps, ck.ptr(h), code,
-                b, s.hidden_size, threads,
-            )  # fmt: skip
+                px, p_delta, code, layer.input_norm, eps, ph, code, b, hid, threads
+            )
             qkv = f_qkv(h)
             if decode_only:
-                kv, _alive = self._kv(meta, window, i)
+                kv.k_pool, kv.v_pool = self.pool_ptrs[i]
                 lib.tw_rope_attend(
-                    ctypes.byref(self.dims), ctypes.byref(kv), ck.ptr(qkv), ck.ptr(attn), code,
-                    ck.ptr(pos), ck.ptr(slots), self.model_c.cos, self.model_c.sin, b, threads,
+                    dims, ctypes.byref(kv), qkv.data_ptr(), pattn, code, pos.data_ptr(),
+                    slots.data_ptr(), cos, sin, b, threads,
                 )  # fmt: skip
+                out = attn
             else:
-                attn = self._attend_in_torch(qkv, meta, i, pos, slots, window, code, threads)
-            proj = f_o(attn)
+                out = self._attend_in_torch(qkv, meta, i, pos, slots, window, code, threads)
+            proj = f_o(out)
             lib.tw_residual_norm(
-                ck.ptr(x), ck.ptr(proj), code, layer.post_norm, eps, ck.ptr(h), code,
-                b, s.hidden_size, threads,
-            )  # fmt: skip
+                px, proj.data_ptr(), code, layer.post_norm, eps, ph, code, b, hid, threads
+            )
             gu = f_gu(h)
-            lib.tw_swiglu(ck.ptr(gu), ck.ptr(mlp_in), code, b, s.intermediate_size, threads)
+            lib.tw_swiglu(gu.data_ptr(), pmlp, code, b, inter, threads)
             delta = f_down(mlp_in)
+            p_delta = delta.data_ptr()
         lib.tw_residual_norm(
-            ck.ptr(x), ck.ptr(delta), code, self.model_c.final_norm, eps, ck.ptr(h), code,
-            b, s.hidden_size, threads,
-        )  # fmt: skip
+            px, p_delta, code, self.model_c.final_norm, eps, ph, code, b, hid, threads
+        )
         if logits_rows is not None and logits_rows.numel() != b:
             h = h.index_select(0, logits_rows)
         logits = self._head(h)
