@@ -29,11 +29,12 @@ class EngineConfig:
     device: str = "cpu"
     threads: int | None = None  # torch intra-op threads on CPU; None leaves torch's default
     max_model_len: int | None = None  # context limit; None: the model's own
-    # decode kernels: "sdpa" (torch: gather K/V through the block tables, then SDPA),
-    # "cpp" (the C kernels of ops/csrc, built on first use: decode attention reads through
-    # the block tables with no copy, and a small decode batch runs as one fused call),
-    # "auto" (cpp on the CPU for bfloat16 and quantised weights where it builds; float32
-    # keeps torch, the path the exactness tests pin down)
+    # kernels: "sdpa" (the torch modules; decode attention gathers K/V, then SDPA),
+    # "cpp" (the C kernels of ops/csrc, built on first use: a small decode batch runs as
+    # one call, other batches run torch's products with C between them, and decode
+    # attention reads through the block tables with no copy), "auto" (cpp on the CPU for
+    # bfloat16 and quantised weights where it builds; float32 keeps torch, the path the
+    # exactness tests pin down)
     attention: str = "auto"
     quantization: str | None = None  # None (the file's weights, dequantised), "int8", "int4"
     # with quantization: also keep a dense copy of the dequantised weights and use it for
@@ -130,9 +131,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         "--attention",
         default="auto",
         choices=["sdpa", "cpp", "auto"],
-        help="decode kernels: torch (gathered K/V + SDPA), the C kernels of ops/csrc (paged "
-        "attention, whole small decode steps in one call), or auto: C for bfloat16 and "
-        "quantised weights on the CPU, torch for float32 (default: auto)",
+        help="kernels: torch modules (gathered K/V + SDPA), the C kernels of ops/csrc (whole "
+        "small decode steps in one call, C between torch's products otherwise, paged "
+        "attention), or auto: C for bfloat16 and quantised weights on the CPU, torch for "
+        "float32 (default: auto)",
     )
     g = p.add_argument_group("KV memory and scheduling")
     g.add_argument(

@@ -1,16 +1,19 @@
-"""A whole Llama-family decode step in one call into the C kernels (csrc/decode.c).
+"""A Llama-family model's forward pass on the C kernels (csrc/decode.c), two ways.
 
 `LlamaDecodeKernel.prepare(model, pool)` reads a built LlamaModel once: pointers to its
-weights (float32, bfloat16, int8 with row scales, or int4 in
-Q4_1-style blocks), float32 copies of the small vectors
-(norms, biases, scales) and of the RoPE table, and each layer's K/V pool. `run` then takes
-a decode-only batch (one new token per sequence, K/V read through block tables) and
-returns its logits, with no torch op per layer.
+weights (float32, bfloat16, int8 with row scales, or int4 in Q4_1-style blocks), float32
+copies of the small vectors (norms, biases, scales) and of the RoPE table, and each
+layer's K/V pool. Then `run` takes a batch of the paged engine and returns its logits:
 
-It takes batches of up to `max_rows` sequences: each weight row is read once and used for
-every sequence, which is what small batches need; big batches are compute-bound and go to
-torch's matrix products instead. Batch-invariant mode and GPUs stay on the torch path
-(`prepare` returns None).
+- a decode-only batch of up to `max_rows` sequences runs the whole step in one C call
+  (`tw_llama_decode`): each weight row is read once for every sequence and no torch op
+  runs per layer, which is what batch-1 decode needs;
+- any other batch (bigger decode batches, prefill chunks, both mixed) runs `run_batched`
+  when the weights are dense: torch multiplies (decode batches through oneDNN's prepacked
+  weights), and C does what lies between the products in three calls a layer.
+
+Int4/int8 models without a dense copy take the first way only; batch-invariant mode and
+GPUs stay on the torch modules (`prepare` returns None).
 """
 
 from __future__ import annotations
