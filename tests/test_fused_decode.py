@@ -64,11 +64,11 @@ def _model_and_pool(spec, dtype, quantization=None):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("quantization", [None, "int8"])
-@pytest.mark.parametrize("max_rows", [8, 0])  # 0: every batch takes run_batched
+@pytest.mark.parametrize(
+    "quantization, max_rows",
+    [(None, 8), (None, 0), ("int8", 8)],  # max_rows 0: run_batched (dense weights only)
+)
 def test_float32_fused_step_equals_the_modules(variant, quantization, max_rows):
-    if quantization and not max_rows:
-        pytest.skip("run_batched multiplies dense weights only")
     spec = dataclasses.replace(toy_spec(), **VARIANTS[variant])
     model, pool = _model_and_pool(spec, torch.float32, quantization)
     ctx_lens = [0, 3, 17, 40, 9]
