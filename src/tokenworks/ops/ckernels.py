@@ -103,6 +103,15 @@ class Scratch(ctypes.Structure):
     _fields_ = [(name, c_ptr) for name in ("h", "hb", "qkv", "attn", "gu", "act")]
 
 
+def kv_view(tables, lens, block_size, window, kv_dtype, k_pool=None, v_pool=None):
+    """A KV struct over block tables [B, max_blocks] and context lengths [B] (int64,
+    contiguous: the caller keeps them alive during the call); pools may be set later."""
+    return KV(
+        ptr(k_pool), ptr(v_pool), kv_dtype, ptr(tables), tables.shape[1], ptr(lens),
+        block_size, window or 0,
+    )  # fmt: skip
+
+
 def ptr(t: torch.Tensor | None) -> int | None:
     """A contiguous CPU tensor's data address (None passes NULL)."""
     if t is None:

@@ -173,14 +173,18 @@ class LlamaDecodeKernel:
         the paged engine runs run_batched."""
         if meta.slot_mapping is None:
             return False  # no KV cache: the modules
+        return self._whole_step(n_tokens, meta) or self.dense is not None
+
+    @staticmethod
+    def _decode_only(n_tokens: int, meta) -> bool:
+        """Every row a decode token, with block tables for the C attention."""
         dec = meta.decode
-        small = (
-            dec is not None
-            and dec.block_tables is not None
-            and dec.token_rows.numel() == n_tokens
-            and n_tokens <= self.max_rows
+        return (
+            dec is not None and dec.block_tables is not None and dec.token_rows.numel() == n_tokens
         )
-        return small or self.dense is not None
+
+    def _whole_step(self, n_tokens: int, meta) -> bool:
+        return n_tokens <= self.max_rows and self._decode_only(n_tokens, meta)
 
     def _buffers(self, b: int) -> tuple:
         if b not in self._scratch:
@@ -203,29 +207,13 @@ class LlamaDecodeKernel:
         dec = meta.decode
         tables = dec.block_tables.contiguous()
         lens = dec.context_lens.contiguous()
-        kv = ck.KV(
-            None,
-            None,
-            self.kv_dtype,
-            ck.ptr(tables),
-            tables.shape[1],
-            ck.ptr(lens),
-            dec.block_size,
-            window or 0,
-        )
+        kv = ck.kv_view(tables, lens, dec.block_size, window, self.kv_dtype)
         return kv, (tables, lens)  # the tensors must outlive the call
 
     def run(self, input_ids, positions, meta, window, logits_rows=None) -> torch.Tensor:
         """logits float32 [rows, vocab]: of logits_rows (None: every row) of the batch."""
-        dec = meta.decode
         n = input_ids.shape[0]
-        whole_step = (
-            n <= self.max_rows
-            and dec is not None
-            and dec.block_tables is not None
-            and dec.token_rows.numel() == n
-        )
-        if not whole_step:
+        if not self._whole_step(n, meta):
             return self.run_batched(input_ids, positions, meta, window, logits_rows)
         logits = self._run_whole_step(input_ids, positions, meta, window)
         if logits_rows is not None and logits_rows.numel() != n:
@@ -296,10 +284,7 @@ class LlamaDecodeKernel:
         code = ck.DTYPE_CODES[act]
         pos = positions.contiguous()
         slots = meta.slot_mapping.contiguous()
-        dec = meta.decode
-        decode_only = (
-            dec is not None and dec.block_tables is not None and dec.token_rows.numel() == b
-        )
+        decode_only = self._decode_only(b, meta)
         x = self.embed.index_select(0, input_ids).float().contiguous()  # [B, hidden]
         h = torch.empty(b, s.hidden_size, dtype=act)
         attn = torch.empty(b, s.q_size, dtype=act)

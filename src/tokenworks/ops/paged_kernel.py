@@ -32,16 +32,7 @@ def paged_decode_attention(
     out = torch.empty_like(qf)
     tables = block_tables.contiguous()
     lens = context_lens.contiguous()
-    kv = ck.KV(
-        ck.ptr(k_pool),
-        ck.ptr(v_pool),
-        ck.DTYPE_CODES[k_pool.dtype],
-        ck.ptr(tables),
-        tables.shape[1],
-        ck.ptr(lens),
-        block_size,
-        window or 0,
-    )
+    kv = ck.kv_view(tables, lens, block_size, window, ck.DTYPE_CODES[k_pool.dtype], k_pool, v_pool)
     lib.tw_paged_attention(
         ctypes.byref(kv),
         ck.ptr(qf),

@@ -222,12 +222,18 @@ static inline void round_row(const float* x, uint16_t* xb, int n) {
   row_from_f32(xb, TW_BF16, 0, n, x);
 }
 
-static void rms_norm_row(const float* x, const float* w, float eps, float* out, uint16_t* outb,
-                         int n) {
+// out = x / sqrt(mean(x^2) + eps) * w over n values (float32)
+static void rms_norm(const float* x, const float* w, float eps, float* out, int n) {
   float ss = 0.f;
   for (int i = 0; i < n; ++i) ss += x[i] * x[i];
   const float r = 1.f / sqrtf(ss / n + eps);
   for (int i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
+}
+
+// rms_norm, plus the result rounded to bfloat16 for the BF16 products
+static void rms_norm_row(const float* x, const float* w, float eps, float* out, uint16_t* outb,
+                         int n) {
+  rms_norm(x, w, eps, out, n);
   round_row(out, outb, n);
 }
 
@@ -556,6 +562,21 @@ static void rope_row(float* v, const float* cos, const float* sin, int D) {
   }
 }
 
+// One token's row r [q + 2kv] (float32): RoPE on its q and k heads at `position`, then
+// its K and V into the pools at `slot`.
+static void rope_and_store(const tw_dims* d, float* r, int64_t position, int64_t slot,
+                           const float* cos, const float* sin, void* k_pool, void* v_pool,
+                           int kv_dtype) {
+  const int H = d->n_heads, KVH = d->n_kv_heads, D = d->head_dim;
+  const int q_size = H * D, kv_size = KVH * D;
+  const float *c = cos + position * D, *sn = sin + position * D;
+  for (int hh = 0; hh < H + KVH; ++hh) rope_row(r + hh * D, c, sn, D);
+  for (int hh = 0; hh < KVH; ++hh) {
+    row_from_f32(k_pool, kv_dtype, slot * KVH + hh, D, r + q_size + hh * D);
+    row_from_f32(v_pool, kv_dtype, slot * KVH + hh, D, r + q_size + kv_size + hh * D);
+  }
+}
+
 // One decode token for each of B sequences: ids [B], positions [B], slots [B] (where each
 // new K/V goes) -> logits [B, vocab]. kv gives the block tables and context lengths (its
 // pools are taken per layer from `layers`).
@@ -580,17 +601,9 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
       linear_rows(&L->qkv, s->h, s->hb, s->qkv, B, 0);
       // RoPE on q and k, then this token's K and V into the pool.
 #pragma omp for schedule(static)
-      for (int b = 0; b < B; ++b) {
-        float* r = s->qkv + (int64_t)b * nqkv;
-        const float* c = m->cos + positions[b] * D;
-        const float* sn = m->sin + positions[b] * D;
-        for (int hh = 0; hh < H + KVH; ++hh) rope_row(r + hh * D, c, sn, D);
-        for (int hh = 0; hh < KVH; ++hh) {
-          row_from_f32(L->k_pool, kv.kv_dtype, slots[b] * KVH + hh, D, r + q_size + hh * D);
-          row_from_f32(L->v_pool, kv.kv_dtype, slots[b] * KVH + hh, D,
-                       r + q_size + kv_size + hh * D);
-        }
-      }
+      for (int b = 0; b < B; ++b)
+        rope_and_store(d, s->qkv + (int64_t)b * nqkv, positions[b], slots[b], m->cos, m->sin,
+                       L->k_pool, L->v_pool, kv.kv_dtype);
       attention_tasks(&kv, s->qkv, nqkv, s->attn, q_size, B, H, KVH, D, d->attn_scale, threads);
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b) round_row(s->attn + b * q_size, s->hb + b * q_size, q_size);
@@ -623,10 +636,6 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
 // calls: tw_residual_norm, tw_rope_attend and tw_swiglu. Inputs and outputs are rows of
 // float32 or bfloat16 (the products' dtype); the residual stream x stays float32.
 
-static inline void load_row(const void* base, int dtype, int64_t row, int n, float* out) {
-  row_to_f32(base, dtype, row, n, out);
-}
-
 // x [B, n] += delta (if any); h = rmsnorm(x) * w, written in h_dtype.
 void tw_residual_norm(float* x, const void* delta, int delta_dtype, const float* w, float eps,
                       void* h, int h_dtype, int B, int n, int threads) {
@@ -635,13 +644,10 @@ void tw_residual_norm(float* x, const void* delta, int delta_dtype, const float*
     float* xr = x + (int64_t)b * n;
     float* tmp = (float*)malloc(sizeof(float) * (size_t)n);
     if (delta) {
-      load_row(delta, delta_dtype, b, n, tmp);
+      row_to_f32(delta, delta_dtype, b, n, tmp);
       for (int i = 0; i < n; ++i) xr[i] += tmp[i];
     }
-    float ss = 0.f;
-    for (int i = 0; i < n; ++i) ss += xr[i] * xr[i];
-    const float r = 1.f / sqrtf(ss / n + eps);
-    for (int i = 0; i < n; ++i) tmp[i] = xr[i] * r * w[i];
+    rms_norm(xr, w, eps, tmp, n);
     row_from_f32(h, h_dtype, b, n, tmp);
     free(tmp);
   }
@@ -653,8 +659,8 @@ void tw_swiglu(const void* gu, void* act, int dtype, int B, int I, int threads) 
   for (int b = 0; b < B; ++b) {
     float* g = (float*)malloc(sizeof(float) * 2 * (size_t)I);
     float* u = g + I;
-    load_row(gu, dtype, 2 * (int64_t)b, I, g);
-    load_row(gu, dtype, 2 * (int64_t)b + 1, I, u);
+    row_to_f32(gu, dtype, 2 * (int64_t)b, I, g);
+    row_to_f32(gu, dtype, 2 * (int64_t)b + 1, I, u);
     silu_mul(g, u, g, I);
     row_from_f32(act, dtype, b, I, g);
     free(g);
@@ -676,15 +682,9 @@ void tw_rope_attend(const tw_dims* d, const tw_kv* kv, const void* qkv, void* ou
 #pragma omp for schedule(static)
     for (int b = 0; b < B; ++b) {
       float* r = qf + (int64_t)b * nqkv;
-      load_row(qkv, dtype, b, nqkv, r);
-      const float* c = cos + positions[b] * D;
-      const float* s = sin + positions[b] * D;
-      for (int hh = 0; hh < H + KVH; ++hh) rope_row(r + hh * D, c, s, D);
-      for (int hh = 0; hh < KVH; ++hh) {
-        row_from_f32((void*)kv->k_pool, kv->kv_dtype, slots[b] * KVH + hh, D, r + q_size + hh * D);
-        row_from_f32((void*)kv->v_pool, kv->kv_dtype, slots[b] * KVH + hh, D,
-                     r + q_size + kv_size + hh * D);
-      }
+      row_to_f32(qkv, dtype, b, nqkv, r);
+      rope_and_store(d, r, positions[b], slots[b], cos, sin, (void*)kv->k_pool,
+                     (void*)kv->v_pool, kv->kv_dtype);
     }
     attention_tasks(kv, qf, nqkv, of, q_size, B, H, KVH, D, d->attn_scale, threads);
 #pragma omp for schedule(static)
@@ -705,16 +705,10 @@ void tw_rope_store(const tw_dims* d, void* k_pool, void* v_pool, int kv_dtype, v
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int t = 0; t < T; ++t) {
     float* r = (float*)malloc(sizeof(float) * (size_t)nqkv);
-    load_row(qkv, dtype, t, nqkv, r);
-    const float* c = cos + positions[t] * D;
-    const float* s = sin + positions[t] * D;
-    for (int hh = 0; hh < H + KVH; ++hh) rope_row(r + hh * D, c, s, D);
+    row_to_f32(qkv, dtype, t, nqkv, r);
+    rope_and_store(d, r, positions[t], slots[t], cos, sin, k_pool, v_pool, kv_dtype);
     char* row = (char*)qkv + (int64_t)t * nqkv * (dtype == TW_F32 ? 4 : 2);
     row_from_f32(row, dtype, 0, q_size + kv_size, r);  // q and k, rotated
-    for (int hh = 0; hh < KVH; ++hh) {
-      row_from_f32(k_pool, kv_dtype, slots[t] * KVH + hh, D, r + q_size + hh * D);
-      row_from_f32(v_pool, kv_dtype, slots[t] * KVH + hh, D, r + q_size + kv_size + hh * D);
-    }
     free(r);
   }
 }
