@@ -23,6 +23,10 @@ VARIANTS = {
     "qkv-bias": {"qkv_bias": True},
     "sliding-window": {"sliding_window": 5},
     "mqa": {"n_kv_heads": 1},
+    # SmolLM2's attention shape (head_dim 64, 3 query heads a KV head: the vector paths)
+    "head-dim-64": {"n_heads": 6, "n_kv_heads": 2, "head_dim": 64},
+    # widths that are no multiple of 16: the scalar tails of the norm and SwiGLU
+    "odd-widths": {"hidden_size": 72, "intermediate_size": 136},
 }
 
 
@@ -80,11 +84,12 @@ def test_float32_fused_step_equals_the_modules(variant, quantization, max_rows):
     assert (got - want).abs().max() < 1e-4 * max(1.0, want.abs().max().item())
 
 
+@pytest.mark.parametrize("variant", ["gqa", "head-dim-64"])
 @pytest.mark.parametrize("max_rows", [8, 0])
-def test_bfloat16_fused_step_is_at_least_as_close_to_float32_as_the_modules(max_rows):
+def test_bfloat16_fused_step_is_at_least_as_close_to_float32_as_the_modules(max_rows, variant):
     """Activations stay float32 in the kernel, so its error comes from the weights alone
     (run_batched: the products' inputs are bfloat16, as in torch, the rest float32)."""
-    spec = toy_spec()
+    spec = dataclasses.replace(toy_spec(), **VARIANTS[variant])
     ref_model, ref_pool = _model_and_pool(spec, torch.float32)
     model, pool = _model_and_pool(spec, torch.bfloat16)
     for a, b in zip(ref_pool.k + ref_pool.v, pool.k + pool.v, strict=True):

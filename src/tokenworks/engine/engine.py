@@ -35,6 +35,7 @@ from tokenworks.engine.structured import GrammarCompiler
 from tokenworks.models import build_model, load
 from tokenworks.models.loader import LoadedModel
 from tokenworks.ops import paged_kernel
+from tokenworks.ops.ckernels import argmax_rows
 from tokenworks.ops.fused_decode import LlamaDecodeKernel
 from tokenworks.tokenizer import TokenizerWrapper
 
@@ -267,7 +268,7 @@ class LLMEngine:
         if guided:  # structured output: forbid what each grammar does not allow
             self.grammars.mask_rows(logits, guided)
         # Plain greedy rows (no penalties, no logprobs) take one argmax over the batch.
-        argmax = logits.argmax(-1).tolist() if logits.shape[0] else []
+        argmax = argmax_rows(logits)
         sampled: list[Sequence] = []
         for seq, row, top in zip(sampling, logits, argmax, strict=True):
             sampled += self._sample(seq, row, top)

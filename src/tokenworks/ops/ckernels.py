@@ -227,4 +227,26 @@ def library() -> ctypes.CDLL | None:
         ctypes.c_int,
         ctypes.c_int,
     ]
+    lib.tw_argmax_rows.restype = None
+    lib.tw_argmax_rows.argtypes = [c_ptr, *[ctypes.c_int] * 3, c_ptr, ctypes.c_int]
     return lib
+
+
+def argmax_rows(x: torch.Tensor) -> list[int]:
+    """x.argmax(-1).tolist() for a 2-D tensor; in C for float32/bfloat16 on the CPU, where
+    torch's argmax over [64, 49152] float32 logits takes about 3 ms against 0.2."""
+    lib = library()
+    if (
+        lib is None
+        or x.dim() != 2
+        or x.device.type != "cpu"
+        or x.dtype not in (torch.float32, torch.bfloat16)
+        or x.shape[1] == 0
+    ):
+        return x.argmax(-1).tolist() if x.shape[0] else []
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], dtype=torch.long)
+    lib.tw_argmax_rows(
+        ptr(x), DTYPE_CODES[x.dtype], x.shape[0], x.shape[1], ptr(out), torch.get_num_threads()
+    )
+    return out.tolist()

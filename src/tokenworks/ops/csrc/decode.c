@@ -222,11 +222,26 @@ static inline void round_row(const float* x, uint16_t* xb, int n) {
   row_from_f32(xb, TW_BF16, 0, n, x);
 }
 
+// sum of x[i]^2 (16 partial sums where the CPU has AVX-512: a strict left-to-right float
+// sum cannot be vectorised by the compiler, and is 16x slower)
+static inline float sum_squares(const float* x, int n) {
+  float ss = 0.f;
+  int i = 0;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    acc = _mm512_fmadd_ps(v, v, acc);
+  }
+  ss = _mm512_reduce_add_ps(acc);
+#endif
+  for (; i < n; ++i) ss += x[i] * x[i];
+  return ss;
+}
+
 // out = x / sqrt(mean(x^2) + eps) * w over n values (float32)
 static void rms_norm(const float* x, const float* w, float eps, float* out, int n) {
-  float ss = 0.f;
-  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
-  const float r = 1.f / sqrtf(ss / n + eps);
+  const float r = 1.f / sqrtf(sum_squares(x, n) / n + eps);
   for (int i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
 }
 
@@ -303,16 +318,40 @@ static void softmax(float* s, int64_t n) {
   for (j = 0; j < n; ++j) s[j] *= inv;
 }
 
-// out = silu(g) * u over n values, silu(g) = g / (1 + e^-g).
+#if defined(__AVX512F__)
+// silu(g) * u for 16 lanes, silu(g) = g / (1 + e^-g): the reciprocal from rcp14 and one
+// Newton step (relative error about 1e-7, a quarter of the cost of a division). e^-g is
+// capped at e^88 so that 1 + e^-g stays finite and g * (1 / that) goes to 0, not NaN.
+static inline __m512 silu_mul16(__m512 g, __m512 u) {
+  const __m512 e = exp16(_mm512_min_ps(_mm512_sub_ps(_mm512_setzero_ps(), g), _mm512_set1_ps(88.f)));
+  const __m512 d = _mm512_add_ps(_mm512_set1_ps(1.f), e);
+  __m512 r = _mm512_rcp14_ps(d);
+  r = _mm512_mul_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(2.f)));
+  return _mm512_mul_ps(_mm512_mul_ps(g, r), u);
+}
+
+// 16 float32 lanes stored as float32 or bfloat16 (rounded to nearest even)
+static inline void store16(void* base, int dtype, int64_t offset, __m512 v) {
+  if (dtype == TW_F32) {
+    _mm512_storeu_ps((float*)base + offset, v);
+    return;
+  }
+#if defined(__AVX512BF16__)
+  _mm256_storeu_si256((__m256i*)((uint16_t*)base + offset), (__m256i)_mm512_cvtneps_pbh(v));
+#else
+  float tmp[16];
+  _mm512_storeu_ps(tmp, v);
+  for (int i = 0; i < 16; ++i) ((uint16_t*)base)[offset + i] = f32_to_bf16(tmp[i]);
+#endif
+}
+#endif
+
+// out = silu(g) * u over n values.
 static void silu_mul(const float* g, const float* u, float* out, int n) {
   int i = 0;
 #if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) {
-    const __m512 gv = _mm512_loadu_ps(g + i);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-    const __m512 sv = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), e));
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(sv, _mm512_loadu_ps(u + i)));
-  }
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i, silu_mul16(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
 #endif
   for (; i < n; ++i) out[i] = g[i] / (1.f + expf(-g[i])) * u[i];
 }
@@ -372,6 +411,25 @@ static void scores_bf16(const uint16_t* kp, const int64_t* slots, int64_t n, int
     for (int j = 0; j < 16; ++j) rows[j] = kp + (slots[l + (j < cnt ? j : 0)] * kv_heads + h) * D;
     for (int64_t j = l + PREFETCH_KEYS; j < l + 2 * PREFETCH_KEYS && j < n; ++j)
       prefetch_span(kp + (slots[j] * kv_heads + h) * D, D * 2);
+    if (D == 64 && G <= 4) {  // each key row loaded once for its G query heads
+      __m512 v[4][16];
+      __m512bh qv[4][2];
+      for (int g = 0; g < G; ++g)
+        for (int c = 0; c < 2; ++c) qv[g][c] = (__m512bh)_mm512_loadu_si512(qb + g * D + 32 * c);
+      for (int j = 0; j < 16; ++j) {
+        const __m512bh k0 = (__m512bh)_mm512_loadu_si512(rows[j]);
+        const __m512bh k1 = (__m512bh)_mm512_loadu_si512(rows[j] + 32);
+        for (int g = 0; g < G; ++g)
+          v[g][j] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), qv[g][0], k0),
+                                     qv[g][1], k1);
+      }
+      for (int g = 0; g < G; ++g) {
+        float sc[16];
+        _mm512_storeu_ps(sc, sum16(v[g]));
+        memcpy(scores + g * n + l, sc, sizeof(float) * cnt);
+      }
+      continue;
+    }
     for (int g = 0; g < G; ++g) {
       __m512 v[16];
       for (int j = 0; j < 16; ++j) {
@@ -642,6 +700,24 @@ void tw_residual_norm(float* x, const void* delta, int delta_dtype, const float*
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int b = 0; b < B; ++b) {
     float* xr = x + (int64_t)b * n;
+#if defined(__AVX512F__)
+    if (n % 16 == 0) {  // one pass for the residual and the sum of squares, one for the norm
+      __m512 acc = _mm512_setzero_ps();
+      for (int i = 0; i < n; i += 16) {
+        __m512 v = _mm512_loadu_ps(xr + i);
+        if (delta) {
+          v = _mm512_add_ps(v, load16(delta, delta_dtype, (int64_t)b * n + i));
+          _mm512_storeu_ps(xr + i, v);
+        }
+        acc = _mm512_fmadd_ps(v, v, acc);
+      }
+      const __m512 r = _mm512_set1_ps(1.f / sqrtf(_mm512_reduce_add_ps(acc) / n + eps));
+      for (int i = 0; i < n; i += 16)
+        store16(h, h_dtype, (int64_t)b * n + i,
+                _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xr + i), r), _mm512_loadu_ps(w + i)));
+      continue;
+    }
+#endif
     float* tmp = (float*)malloc(sizeof(float) * (size_t)n);
     if (delta) {
       row_to_f32(delta, delta_dtype, b, n, tmp);
@@ -655,6 +731,18 @@ void tw_residual_norm(float* x, const void* delta, int delta_dtype, const float*
 
 // act [B, I] = silu(gate) * up, from gu [B, 2I] (gate then up), both in `dtype`.
 void tw_swiglu(const void* gu, void* act, int dtype, int B, int I, int threads) {
+#if defined(__AVX512F__)
+  if (I % 16 == 0) {  // one pass, 16 at a time, no float32 copies of the rows
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < I; i += 16) {
+        const int64_t o = 2 * (int64_t)b * I + i;
+        store16(act, dtype, (int64_t)b * I + i,
+                silu_mul16(load16(gu, dtype, o), load16(gu, dtype, o + I)));
+      }
+    return;
+  }
+#endif
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int b = 0; b < B; ++b) {
     float* g = (float*)malloc(sizeof(float) * 2 * (size_t)I);
@@ -710,5 +798,76 @@ void tw_rope_store(const tw_dims* d, void* k_pool, void* v_pool, int kv_dtype, v
     char* row = (char*)qkv + (int64_t)t * nqkv * (dtype == TW_F32 ? 4 : 2);
     row_from_f32(row, dtype, 0, q_size + kv_size, r);  // q and k, rotated
     free(r);
+  }
+}
+
+// ------------------------------------------------------------------- greedy choice ---
+
+static inline float value_at(const void* x, int dtype, int64_t i) {
+  return dtype == TW_F32 ? ((const float*)x)[i] : bf16_to_f32(((const uint16_t*)x)[i]);
+}
+
+// out[b] = the index of the largest of row b of x [B, n] (float32 or bfloat16), as
+// torch.argmax: the first such index where values tie, the first NaN where there is one.
+// One pass keeps each lane's largest value and where it first occurred.
+void tw_argmax_rows(const void* x, int dtype, int B, int n, int64_t* out, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int b = 0; b < B; ++b) {
+    const int64_t row = (int64_t)b * n;
+    int i = 0, nan = 0;
+    int64_t best = 0;
+#if defined(__AVX512F__)
+    if (n >= 16) {
+      __m512 mv = load16(x, dtype, row);
+      __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      __m512i cur = at;
+      __mmask16 unord = _mm512_cmp_ps_mask(mv, mv, _CMP_UNORD_Q);
+      for (i = 16; i + 16 <= n; i += 16) {
+        cur = _mm512_add_epi32(cur, _mm512_set1_epi32(16));
+        const __m512 v = load16(x, dtype, row + i);
+        unord |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+        const __mmask16 gt = _mm512_cmp_ps_mask(v, mv, _CMP_GT_OQ);
+        mv = _mm512_mask_mov_ps(mv, gt, v);
+        at = _mm512_mask_mov_epi32(at, gt, cur);
+      }
+      nan = unord != 0;
+      if (!nan) {
+        const float m = _mm512_reduce_max_ps(mv);
+        const __mmask16 eq = _mm512_cmp_ps_mask(mv, _mm512_set1_ps(m), _CMP_EQ_OQ);
+        best = _mm512_mask_reduce_min_epi32(eq, at);
+        float top = m;
+        for (; i < n; ++i) {
+          const float v = value_at(x, dtype, row + i);
+          if (v != v) {
+            nan = 1;
+            break;
+          }
+          if (v > top) {
+            top = v;
+            best = i;
+          }
+        }
+        if (!nan) {
+          out[b] = best;
+          continue;
+        }
+      }
+    }
+#endif
+    (void)nan;
+    float top = value_at(x, dtype, row);
+    best = 0;
+    for (i = 0; i < n; ++i) {
+      const float v = value_at(x, dtype, row + i);
+      if (v != v) {
+        best = i;
+        break;
+      }
+      if (v > top) {
+        top = v;
+        best = i;
+      }
+    }
+    out[b] = best;
   }
 }

@@ -1,0 +1,77 @@
+"""The C helpers on their own: the greedy argmax and the pieces between the products."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tokenworks.ops import ckernels
+
+pytestmark = pytest.mark.skipif(
+    ckernels.library() is None, reason="the C kernels cannot be built here"
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [1, 15, 16, 17, 100, 49152])
+def test_argmax_rows_equals_torch_argmax(dtype, width):
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(12, width, generator=g).to(dtype)
+    x[1] = 1.0  # every value tied: the first index
+    x[2] = float("-inf")
+    if width > 1:
+        x[3, width // 2] = float("nan")  # a NaN wins, as in torch
+    if width > 40:
+        x[4, 3] = x[4, 20] = 50.0  # a tie across vector lanes
+        x[5, 17] = x[5, 33] = 50.0  # a tie within one lane
+        x[6, 2] = x[6, -1] = float("nan")  # the first NaN
+        x[7, -1] = 60.0  # the largest in the tail
+    assert ckernels.argmax_rows(x) == x.argmax(-1).tolist()
+
+
+def test_argmax_rows_of_no_rows_and_of_other_tensors():
+    assert ckernels.argmax_rows(torch.empty(0, 5)) == []
+    x = torch.randn(3, 7, dtype=torch.float64)  # not a kernel dtype: torch answers
+    assert ckernels.argmax_rows(x) == x.argmax(-1).tolist()
+    y = torch.randn(9, 4).t()  # not contiguous
+    assert ckernels.argmax_rows(y) == y.argmax(-1).tolist()
+
+
+def _ptr(t):
+    return ctypes.c_void_p(t.data_ptr())
+
+
+@pytest.mark.parametrize("width", [64, 72])  # the vector path and the scalar tail
+def test_swiglu_matches_torch_even_where_exp_overflows(width):
+    lib = ckernels.library()
+    g = torch.Generator().manual_seed(0)
+    gu = torch.randn(5, 2 * width, generator=g) * 4
+    gu[0, :width] = torch.linspace(-200, 200, width)  # e^-g beyond float32 at both ends
+    act = torch.empty(5, width)
+    lib.tw_swiglu(_ptr(gu), _ptr(act), ckernels.F32, 5, width, 2)
+    want = F.silu(gu[:, :width]) * gu[:, width:]
+    assert torch.isfinite(act).all()
+    torch.testing.assert_close(act, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("width", [64, 72])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_residual_norm_matches_torch(width, out_dtype):
+    lib = ckernels.library()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, width, generator=g)
+    delta = torch.randn(6, width, generator=g).to(out_dtype)
+    w = torch.rand(width, generator=g) + 0.5
+    h = torch.empty(6, width, dtype=out_dtype)
+    x0 = x.clone()
+    code = ckernels.DTYPE_CODES[out_dtype]
+    lib.tw_residual_norm(
+        _ptr(x), _ptr(delta), code, _ptr(w), ctypes.c_float(1e-5), _ptr(h), code, 6, width, 2
+    )
+    summed = x0 + delta.float()
+    torch.testing.assert_close(x, summed, rtol=0, atol=0)  # the residual stream, exactly
+    want = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+    torch.testing.assert_close(h.float(), want.to(out_dtype).float(), rtol=1e-2, atol=1e-5)
