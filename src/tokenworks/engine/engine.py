@@ -254,7 +254,7 @@ class LLMEngine:
         if out.scheduled:
             try:
                 self.pool.copy_blocks(out.copies)
-                logits = self.runner.run(out.scheduled).float().cpu()
+                logits = self.runner.run(out.scheduled)
                 sampled = self._sample_all(out, logits)
             except Exception:
                 self._fail(out)
@@ -265,9 +265,12 @@ class LLMEngine:
     def _sample_all(self, out: SchedulerOutput, logits: torch.Tensor) -> list[Sequence]:
         sampling = [item.seq for item in out.scheduled if item.sample]
         guided = [(r, s.matcher) for r, s in enumerate(sampling) if s.matcher is not None]
+        if guided or logits.device.type != "cpu" or not all(s.params.fast_greedy for s in sampling):
+            logits = logits.float().cpu()  # float32 for the sampler and the grammar masks
         if guided:  # structured output: forbid what each grammar does not allow
             self.grammars.mask_rows(logits, guided)
-        # Plain greedy rows (no penalties, no logprobs) take one argmax over the batch.
+        # Plain greedy rows (no penalties, no logprobs) take one argmax over the batch (in
+        # the logits' own dtype: bfloat16 to float32 is exact, so the choice is the same).
         argmax = argmax_rows(logits)
         sampled: list[Sequence] = []
         for seq, row, top in zip(sampling, logits, argmax, strict=True):

@@ -24,7 +24,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        """Feed each sequence its scheduled tokens; return logits [sampling seqs, V].
+        """Feed each sequence its scheduled tokens; return logits [sampling seqs, V], in
+        the dtype the model computes them (the sampler converts what it needs).
 
         Rows come back in batch order for the sequences whose chunk reaches their last
         token (the others are mid-prefill and sample nothing yet).
@@ -56,6 +57,7 @@ class ModelRunner:
             meta,
             self.pool,
             logits_rows=torch.tensor(last_rows, dtype=torch.long, device=self.device),
+            float_logits=False,
         )
         for item in batch:
             item.seq.n_cached += item.n_tokens

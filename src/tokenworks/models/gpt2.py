@@ -74,10 +74,12 @@ class GPT2Model(nn.Module):
         meta: AttentionMetadata,
         cache=None,
         logits_rows: torch.Tensor | None = None,
+        float_logits: bool = True,  # False: logits in the weights' dtype (no float32 copy)
     ) -> torch.Tensor:
         x = self.wte(input_ids) + self.wpe(positions)
         for b in self.blocks:
             x = b(x, meta, cache)
         if logits_rows is not None:
             x = x[logits_rows]
-        return self.lm_head(self.ln_f(x)).float()
+        logits = self.lm_head(self.ln_f(x))
+        return logits.float() if float_logits else logits

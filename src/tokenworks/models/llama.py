@@ -102,10 +102,12 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
         cache=None,
         logits_rows: torch.Tensor | None = None,  # which of the T rows need logits; None: all
+        float_logits: bool = True,  # False: logits in the weights' dtype (no float32 copy)
     ) -> torch.Tensor:  # [N, vocab] float32
         kernel = self.decode_kernel
         if kernel is not None and cache is not None and kernel.accepts(input_ids.shape[0], meta):
-            return kernel.run(input_ids, positions, meta, self.spec.sliding_window, logits_rows)
+            window = self.spec.sliding_window
+            return kernel.run(input_ids, positions, meta, window, logits_rows, float_logits)
         x = self.embed(input_ids)
         cos = self.cos[positions].to(x.dtype).unsqueeze(1)  # [T, 1, D]
         sin = self.sin[positions].to(x.dtype).unsqueeze(1)
@@ -114,4 +116,5 @@ class LlamaModel(nn.Module):
         if logits_rows is not None:
             x = x[logits_rows]
         x = F.rms_norm(x, (self.spec.hidden_size,), self.norm, self.spec.norm_eps)
-        return self.lm_head(x).float()
+        logits = self.lm_head(x)
+        return logits.float() if float_logits else logits

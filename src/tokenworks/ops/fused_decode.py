@@ -210,11 +210,14 @@ class LlamaDecodeKernel:
         kv = ck.kv_view(tables, lens, dec.block_size, window, self.kv_dtype)
         return kv, (tables, lens)  # the tensors must outlive the call
 
-    def run(self, input_ids, positions, meta, window, logits_rows=None) -> torch.Tensor:
-        """logits float32 [rows, vocab]: of logits_rows (None: every row) of the batch."""
+    def run(
+        self, input_ids, positions, meta, window, logits_rows=None, float_logits=True
+    ) -> torch.Tensor:
+        """logits [rows, vocab]: of logits_rows (None: every row) of the batch; float32,
+        or (float_logits False) whatever dtype the path computes them in."""
         n = input_ids.shape[0]
         if not self._whole_step(n, meta):
-            return self.run_batched(input_ids, positions, meta, window, logits_rows)
+            return self.run_batched(input_ids, positions, meta, window, logits_rows, float_logits)
         logits = self._run_whole_step(input_ids, positions, meta, window)
         if logits_rows is not None and logits_rows.numel() != n:
             logits = logits.index_select(0, logits_rows)
@@ -273,7 +276,9 @@ class LlamaDecodeKernel:
             self._head = _product(*self.dense_head)
         return self._packed
 
-    def run_batched(self, input_ids, positions, meta, window, logits_rows=None) -> torch.Tensor:
+    def run_batched(
+        self, input_ids, positions, meta, window, logits_rows=None, float_logits=True
+    ) -> torch.Tensor:
         """Any other batch of the paged engine (big decode batches, prefill chunks, both
         mixed): torch multiplies, C does what lies between the products (residual +
         RMSNorm, RoPE + cache write, SwiGLU; decode-only batches: attention too) in 3
@@ -323,4 +328,4 @@ class LlamaDecodeKernel:
         if logits_rows is not None and logits_rows.numel() != b:
             h = h.index_select(0, logits_rows)
         logits = self._head(h)
-        return logits.float()
+        return logits.float() if float_logits else logits
