@@ -75,3 +75,29 @@ def test_residual_norm_matches_torch(width, out_dtype):
     torch.testing.assert_close(x, summed, rtol=0, atol=0)  # the residual stream, exactly
     want = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + 1e-5) * w
     torch.testing.assert_close(h.float(), want.to(out_dtype).float(), rtol=1e-2, atol=1e-5)
+
+
+@pytest.mark.skipif(not ckernels.amx_available(), reason="no AMX tiles on this CPU")
+@pytest.mark.parametrize("rows", [1, 5, 31, 32, 33, 64, 100, 256])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_amx_product_is_as_close_to_exact_as_torch(rows, with_bias):
+    """The AMX product sums in float32 and rounds once to bfloat16, as torch does: its
+    error against the float64 product is torch's, whatever the number of rows (partial
+    32-row blocks read zero-padded copies) and whether there is a bias."""
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 160, generator=g).bfloat16()
+    bias = torch.randn(96, generator=g).bfloat16() if with_bias else None
+    x = torch.randn(rows, 160, generator=g).bfloat16()
+    got = ckernels.amx_product(w, bias)(x)
+    want = x.double() @ w.double().t() + (0 if bias is None else bias.double())
+    ours = (got.double() - want).abs().max().item()
+    theirs = (F.linear(x, w, bias).double() - want).abs().max().item()
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 96)
+    assert ours <= 1.5 * theirs + 1e-6, (ours, theirs)
+
+
+def test_amx_product_declines_what_it_cannot_do():
+    w = torch.randn(96, 160).bfloat16()
+    assert ckernels.amx_product(w[:, :150].contiguous()) is None  # K not a multiple of 32
+    assert ckernels.amx_product(w[:90].contiguous()) is None  # N not a multiple of 32
+    assert ckernels.amx_product(w.float()) is None  # bfloat16 only

@@ -229,7 +229,58 @@ def library() -> ctypes.CDLL | None:
     ]
     lib.tw_argmax_rows.restype = None
     lib.tw_argmax_rows.argtypes = [c_ptr, *[ctypes.c_int] * 3, c_ptr, ctypes.c_int]
+    lib.tw_amx_init.restype = ctypes.c_int
+    lib.tw_amx_init.argtypes = []
+    lib.tw_amx_pack.restype = None
+    lib.tw_amx_pack.argtypes = [c_ptr, ctypes.c_int, ctypes.c_int, c_ptr, ctypes.c_int]
+    lib.tw_amx_linear.restype = ctypes.c_int
+    lib.tw_amx_linear.argtypes = [
+        c_ptr, ctypes.c_int, ctypes.c_int, c_ptr, ctypes.c_int, c_ptr, c_ptr, ctypes.c_int,
+        ctypes.c_int,
+    ]  # fmt: skip
     return lib
+
+
+@functools.cache
+def amx_available() -> bool:
+    """Whether tw_amx_linear runs here: the kernels built with AMX (the CPU has it) and
+    the OS granted the tile state. TOKENWORKS_NO_AMX turns it off (oneDNN's products then)."""
+    lib = library()
+    if lib is None or os.environ.get("TOKENWORKS_NO_AMX"):
+        return False
+    return bool(lib.tw_amx_init())
+
+
+def amx_product(w: torch.Tensor, bias: torch.Tensor | None = None):
+    """x -> x @ w.T (+ bias) on AMX tiles, for bfloat16 w [N, K] with N and K multiples
+    of 32, or None where that cannot run here. Packs a copy of w once (tw_amx_pack); the
+    result is bfloat16, summed in float32 and rounded once, as torch's bfloat16 products."""
+    if (
+        not amx_available()
+        or w.dtype != torch.bfloat16
+        or w.device.type != "cpu"
+        or w.dim() != 2
+        or w.shape[0] % 32
+        or w.shape[1] % 32
+    ):
+        return None
+    lib = library()
+    n, k = w.shape
+    w = w.contiguous()
+    packed = torch.empty(n * k, dtype=torch.bfloat16)
+    lib.tw_amx_pack(ptr(w), n, k, ptr(packed), torch.get_num_threads())
+    b = None if bias is None else bias.detach().float().contiguous()
+    pw, pb = ptr(packed), ptr(b)  # kept alive by the closure below
+
+    def product(x: torch.Tensor) -> torch.Tensor:  # x: bfloat16 [M, K] on the CPU
+        x = x if x.is_contiguous() else x.contiguous()
+        y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
+        threads = torch.get_num_threads()
+        lib.tw_amx_linear(x.data_ptr(), x.shape[0], k, pw, n, pb, y.data_ptr(), BF16, threads)
+        return y
+
+    product.keep = (packed, b)
+    return product
 
 
 def argmax_rows(x: torch.Tensor) -> list[int]:

@@ -11,13 +11,17 @@
 // read through each sequence's block table.
 //
 // `tw_paged_attention` is the attention part alone, for the torch path's batched decode.
+// `tw_amx_linear` multiplies bigger decode batches by bfloat16 weights on AMX tiles.
 //
 // Vector paths use AVX-512 (BF16 dot products where the CPU has them); every loop has a
 // plain C fallback, so the file builds for any CPU the compiler targets.
+#define _GNU_SOURCE  // syscall(), for the AMX permission
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -379,6 +383,10 @@ static int64_t* context_slots(const tw_kv* kv, int b, int64_t first, int64_t L) 
 
 static inline void prefetch_span(const void* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char*)p + o, 0, 3);
+}
+
+static inline void prefetch_l2(const void* p, int64_t bytes) {  // (prefetcht2)
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char*)p + o, 0, 1);
 }
 
 #if defined(__AVX512BF16__)
@@ -799,6 +807,136 @@ void tw_rope_store(const tw_dims* d, void* k_pool, void* v_pool, int kv_dtype, v
     row_from_f32(row, dtype, 0, q_size + kv_size, r);  // q and k, rotated
     free(r);
   }
+}
+
+// ------------------------------------------------------------ AMX matrix products ---
+// Decode batches of tens of rows multiply every weight once per step: the product streams
+// the weights from memory and does 2 * rows flops per weight read. On CPUs with AMX, tile
+// products (TDPBF16PS: [16 x 32] x [32 x 16] bfloat16 pairs into [16 x 16] float32) do the
+// arithmetic with room to spare, so the kernel is about streaming: the weights are packed
+// once so that each thread reads one contiguous run of memory, two 1 KB tiles per step,
+// prefetched 64 KB ahead into the cache next to the core.
+//
+// Packed layout (tw_amx_pack): per panel of 32 output columns (n0 = 32p), per step of 32
+// inputs (k0 = 32s), two tiles for columns n0..n0+15 and n0+16..n0+31, each in the pair
+// ("VNNI") layout the tile product reads: tile[i][c][e] = w[n0 + c][k0 + 2i + e].
+// A panel is K * 64 contiguous bytes; N and K must be multiples of 32.
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define TW_AMX 1
+typedef struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} tw_tilecfg;
+
+static void tiles_16x64(void) {  // all 8 tiles 16 rows of 64 bytes
+  tw_tilecfg cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  // GCC's _tile_loadconfig tells the compiler it reads 8 bytes only: without this barrier
+  // the other stores to cfg may be moved past it (ldtilecfg then faults on garbage).
+  __asm__ volatile("" ::: "memory");
+  _tile_loadconfig(&cfg);
+}
+#endif
+
+// 1 where the AMX products can run: compiled in, and Linux grants this process the tile
+// state (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, as oneDNN asks too).
+int tw_amx_init(void) {
+#if defined(TW_AMX) && defined(SYS_arch_prctl)
+  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+  return 0;
+#endif
+}
+
+// w [N, K] bfloat16 -> out [N * K] in the packed layout above.
+void tw_amx_pack(const uint16_t* w, int N, int K, uint16_t* out, int threads) {
+  const int steps = K / 32;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int p = 0; p < N / 32; ++p)
+    for (int s = 0; s < steps; ++s)
+      for (int t = 0; t < 2; ++t) {
+        uint16_t* tile = out + (((int64_t)p * steps + s) * 2 + t) * 512;
+        for (int i = 0; i < 16; ++i)
+          for (int c = 0; c < 16; ++c)
+            for (int e = 0; e < 2; ++e)
+              tile[(i * 16 + c) * 2 + e] = w[(int64_t)(32 * p + 16 * t + c) * K + 32 * s + 2 * i + e];
+      }
+}
+
+// y [M, N] = x [M, K] @ w.T (+ bias [N] float32), x bfloat16, w packed by tw_amx_pack;
+// y in y_dtype (float32 or bfloat16, rounded to nearest even). Threads take contiguous
+// runs of panels; each panel is multiplied 32 rows at a time (4 accumulator tiles: rows
+// 0-15 and 16-31 by columns 0-15 and 16-31), the rows past M read from a zeroed copy.
+// Returns 0, or -1 where the library was built without AMX.
+int tw_amx_linear(const uint16_t* x, int M, int K, const uint16_t* wp, int N, const float* bias,
+                  void* y, int y_dtype, int threads) {
+#if defined(TW_AMX)
+  const int panels = N / 32, steps = K / 32;
+  const int64_t panel_elems = (int64_t)K * 32;
+  const int full = M / 32 * 32;
+#pragma omp parallel num_threads(threads)
+  {
+    tiles_16x64();
+    int nt = 1, me = 0;
+#ifdef _OPENMP
+    nt = omp_get_num_threads();
+    me = omp_get_thread_num();
+#endif
+    const int p0 = (int)((int64_t)panels * me / nt), p1 = (int)((int64_t)panels * (me + 1) / nt);
+    uint16_t* tail = NULL;  // the last M % 32 rows, zero-padded to 32
+    if (full < M) {
+      tail = (uint16_t*)calloc((size_t)32 * K, sizeof(uint16_t));
+      memcpy(tail, x + (int64_t)full * K, sizeof(uint16_t) * (size_t)(M - full) * K);
+    }
+    float c[32][32];
+    for (int p = p0; p < p1; ++p) {
+      const uint16_t* panel = wp + p * panel_elems;
+      for (int mb = 0; mb < M; mb += 32) {
+        const uint16_t* xa = mb < full ? x + (int64_t)mb * K : tail;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int s = 0; s < steps; ++s) {
+          if (mb == 0)  // 64 KB ahead in this thread's stream of panels, into L2
+            prefetch_l2(panel + (int64_t)(s + 32) * 1024, 2048);
+          _tile_loadd(4, xa + 32 * s, K * 2);
+          _tile_loadd(5, xa + (int64_t)16 * K + 32 * s, K * 2);
+          _tile_loadd(6, panel + s * 1024, 64);
+          _tile_loadd(7, panel + s * 1024 + 512, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        _tile_stored(0, &c[0][0], 128);
+        _tile_stored(1, &c[0][16], 128);
+        _tile_stored(2, &c[16][0], 128);
+        _tile_stored(3, &c[16][16], 128);
+        const int rows = M - mb < 32 ? M - mb : 32;
+        for (int r = 0; r < rows; ++r)
+          for (int h = 0; h < 2; ++h) {
+            __m512 v = _mm512_loadu_ps(c[r] + 16 * h);
+            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 32 * p + 16 * h));
+            store16(y, y_dtype, (int64_t)(mb + r) * N + 32 * p + 16 * h, v);
+          }
+      }
+    }
+    free(tail);
+    _tile_release();
+  }
+  return 0;
+#else
+  (void)x, (void)M, (void)K, (void)wp, (void)N, (void)bias, (void)y, (void)y_dtype, (void)threads;
+  return -1;
+#endif
 }
 
 // ------------------------------------------------------------------- greedy choice ---
