@@ -12,7 +12,7 @@ from tokenworks.models import build_model
 from tokenworks.models.toy import toy_spec, toy_weights
 from tokenworks.ops import ckernels
 from tokenworks.ops.attention import AttentionMetadata
-from tokenworks.ops.fused_decode import LlamaDecodeKernel
+from tokenworks.ops.fused_decode import MAX_ROWS, PACK_MAX, LlamaDecodeKernel
 
 pytestmark = pytest.mark.skipif(
     ckernels.library() is None, reason="the C kernels cannot be built here"
@@ -27,6 +27,8 @@ VARIANTS = {
     "head-dim-64": {"n_heads": 6, "n_kv_heads": 2, "head_dim": 64},
     # widths that are no multiple of 16: the scalar tails of the norm and SwiGLU
     "odd-widths": {"hidden_size": 72, "intermediate_size": 136},
+    # every product a multiple of 32 wide: on AMX CPUs the whole step runs on tiles
+    "amx-shapes": {"n_heads": 6, "n_kv_heads": 2, "head_dim": 64, "vocab_size": 320},
 }
 
 
@@ -84,22 +86,25 @@ def test_float32_fused_step_equals_the_modules(variant, quantization, max_rows):
     assert (got - want).abs().max() < 1e-4 * max(1.0, want.abs().max().item())
 
 
-@pytest.mark.parametrize("variant", ["gqa", "head-dim-64"])
+@pytest.mark.parametrize("variant", ["gqa", "head-dim-64", "amx-shapes"])
 @pytest.mark.parametrize("max_rows", [8, 0])
 def test_bfloat16_fused_step_is_at_least_as_close_to_float32_as_the_modules(max_rows, variant):
     """Activations stay float32 in the kernel, so its error comes from the weights alone
-    (run_batched: the products' inputs are bfloat16, as in torch, the rest float32)."""
+    (run_batched: the products' inputs are bfloat16, as in torch, the rest float32): on
+    average over the logits it is no bigger than torch's bfloat16 modules', and its worst
+    logit within half as much again (which logit rounds worst varies from path to path)."""
     spec = dataclasses.replace(toy_spec(), **VARIANTS[variant])
     ref_model, ref_pool = _model_and_pool(spec, torch.float32)
     model, pool = _model_and_pool(spec, torch.bfloat16)
     for a, b in zip(ref_pool.k + ref_pool.v, pool.k + pool.v, strict=True):
         a.copy_(b.float())  # the same (bfloat16-representable) context in both pools
-    ctx_lens = [2, 30, 11]
+    ctx_lens = [2, 30, 11, 7, 19, 0]  # more than DOT_ROWS: AMX tiles where they run
     ref = _decode_step(ref_model, ref_pool, ctx_lens, fused=False)
-    torch_err = (_decode_step(model, pool, ctx_lens, fused=False) - ref).abs().max()
+    torch_err = (_decode_step(model, pool, ctx_lens, fused=False) - ref).abs()
     model.decode_kernel = LlamaDecodeKernel.prepare(model, pool, max_rows=max_rows)
-    fused_err = (_decode_step(model, pool, ctx_lens, fused=True) - ref).abs().max()
-    assert fused_err <= torch_err * 1.1, (fused_err, torch_err)
+    fused_err = (_decode_step(model, pool, ctx_lens, fused=True) - ref).abs()
+    assert fused_err.mean() <= torch_err.mean(), (fused_err.mean(), torch_err.mean())
+    assert fused_err.max() <= torch_err.max() * 1.5, (fused_err.max(), torch_err.max())
 
 
 def test_which_batches_the_kernel_takes():
@@ -121,6 +126,26 @@ def test_which_batches_the_kernel_takes():
     assert not kernel8.accepts(5, mixed)
     gathered = AttentionMetadata.paged([1] * 2, [3, 3], tables[:2], 4, decode_kernel=False)
     assert not kernel8.accepts(2, gathered)  # no block tables: not the whole-step path
+
+
+def test_amx_takes_the_whole_step_for_bigger_decode_batches():
+    spec = dataclasses.replace(toy_spec(), **VARIANTS["amx-shapes"])
+    model, pool = _model_and_pool(spec, torch.bfloat16)
+    kernel = LlamaDecodeKernel.prepare(model, pool)
+    if not ckernels.amx_available():
+        assert kernel.amx is None and kernel.max_rows == MAX_ROWS
+        pytest.skip("no AMX tiles on this CPU")
+    assert kernel.amx is not None and kernel.max_rows == PACK_MAX
+    layers, model_c = kernel.amx
+    assert model_c.head.dtype == ckernels.AMX and layers[0].down.dtype == ckernels.AMX
+    assert kernel.layers_c[0].down.dtype == ckernels.BF16  # small batches: dot products
+    tables = [[i] for i in range(40)]
+    meta = AttentionMetadata.paged([1] * 40, [2] * 40, tables, 4, decode_kernel=True)
+    assert kernel._whole_step(40, meta)
+    toy = toy_spec()  # a vocabulary no multiple of 32: no AMX head, so no AMX whole step
+    model2, pool2 = _model_and_pool(toy, torch.bfloat16)
+    kernel2 = LlamaDecodeKernel.prepare(model2, pool2)
+    assert kernel2.amx is None and kernel2.max_rows == MAX_ROWS and kernel2.packs
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

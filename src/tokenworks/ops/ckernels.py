@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "csrc" / "decode.c"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
-F32, BF16, I8, Q4 = 0, 1, 2, 3  # Q4: blocks of ops/linear.q4_blocks
+F32, BF16, I8, Q4, AMX = 0, 1, 2, 3, 4  # Q4: ops/linear.q4_blocks; AMX: amx_pack's layout
 DTYPE_CODES = {torch.float32: F32, torch.bfloat16: BF16, torch.int8: I8}
 
 c_ptr = ctypes.c_void_p
@@ -251,10 +251,9 @@ def amx_available() -> bool:
     return bool(lib.tw_amx_init())
 
 
-def amx_product(w: torch.Tensor, bias: torch.Tensor | None = None):
-    """x -> x @ w.T (+ bias) on AMX tiles, for bfloat16 w [N, K] with N and K multiples
-    of 32, or None where that cannot run here. Packs a copy of w once (tw_amx_pack); the
-    result is bfloat16, summed in float32 and rounded once, as torch's bfloat16 products."""
+def amx_pack(w: torch.Tensor) -> torch.Tensor | None:
+    """A copy of bfloat16 w [N, K] in the tile layout of tw_amx_pack (N and K multiples of
+    32), or None where the AMX products cannot take it here."""
     if (
         not amx_available()
         or w.dtype != torch.bfloat16
@@ -264,11 +263,22 @@ def amx_product(w: torch.Tensor, bias: torch.Tensor | None = None):
         or w.shape[1] % 32
     ):
         return None
+    n, k = w.shape
+    w = w.detach().contiguous()
+    packed = torch.empty(n * k, dtype=torch.bfloat16)
+    library().tw_amx_pack(ptr(w), n, k, ptr(packed), torch.get_num_threads())
+    return packed
+
+
+def amx_product(w: torch.Tensor, bias: torch.Tensor | None = None, packed=None):
+    """x -> x @ w.T (+ bias) on AMX tiles, for bfloat16 w [N, K] (packed: amx_pack(w) if
+    already made), or None where that cannot run here. The result is bfloat16, summed in
+    float32 and rounded once, as torch's bfloat16 products are."""
+    packed = amx_pack(w) if packed is None else packed
+    if packed is None:
+        return None
     lib = library()
     n, k = w.shape
-    w = w.contiguous()
-    packed = torch.empty(n * k, dtype=torch.bfloat16)
-    lib.tw_amx_pack(ptr(w), n, k, ptr(packed), torch.get_num_threads())
     b = None if bias is None else bias.detach().float().contiguous()
     pw, pb = ptr(packed), ptr(b)  # kept alive by the closure below
 

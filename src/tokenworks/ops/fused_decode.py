@@ -6,11 +6,14 @@ copies of the small vectors (norms, biases, scales) and of the RoPE table, and e
 layer's K/V pool. Then `run` takes a batch of the paged engine and returns its logits:
 
 - a decode-only batch of up to `max_rows` sequences runs the whole step in one C call
-  (`tw_llama_decode`): each weight row is read once for every sequence and no torch op
-  runs per layer, which is what batch-1 decode needs;
-- any other batch (bigger decode batches, prefill chunks, both mixed) runs `run_batched`
-  when the weights are dense: torch multiplies (decode batches through oneDNN's prepacked
-  weights), and C does what lies between the products in three calls a layer.
+  (`tw_llama_decode`): each weight is read once for every sequence and no torch op runs
+  per layer. Up to DOT_ROWS rows multiply with vector dot products on the model's own
+  weights (batch-1 decode); where the CPU has AMX and every product's shape suits it,
+  bigger batches (up to PACK_MAX) multiply on AMX tiles from packed copies of the weights;
+- any other batch (prefill chunks, mixed batches, bigger decode batches without AMX) runs
+  `run_batched` when the weights are dense: the products on AMX tiles (up to PACK_MAX
+  rows), oneDNN's prepacked weights or torch, and C for what lies between the products,
+  three calls a layer.
 
 Int4/int8 models without a dense copy take the first way only; batch-invariant mode and
 GPUs stay on the torch modules (`prepare` returns None).
@@ -28,7 +31,9 @@ from tokenworks.ops.attention import attention_over_pool
 from tokenworks.ops.linear import DenseForLargeBatches, Int4Linear, Int8Linear, MatvecLinear
 from tokenworks.ops.rope import cos_sin_table
 
-MAX_ROWS = 8  # decode batches up to this size run the whole step in C
+MAX_ROWS = 8  # decode batches up to this size run the whole step in C (dot products)
+DOT_ROWS = 4  # with AMX the whole step takes up to PACK_MAX rows; up to this many, dot products
+_PRODUCTS = ("qkv", "o", "gate_up", "down")  # a ck.Layer's products
 PACK_ROWS = 64  # the batch size oneDNN tunes the big batches' packed weights for
 PACK_MAX = 256  # more rows than this (prefill) multiply the plain weights: packing no longer pays
 
@@ -41,8 +46,19 @@ def _f32(t: torch.Tensor | None, keep: list) -> int | None:
     return ck.ptr(t)
 
 
-def _linear(layer: nn.Module, keep: list) -> ck.Linear | None:
-    """The C view of a dense or int8 layer, or None for one the kernels cannot take."""
+def _linear(layer: nn.Module, keep: list, packs: dict | None = None) -> ck.Linear | None:
+    """The C view of a dense or int8 layer, or None for one the kernels cannot take.
+
+    packs: where AMX runs, a dict to hold the tile-packed copies of bfloat16 weights
+    (ckernels.amx_pack, keyed by the weight's address): those layers are multiplied on
+    AMX tiles, in the whole step and in run_batched alike."""
+    if packs is not None and isinstance(layer, (nn.Linear, MatvecLinear)):
+        packed = ck.amx_pack(layer.weight)
+        if packed is not None:
+            packs[layer.weight.data_ptr()] = packed
+            keep.append(packed)
+            n, k = layer.out_features, layer.in_features
+            return ck.Linear(ck.ptr(packed), None, _f32(layer.bias, keep), ck.AMX, n, k)
     if isinstance(layer, DenseForLargeBatches):
         layer = layer.quantized
     n, k = layer.out_features, layer.in_features
@@ -71,15 +87,15 @@ def _dense(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     return None
 
 
-def _product(w: torch.Tensor, bias: torch.Tensor | None):
-    """x -> x @ w.T (+ bias): decode batches (up to PACK_MAX rows) through the AMX kernel
-    (ckernels.amx_product) where the CPU has it, else oneDNN's prepacked weights; bigger
-    batches (prefill) through torch's product."""
+def _product(w: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None = None):
+    """x -> x @ w.T (+ bias): batches of up to PACK_MAX rows through the AMX kernel
+    (ckernels.amx_product, on packed: the weight's tile copy) where the CPU has it, else
+    oneDNN's prepacked weights; bigger batches (prefill) through torch's product."""
 
     def plain(x):
         return torch.mm(x, w.t()) if bias is None else torch.addmm(bias, x, w.t())
 
-    amx = ck.amx_product(w, bias)
+    amx = ck.amx_product(w, bias, packed) if packed is not None else None
     if amx is not None:
         return lambda x: amx(x) if x.shape[0] <= PACK_MAX else plain(x)
     if (
@@ -100,9 +116,11 @@ def _product(w: torch.Tensor, bias: torch.Tensor | None):
 
 
 class LlamaDecodeKernel:
-    def __init__(self, lib, dims, model_c, layers_c, keep, spec, max_rows, model, pool):
-        self.lib, self.dims, self.model_c, self.layers_c = lib, dims, model_c, layers_c
-        self.keep, self.spec, self.max_rows = keep, spec, max_rows
+    def __init__(self, lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs):
+        self.lib, self.dims, self.keep, self.spec, self.max_rows = lib, dims, keep, spec, max_rows
+        self.layers_c, self.model_c = dot  # the C structs on the model's own weights
+        self.amx = amx  # (layers, model) on AMX tile copies, or None
+        self.packs = packs  # weight address -> its AMX tile copy
         self._scratch: dict[int, tuple] = {}
         self.pool = pool
         self.pool_ptrs = [(k.data_ptr(), v.data_ptr()) for k, v in zip(pool.k, pool.v, strict=True)]
@@ -120,7 +138,12 @@ class LlamaDecodeKernel:
         self._packed = self._head = None  # run_batched's products, made on first use
 
     @classmethod
-    def prepare(cls, model: nn.Module, pool, max_rows: int = MAX_ROWS) -> LlamaDecodeKernel | None:
+    def prepare(
+        cls, model: nn.Module, pool, max_rows: int | None = None
+    ) -> LlamaDecodeKernel | None:
+        """The kernel for model over pool, or None where it cannot run. max_rows: the
+        biggest decode batch the whole-step call takes (None: PACK_MAX when every product
+        runs on AMX tiles, else MAX_ROWS)."""
         lib = ck.library()
         spec = getattr(model, "spec", None)
         if lib is None or spec is None or spec.arch != "llama":
@@ -132,33 +155,39 @@ class LlamaDecodeKernel:
             return None
         if spec.head_dim > 256 or spec.n_heads // spec.n_kv_heads * spec.head_dim > 2048:
             return None  # the kernel's per-group buffers
-        keep: list = []
-        layers = (ck.Layer * spec.n_layers)()
-        for i, layer in enumerate(model.layers):
-            parts = [_linear(getattr(layer, n), keep) for n in ("qkv", "o_proj", "gate_up", "down")]
-            if any(p is None for p in parts):
-                return None
-            layers[i] = ck.Layer(
-                _f32(layer.input_norm, keep),
-                _f32(layer.post_norm, keep),
-                *parts,
-                ck.ptr(pool.k[i]),
-                ck.ptr(pool.v[i]),
-            )
-        head = _linear(model.lm_head, keep)
         embed = model.embed.weight
-        if head is None or embed.dtype not in (torch.float32, torch.bfloat16):
+        if embed.dtype not in (torch.float32, torch.bfloat16):
             return None
+        keep: list = []
         cos, sin = cos_sin_table(spec, spec.max_position)
         keep += [embed, cos, sin, pool]
-        model_c = ck.Model(
-            ck.ptr(embed),
-            ck.DTYPE_CODES[embed.dtype],
-            _f32(model.norm, keep),
-            head,
-            ck.ptr(cos),
-            ck.ptr(sin),
-        )
+        norms = [(_f32(x.input_norm, keep), _f32(x.post_norm, keep)) for x in model.layers]
+        final_norm = _f32(model.norm, keep)
+
+        def view(packs: dict | None):
+            """The C structs of every layer and of the model (packs: AMX where it can)."""
+            layers = (ck.Layer * spec.n_layers)()
+            for i, layer in enumerate(model.layers):
+                names = ("qkv", "o_proj", "gate_up", "down")
+                parts = [_linear(getattr(layer, n), keep, packs) for n in names]
+                if any(p is None for p in parts):
+                    return None
+                layers[i] = ck.Layer(*norms[i], *parts, ck.ptr(pool.k[i]), ck.ptr(pool.v[i]))
+            head = _linear(model.lm_head, keep, packs)
+            if head is None:
+                return None
+            code = ck.DTYPE_CODES[embed.dtype]
+            return layers, ck.Model(ck.ptr(embed), code, final_norm, head, ck.ptr(cos), ck.ptr(sin))
+
+        dot = view(None)
+        if dot is None:
+            return None
+        packs: dict = {}
+        amx = view(packs) if ck.amx_available() else None
+        if amx is not None:
+            codes = [amx[1].head.dtype] + [getattr(x, f).dtype for x in amx[0] for f in _PRODUCTS]
+            if not all(c == ck.AMX for c in codes):
+                amx = None  # the packed weights still serve run_batched's products
         dims = ck.Dims(
             spec.hidden_size,
             spec.n_heads,
@@ -169,7 +198,9 @@ class LlamaDecodeKernel:
             spec.norm_eps,
             spec.head_dim**-0.5,
         )
-        return cls(lib, dims, model_c, layers, keep, spec, max_rows, model, pool)
+        if max_rows is None:
+            max_rows = PACK_MAX if amx is not None else MAX_ROWS
+        return cls(lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs)
 
     def accepts(self, n_tokens: int, meta) -> bool:
         """Which batches run here: a decode-only batch of up to max_rows sequences (block
@@ -196,7 +227,8 @@ class LlamaDecodeKernel:
             widest = max(s.hidden_size, s.intermediate_size, s.q_size)
             bufs = {
                 "h": torch.empty(b, s.hidden_size),
-                "hb": torch.empty(b, widest, dtype=torch.bfloat16),
+                # AMX products read their input rows up to a multiple of 32
+                "hb": torch.empty(-(-b // 32) * 32, widest, dtype=torch.bfloat16),
                 "qkv": torch.empty(b, s.q_size + 2 * s.kv_size),
                 "attn": torch.empty(b, s.q_size),
                 "gu": torch.empty(b, 2 * s.intermediate_size),
@@ -236,10 +268,13 @@ class LlamaDecodeKernel:
         _, scratch = self._buffers(b)
         x = torch.empty(b, self.spec.hidden_size)
         logits = torch.empty(b, self.spec.vocab_size)
+        # a few rows: dot products on the model's weights; more: AMX tiles (which compute
+        # 32 rows whatever the batch, so below DOT_ROWS they only cost)
+        layers, model_c = self.amx if self.amx and b > DOT_ROWS else (self.layers_c, self.model_c)
         self.lib.tw_llama_decode(
             ctypes.byref(self.dims),
-            ctypes.byref(self.model_c),
-            self.layers_c,
+            ctypes.byref(model_c),
+            layers,
             self.spec.n_layers,
             ctypes.byref(kv),
             ck.ptr(ids),
@@ -280,8 +315,13 @@ class LlamaDecodeKernel:
         that round differently from torch's only where the float32 sums do.
         """
         if self._packed is None:
-            self._packed = [[_product(w, bias) for w, bias in row] for row in self.dense]
-            self._head = _product(*self.dense_head)
+            packs = self.packs
+            self._packed = [
+                [_product(w, bias, packs.get(w.data_ptr())) for w, bias in row]
+                for row in self.dense
+            ]
+            w, bias = self.dense_head
+            self._head = _product(w, bias, packs.get(w.data_ptr()))
         return self._packed
 
     def run_batched(

@@ -29,7 +29,7 @@
 #include <immintrin.h>
 #endif
 
-enum { TW_F32 = 0, TW_BF16 = 1, TW_I8 = 2, TW_Q4 = 3 };
+enum { TW_F32 = 0, TW_BF16 = 1, TW_I8 = 2, TW_Q4 = 3, TW_AMX = 4 };  // TW_AMX: see tw_amx_pack
 
 // TW_Q4 weights: each row is K/32 blocks of 20 bytes, the layout of GGUF's Q4_1 with
 // bfloat16 in place of float16: scale d and minimum m, then 16 bytes whose low nibbles are
@@ -178,10 +178,22 @@ typedef struct {
 // decode step streams every weight once, and a core alone keeps too few reads in flight.
 #define PREFETCH_BYTES 4096
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+static void amx_rows(const tw_linear* L, const uint16_t* xb, float* y, int B, int accumulate);
+#endif
+
 // y[b, j] (+)= W[j] . x[b] for b < B: the output rows are shared among the threads (call
 // inside a parallel region). With accumulate the result is added to y (a residual).
+// TW_AMX weights go to amx_rows (xb then readable to the next multiple of 32 rows).
+
 static void linear_rows(const tw_linear* L, const float* x, const uint16_t* xb, float* y, int B,
                         int accumulate) {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+  if (L->dtype == TW_AMX) {
+    amx_rows(L, xb, y, B, accumulate);
+    return;
+  }
+#endif
   const int n = L->n, k = L->k;
   const int64_t row_bytes = L->dtype == TW_Q4 ? (int64_t)k / Q4_BLOCK * Q4_BYTES
                             : (int64_t)k * (L->dtype == TW_F32 ? 4 : L->dtype == TW_BF16 ? 2 : 1);
@@ -585,6 +597,164 @@ void tw_paged_attention(const tw_kv* kv, const float* q, float* out, int B, int 
   attention_tasks(kv, q, (int64_t)H * D, out, (int64_t)H * D, B, H, kv_heads, D, scale, threads);
 }
 
+// ------------------------------------------------------------ AMX matrix products ---
+// Decode batches of tens of rows multiply every weight once per step: the product streams
+// the weights from memory and does 2 * rows flops per weight read. On CPUs with AMX, tile
+// products (TDPBF16PS: [16 x 32] x [32 x 16] bfloat16 pairs into [16 x 16] float32) do the
+// arithmetic with room to spare, so the kernel is about streaming: the weights are packed
+// once so that each thread reads one contiguous run of memory, two 1 KB tiles per step,
+// prefetched 64 KB ahead into the cache next to the core.
+//
+// Packed layout (tw_amx_pack): per panel of 32 output columns (n0 = 32p), per step of 32
+// inputs (k0 = 32s), two tiles for columns n0..n0+15 and n0+16..n0+31, each in the pair
+// ("VNNI") layout the tile product reads: tile[i][c][e] = w[n0 + c][k0 + 2i + e].
+// A panel is K * 64 contiguous bytes; N and K must be multiples of 32.
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define TW_AMX_BUILT 1
+typedef struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} tw_tilecfg;
+
+static void tiles_16x64(void) {  // all 8 tiles 16 rows of 64 bytes
+  tw_tilecfg cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  // GCC's _tile_loadconfig tells the compiler it reads 8 bytes only: without this barrier
+  // the other stores to cfg may be moved past it (ldtilecfg then faults on garbage).
+  __asm__ volatile("" ::: "memory");
+  _tile_loadconfig(&cfg);
+}
+
+// Panels [p0, p1) of y [M, N] (+)= x [M, K] @ w.T (+ bias), x bfloat16 rows of stride K that
+// can be read up to the next multiple of 32 rows (what the rows past M hold only changes
+// results that are dropped: each output row depends on its own input row alone). 32 rows
+// at a time, 4 accumulator tiles: rows 0-15 and 16-31 by columns 0-15 and 16-31.
+// accumulate: y (float32) += the product.
+static void amx_panels(const uint16_t* x, int M, int K, const uint16_t* wp, int N, int p0,
+                       int p1, const float* bias, void* y, int y_dtype, int accumulate) {
+  const int steps = K / 32;
+  const int64_t panel_elems = (int64_t)K * 32;
+  float c[32][32];
+  for (int p = p0; p < p1; ++p) {
+    const uint16_t* panel = wp + p * panel_elems;
+    for (int mb = 0; mb < M; mb += 32) {
+      const uint16_t* xa = x + (int64_t)mb * K;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int s = 0; s < steps; ++s) {
+        if (mb == 0)  // 64 KB ahead in this thread's stream of panels, into L2
+          prefetch_l2(panel + (int64_t)(s + 32) * 1024, 2048);
+        _tile_loadd(4, xa + 32 * s, K * 2);
+        _tile_loadd(5, xa + (int64_t)16 * K + 32 * s, K * 2);
+        _tile_loadd(6, panel + s * 1024, 64);
+        _tile_loadd(7, panel + s * 1024 + 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, &c[0][0], 128);
+      _tile_stored(1, &c[0][16], 128);
+      _tile_stored(2, &c[16][0], 128);
+      _tile_stored(3, &c[16][16], 128);
+      const int rows = M - mb < 32 ? M - mb : 32;
+      for (int r = 0; r < rows; ++r)
+        for (int h = 0; h < 2; ++h) {
+          const int64_t o = (int64_t)(mb + r) * N + 32 * p + 16 * h;
+          __m512 v = _mm512_loadu_ps(c[r] + 16 * h);
+          if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 32 * p + 16 * h));
+          if (accumulate) v = _mm512_add_ps(v, _mm512_loadu_ps((const float*)y + o));
+          store16(y, y_dtype, o, v);
+        }
+    }
+  }
+}
+
+// This thread's share of a product's panels, inside a parallel region.
+static void thread_panels(int panels, int* p0, int* p1) {
+  int nt = 1, me = 0;
+#ifdef _OPENMP
+  nt = omp_get_num_threads();
+  me = omp_get_thread_num();
+#endif
+  *p0 = (int)((int64_t)panels * me / nt);
+  *p1 = (int)((int64_t)panels * (me + 1) / nt);
+}
+#endif
+
+// 1 where the AMX products can run: compiled in, and Linux grants this process the tile
+// state (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, as oneDNN asks too).
+int tw_amx_init(void) {
+#if defined(TW_AMX_BUILT) && defined(SYS_arch_prctl)
+  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+  return 0;
+#endif
+}
+
+// w [N, K] bfloat16 -> out [N * K] in the packed layout above.
+void tw_amx_pack(const uint16_t* w, int N, int K, uint16_t* out, int threads) {
+  const int steps = K / 32;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int p = 0; p < N / 32; ++p)
+    for (int s = 0; s < steps; ++s)
+      for (int t = 0; t < 2; ++t) {
+        uint16_t* tile = out + (((int64_t)p * steps + s) * 2 + t) * 512;
+        for (int i = 0; i < 16; ++i)
+          for (int c = 0; c < 16; ++c)
+            for (int e = 0; e < 2; ++e)
+              tile[(i * 16 + c) * 2 + e] = w[(int64_t)(32 * p + 16 * t + c) * K + 32 * s + 2 * i + e];
+      }
+}
+
+// y [M, N] = x [M, K] @ w.T (+ bias [N] float32), x bfloat16 [M, K], w packed by
+// tw_amx_pack; y in y_dtype (float32, or bfloat16 rounded to nearest even). Threads take
+// contiguous runs of panels. Returns 0, or -1 where the library was built without AMX.
+int tw_amx_linear(const uint16_t* x, int M, int K, const uint16_t* wp, int N, const float* bias,
+                  void* y, int y_dtype, int threads) {
+#if defined(TW_AMX_BUILT)
+  uint16_t* padded = NULL;  // x's rows up to a multiple of 32, the extra ones zero
+  if (M % 32) {
+    padded = (uint16_t*)calloc((size_t)(M / 32 + 1) * 32 * K, sizeof(uint16_t));
+    memcpy(padded, x, sizeof(uint16_t) * (size_t)M * K);
+  }
+  const uint16_t* xs = padded ? padded : x;
+#pragma omp parallel num_threads(threads)
+  {
+    int p0, p1;
+    tiles_16x64();
+    thread_panels(N / 32, &p0, &p1);
+    amx_panels(xs, M, K, wp, N, p0, p1, bias, y, y_dtype, 0);
+    _tile_release();
+  }
+  free(padded);
+  return 0;
+#else
+  (void)x, (void)M, (void)K, (void)wp, (void)N, (void)bias, (void)y, (void)y_dtype, (void)threads;
+  return -1;
+#endif
+}
+
+#if defined(TW_AMX_BUILT)
+// linear_rows for TW_AMX weights, inside the decode step's parallel region: xb holds the
+// input rows in bfloat16 (stride k, readable to the next multiple of 32 rows).
+static void amx_rows(const tw_linear* L, const uint16_t* xb, float* y, int B, int accumulate) {
+  int p0, p1;
+  thread_panels(L->n / 32, &p0, &p1);
+  amx_panels(xb, B, L->k, (const uint16_t*)L->w, L->n, p0, p1, L->bias, y, TW_F32, accumulate);
+#pragma omp barrier
+}
+#endif
+
 // ---------------------------------------------------------------- the decode step ---
 
 typedef struct {
@@ -654,8 +824,18 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
   const int I = d->intermediate;
   const int q_size = H * D, kv_size = KVH * D, nqkv = q_size + 2 * kv_size;
   for (int b = 0; b < B; ++b) row_to_f32(m->embed, m->embed_dtype, ids[b], hid, x + b * hid);
+  int amx = m->head.dtype == TW_AMX;  // any AMX weights: the tiles are configured
+  for (int li = 0; li < n_layers; ++li) {
+    const tw_layer* L = &layers[li];
+    amx |= L->qkv.dtype == TW_AMX || L->o.dtype == TW_AMX || L->gate_up.dtype == TW_AMX ||
+           L->down.dtype == TW_AMX;
+  }
+  (void)amx;
 #pragma omp parallel num_threads(threads)
   {
+#if defined(TW_AMX_BUILT)
+    if (amx) tiles_16x64();
+#endif
     for (int li = 0; li < n_layers; ++li) {
       const tw_layer* L = &layers[li];
       tw_kv kv = *kv_in;
@@ -693,6 +873,9 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
     for (int b = 0; b < B; ++b)
       rms_norm_row(x + b * hid, m->final_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
     linear_rows(&m->head, s->h, s->hb, logits, B, 0);
+#if defined(TW_AMX_BUILT)
+    if (amx) _tile_release();
+#endif
   }
 }
 
@@ -807,136 +990,6 @@ void tw_rope_store(const tw_dims* d, void* k_pool, void* v_pool, int kv_dtype, v
     row_from_f32(row, dtype, 0, q_size + kv_size, r);  // q and k, rotated
     free(r);
   }
-}
-
-// ------------------------------------------------------------ AMX matrix products ---
-// Decode batches of tens of rows multiply every weight once per step: the product streams
-// the weights from memory and does 2 * rows flops per weight read. On CPUs with AMX, tile
-// products (TDPBF16PS: [16 x 32] x [32 x 16] bfloat16 pairs into [16 x 16] float32) do the
-// arithmetic with room to spare, so the kernel is about streaming: the weights are packed
-// once so that each thread reads one contiguous run of memory, two 1 KB tiles per step,
-// prefetched 64 KB ahead into the cache next to the core.
-//
-// Packed layout (tw_amx_pack): per panel of 32 output columns (n0 = 32p), per step of 32
-// inputs (k0 = 32s), two tiles for columns n0..n0+15 and n0+16..n0+31, each in the pair
-// ("VNNI") layout the tile product reads: tile[i][c][e] = w[n0 + c][k0 + 2i + e].
-// A panel is K * 64 contiguous bytes; N and K must be multiples of 32.
-
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define TW_AMX 1
-typedef struct {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} tw_tilecfg;
-
-static void tiles_16x64(void) {  // all 8 tiles 16 rows of 64 bytes
-  tw_tilecfg cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  // GCC's _tile_loadconfig tells the compiler it reads 8 bytes only: without this barrier
-  // the other stores to cfg may be moved past it (ldtilecfg then faults on garbage).
-  __asm__ volatile("" ::: "memory");
-  _tile_loadconfig(&cfg);
-}
-#endif
-
-// 1 where the AMX products can run: compiled in, and Linux grants this process the tile
-// state (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, as oneDNN asks too).
-int tw_amx_init(void) {
-#if defined(TW_AMX) && defined(SYS_arch_prctl)
-  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-#else
-  return 0;
-#endif
-}
-
-// w [N, K] bfloat16 -> out [N * K] in the packed layout above.
-void tw_amx_pack(const uint16_t* w, int N, int K, uint16_t* out, int threads) {
-  const int steps = K / 32;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int p = 0; p < N / 32; ++p)
-    for (int s = 0; s < steps; ++s)
-      for (int t = 0; t < 2; ++t) {
-        uint16_t* tile = out + (((int64_t)p * steps + s) * 2 + t) * 512;
-        for (int i = 0; i < 16; ++i)
-          for (int c = 0; c < 16; ++c)
-            for (int e = 0; e < 2; ++e)
-              tile[(i * 16 + c) * 2 + e] = w[(int64_t)(32 * p + 16 * t + c) * K + 32 * s + 2 * i + e];
-      }
-}
-
-// y [M, N] = x [M, K] @ w.T (+ bias [N] float32), x bfloat16, w packed by tw_amx_pack;
-// y in y_dtype (float32 or bfloat16, rounded to nearest even). Threads take contiguous
-// runs of panels; each panel is multiplied 32 rows at a time (4 accumulator tiles: rows
-// 0-15 and 16-31 by columns 0-15 and 16-31), the rows past M read from a zeroed copy.
-// Returns 0, or -1 where the library was built without AMX.
-int tw_amx_linear(const uint16_t* x, int M, int K, const uint16_t* wp, int N, const float* bias,
-                  void* y, int y_dtype, int threads) {
-#if defined(TW_AMX)
-  const int panels = N / 32, steps = K / 32;
-  const int64_t panel_elems = (int64_t)K * 32;
-  const int full = M / 32 * 32;
-#pragma omp parallel num_threads(threads)
-  {
-    tiles_16x64();
-    int nt = 1, me = 0;
-#ifdef _OPENMP
-    nt = omp_get_num_threads();
-    me = omp_get_thread_num();
-#endif
-    const int p0 = (int)((int64_t)panels * me / nt), p1 = (int)((int64_t)panels * (me + 1) / nt);
-    uint16_t* tail = NULL;  // the last M % 32 rows, zero-padded to 32
-    if (full < M) {
-      tail = (uint16_t*)calloc((size_t)32 * K, sizeof(uint16_t));
-      memcpy(tail, x + (int64_t)full * K, sizeof(uint16_t) * (size_t)(M - full) * K);
-    }
-    float c[32][32];
-    for (int p = p0; p < p1; ++p) {
-      const uint16_t* panel = wp + p * panel_elems;
-      for (int mb = 0; mb < M; mb += 32) {
-        const uint16_t* xa = mb < full ? x + (int64_t)mb * K : tail;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int s = 0; s < steps; ++s) {
-          if (mb == 0)  // 64 KB ahead in this thread's stream of panels, into L2
-            prefetch_l2(panel + (int64_t)(s + 32) * 1024, 2048);
-          _tile_loadd(4, xa + 32 * s, K * 2);
-          _tile_loadd(5, xa + (int64_t)16 * K + 32 * s, K * 2);
-          _tile_loadd(6, panel + s * 1024, 64);
-          _tile_loadd(7, panel + s * 1024 + 512, 64);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(0, &c[0][0], 128);
-        _tile_stored(1, &c[0][16], 128);
-        _tile_stored(2, &c[16][0], 128);
-        _tile_stored(3, &c[16][16], 128);
-        const int rows = M - mb < 32 ? M - mb : 32;
-        for (int r = 0; r < rows; ++r)
-          for (int h = 0; h < 2; ++h) {
-            __m512 v = _mm512_loadu_ps(c[r] + 16 * h);
-            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 32 * p + 16 * h));
-            store16(y, y_dtype, (int64_t)(mb + r) * N + 32 * p + 16 * h, v);
-          }
-      }
-    }
-    free(tail);
-    _tile_release();
-  }
-  return 0;
-#else
-  (void)x, (void)M, (void)K, (void)wp, (void)N, (void)bias, (void)y, (void)y_dtype, (void)threads;
-  return -1;
-#endif
 }
 
 // ------------------------------------------------------------------- greedy choice ---
