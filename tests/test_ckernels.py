@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -40,10 +38,6 @@ def test_argmax_rows_of_no_rows_and_of_other_tensors():
     assert ckernels.argmax_rows(y) == y.argmax(-1).tolist()
 
 
-def _ptr(t):
-    return ctypes.c_void_p(t.data_ptr())
-
-
 @pytest.mark.parametrize("width", [64, 72])  # the vector path and the scalar tail
 def test_swiglu_matches_torch_even_where_exp_overflows(width):
     lib = ckernels.library()
@@ -51,7 +45,7 @@ def test_swiglu_matches_torch_even_where_exp_overflows(width):
     gu = torch.randn(5, 2 * width, generator=g) * 4
     gu[0, :width] = torch.linspace(-200, 200, width)  # e^-g beyond float32 at both ends
     act = torch.empty(5, width)
-    lib.tw_swiglu(_ptr(gu), _ptr(act), ckernels.F32, 5, width, 2)
+    lib.tw_swiglu(ckernels.ptr(gu), ckernels.ptr(act), ckernels.F32, 5, width, 2)
     want = F.silu(gu[:, :width]) * gu[:, width:]
     assert torch.isfinite(act).all()
     torch.testing.assert_close(act, want, rtol=1e-5, atol=1e-6)
@@ -69,7 +63,16 @@ def test_residual_norm_matches_torch(width, out_dtype):
     x0 = x.clone()
     code = ckernels.DTYPE_CODES[out_dtype]
     lib.tw_residual_norm(
-        _ptr(x), _ptr(delta), code, _ptr(w), ctypes.c_float(1e-5), _ptr(h), code, 6, width, 2
+        ckernels.ptr(x),
+        ckernels.ptr(delta),
+        code,
+        ckernels.ptr(w),
+        1e-5,
+        ckernels.ptr(h),
+        code,
+        6,
+        width,
+        2,
     )
     summed = x0 + delta.float()
     torch.testing.assert_close(x, summed, rtol=0, atol=0)  # the residual stream, exactly

@@ -125,7 +125,7 @@ class LLMEngine:
             decode_kernel=self._use_decode_kernel(),
         )
         if self.runner.decode_kernel and hasattr(self.model, "decode_kernel"):
-            # small decode batches: the whole step in one C call (None where it cannot)
+            # the paged batches on the C kernels (ops/fused_decode; None where it cannot)
             self.model.decode_kernel = LlamaDecodeKernel.prepare(self.model, self.pool)
         self._ids = itertools.count()
         self._arrivals = itertools.count()

@@ -65,8 +65,7 @@ class LlamaModel(nn.Module):
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
         # ops/fused_decode.LlamaDecodeKernel, set by the engine: the paged engine's batches
-        # then run on the C kernels (small decode batches as one call) instead of the
-        # modules below
+        # then run on the C kernels (decode batches as one call) instead of the modules below
         self.decode_kernel = None
 
     def load_weights(self, w: dict[str, torch.Tensor]) -> None:

@@ -33,7 +33,8 @@ from tokenworks.ops.rope import cos_sin_table
 
 MAX_ROWS = 8  # decode batches up to this size run the whole step in C (dot products)
 DOT_ROWS = 4  # with AMX the whole step takes up to PACK_MAX rows; up to this many, dot products
-_PRODUCTS = ("qkv", "o", "gate_up", "down")  # a ck.Layer's products
+_MODULES = ("qkv", "o_proj", "gate_up", "down")  # a layer's products, as modules
+_PRODUCTS = ("qkv", "o", "gate_up", "down")  # the same, as ck.Layer fields
 PACK_ROWS = 64  # the batch size oneDNN tunes the big batches' packed weights for
 PACK_MAX = 256  # more rows than this (prefill) multiply the plain weights: packing no longer pays
 
@@ -121,13 +122,12 @@ class LlamaDecodeKernel:
         self.layers_c, self.model_c = dot  # the C structs on the model's own weights
         self.amx = amx  # (layers, model) on AMX tile copies, or None
         self.packs = packs  # weight address -> its AMX tile copy
-        self._scratch: dict[int, tuple] = {}
+        self._scratch: tuple | None = None  # (rows, buffers, ck.Scratch), see _buffers
         self.pool = pool
         self.pool_ptrs = [(k.data_ptr(), v.data_ptr()) for k, v in zip(pool.k, pool.v, strict=True)]
         self.kv_dtype = ck.DTYPE_CODES[pool.k[0].dtype]
         # Bigger batches: torch's products on dense weights, the rest in C (run_batched)
-        names = ("qkv", "o_proj", "gate_up", "down")
-        dense = [[_dense(getattr(layer, n)) for n in names] for layer in model.layers]
+        dense = [[_dense(getattr(layer, n)) for n in _MODULES] for layer in model.layers]
         head = _dense(model.lm_head)
         found = [d for row in dense for d in row] + [head]
         dtypes = {d[0].dtype for d in found if d is not None}
@@ -168,8 +168,7 @@ class LlamaDecodeKernel:
             """The C structs of every layer and of the model (packs: AMX where it can)."""
             layers = (ck.Layer * spec.n_layers)()
             for i, layer in enumerate(model.layers):
-                names = ("qkv", "o_proj", "gate_up", "down")
-                parts = [_linear(getattr(layer, n), keep, packs) for n in names]
+                parts = [_linear(getattr(layer, n), keep, packs) for n in _MODULES]
                 if any(p is None for p in parts):
                     return None
                 layers[i] = ck.Layer(*norms[i], *parts, ck.ptr(pool.k[i]), ck.ptr(pool.v[i]))
@@ -222,21 +221,23 @@ class LlamaDecodeKernel:
         return n_tokens <= self.max_rows and self._decode_only(n_tokens, meta)
 
     def _buffers(self, b: int) -> tuple:
-        if b not in self._scratch:
-            s = self.spec
+        """Scratch memory for a whole step of b rows: one set, grown to the biggest batch
+        seen (the C code lays rows out by the model's widths, so more rows than b serve),
+        with rows up to a multiple of 32 (AMX products read their input rows that far)."""
+        if self._scratch is None or self._scratch[0] < b:
+            s, rows = self.spec, -(-b // 32) * 32
             widest = max(s.hidden_size, s.intermediate_size, s.q_size)
             bufs = {
-                "h": torch.empty(b, s.hidden_size),
-                # AMX products read their input rows up to a multiple of 32
-                "hb": torch.empty(-(-b // 32) * 32, widest, dtype=torch.bfloat16),
-                "qkv": torch.empty(b, s.q_size + 2 * s.kv_size),
-                "attn": torch.empty(b, s.q_size),
-                "gu": torch.empty(b, 2 * s.intermediate_size),
-                "act": torch.empty(b, s.intermediate_size),
+                "h": torch.empty(rows, s.hidden_size),
+                "hb": torch.empty(rows, widest, dtype=torch.bfloat16),
+                "qkv": torch.empty(rows, s.q_size + 2 * s.kv_size),
+                "attn": torch.empty(rows, s.q_size),
+                "gu": torch.empty(rows, 2 * s.intermediate_size),
+                "act": torch.empty(rows, s.intermediate_size),
             }
             scratch = ck.Scratch(*(ck.ptr(bufs[n]) for n, _ in ck.Scratch._fields_))
-            self._scratch[b] = (bufs, scratch)
-        return self._scratch[b]
+            self._scratch = (rows, bufs, scratch)
+        return self._scratch[1:]
 
     def _kv(self, meta, window: int | None) -> tuple:
         """The block tables and context lengths for C (each layer sets its own pools)."""

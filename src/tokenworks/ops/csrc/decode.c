@@ -28,6 +28,9 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define TW_AMX_BUILT 1  // AMX tile products (see tw_amx_linear)
+#endif
 
 enum { TW_F32 = 0, TW_BF16 = 1, TW_I8 = 2, TW_Q4 = 3, TW_AMX = 4 };  // TW_AMX: see tw_amx_pack
 
@@ -178,7 +181,7 @@ typedef struct {
 // decode step streams every weight once, and a core alone keeps too few reads in flight.
 #define PREFETCH_BYTES 4096
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#if defined(TW_AMX_BUILT)
 static void amx_rows(const tw_linear* L, const uint16_t* xb, float* y, int B, int accumulate);
 #endif
 
@@ -188,7 +191,7 @@ static void amx_rows(const tw_linear* L, const uint16_t* xb, float* y, int B, in
 
 static void linear_rows(const tw_linear* L, const float* x, const uint16_t* xb, float* y, int B,
                         int accumulate) {
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#if defined(TW_AMX_BUILT)
   if (L->dtype == TW_AMX) {
     amx_rows(L, xb, y, B, accumulate);
     return;
@@ -610,8 +613,7 @@ void tw_paged_attention(const tw_kv* kv, const float* q, float* out, int B, int 
 // ("VNNI") layout the tile product reads: tile[i][c][e] = w[n0 + c][k0 + 2i + e].
 // A panel is K * 64 contiguous bytes; N and K must be multiples of 32.
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define TW_AMX_BUILT 1
+#if defined(TW_AMX_BUILT)
 typedef struct {
   uint8_t palette, start_row, reserved[14];
   uint16_t colsb[16];
