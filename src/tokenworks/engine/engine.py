@@ -40,6 +40,7 @@ from tokenworks.ops.fused_decode import LlamaDecodeKernel
 from tokenworks.tokenizer import TokenizerWrapper
 
 GiB = 1024**3
+_NO_HISTORY = torch.empty(0, dtype=torch.long)  # what sample_one gets without penalties
 
 __all__ = ["LLMEngine", "PromptTooLongError", "QueueFullError", "RequestTooLargeError", "StepStats"]
 
@@ -273,8 +274,8 @@ class LLMEngine:
         # the logits' own dtype: bfloat16 to float32 is exact, so the choice is the same).
         argmax = argmax_rows(logits)
         sampled: list[Sequence] = []
-        for seq, row, top in zip(sampling, logits, argmax, strict=True):
-            sampled += self._sample(seq, row, top)
+        for r, (seq, top) in enumerate(zip(sampling, argmax, strict=True)):
+            sampled += self._sample(seq, logits, r, top)
         return sampled
 
     def _fail(self, out: SchedulerOutput) -> None:
@@ -286,7 +287,8 @@ class LLMEngine:
         for item in out.scheduled:
             self.abort_request(item.seq.request_id)
 
-    def _sample(self, seq: Sequence, row: torch.Tensor, argmax: int) -> list[Sequence]:
+    def _sample(self, seq: Sequence, logits: torch.Tensor, r: int, argmax: int) -> list[Sequence]:
+        """seq's next token from row r of logits (argmax: that row's, for plain greedy)."""
         group = [seq]
         if seq.params.n > 1 and len(seq.group) == 1:  # the prompt is done: fork the siblings
             for i in range(1, seq.params.n):
@@ -294,7 +296,6 @@ class LLMEngine:
                 self.blocks.fork(seq, child)
                 self.scheduler.add_running(child)
                 group.append(child)
-        no_history = torch.empty(0, dtype=torch.long)
         for s in group:
             p = s.params
             if p.fast_greedy:
@@ -303,8 +304,8 @@ class LLMEngine:
                 if p.uses_penalties:  # only penalties read the token history
                     prompt, output = s.prompt_tensor(), s.output_tensor()
                 else:
-                    prompt = output = no_history
-                s.append(sample_one(row, p, prompt, output, s.generator))
+                    prompt = output = _NO_HISTORY
+                s.append(sample_one(logits[r], p, prompt, output, s.generator))
             if s.finished:
                 self.scheduler.remove(s)
                 if s.group_finished:

@@ -34,7 +34,7 @@ class ModelRunner:
         end = 0
         for item in batch:
             s, n = item.seq, item.n_tokens
-            ids.extend(s.all_ids[s.n_cached : s.n_cached + n])
+            ids.extend(s.ids_between(s.n_cached, s.n_cached + n))
             positions.extend(range(s.n_cached, s.n_cached + n))
             q_lens.append(n)
             ctx_lens.append(s.n_cached)

@@ -122,6 +122,16 @@ class Sequence:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def ids_between(self, start: int, end: int) -> list[int]:
+        """all_ids[start:end] without copying the whole sequence (a decode step wants one
+        token of a few hundred)."""
+        n = len(self.prompt_ids)
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        if end <= n:
+            return self.prompt_ids[start:end]
+        return self.prompt_ids[start:] + self.output_ids[: end - n]
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
