@@ -983,13 +983,16 @@ void tw_rope_store(const tw_dims* d, void* k_pool, void* v_pool, int kv_dtype, v
                    const float* sin, int T, int threads) {
   const int H = d->n_heads, KVH = d->n_kv_heads, D = d->head_dim;
   const int q_size = H * D, kv_size = KVH * D, nqkv = q_size + 2 * kv_size;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int t = 0; t < T; ++t) {
-    float* r = (float*)malloc(sizeof(float) * (size_t)nqkv);
-    row_to_f32(qkv, dtype, t, nqkv, r);
-    rope_and_store(d, r, positions[t], slots[t], cos, sin, k_pool, v_pool, kv_dtype);
-    char* row = (char*)qkv + (int64_t)t * nqkv * (dtype == TW_F32 ? 4 : 2);
-    row_from_f32(row, dtype, 0, q_size + kv_size, r);  // q and k, rotated
+#pragma omp parallel num_threads(threads)
+  {
+    float* r = (float*)malloc(sizeof(float) * (size_t)nqkv);  // one row, per thread
+#pragma omp for schedule(static)
+    for (int t = 0; t < T; ++t) {
+      row_to_f32(qkv, dtype, t, nqkv, r);
+      rope_and_store(d, r, positions[t], slots[t], cos, sin, k_pool, v_pool, kv_dtype);
+      char* row = (char*)qkv + (int64_t)t * nqkv * (dtype == TW_F32 ? 4 : 2);
+      row_from_f32(row, dtype, 0, q_size + kv_size, r);  // q and k, rotated
+    }
     free(r);
   }
 }
