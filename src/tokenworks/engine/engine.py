@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenworks.config import EngineConfig
+from tokenworks.engine.host_memory import keep_freed_memory
 from tokenworks.engine.kv_cache import BlockManager, KVPool, kv_bytes_per_token
 from tokenworks.engine.request import FinishReason, SamplingParams
 from tokenworks.engine.runner import ModelRunner
@@ -80,6 +81,8 @@ class LLMEngine:
         self.config = config
         if config.threads is not None:
             torch.set_num_threads(config.threads)
+        if config.device == "cpu":
+            keep_freed_memory()  # each step's buffers reuse the last step's pages
         loaded = loaded or load(config.model)
         self.loaded = loaded
         self.spec = loaded.spec
