@@ -12,16 +12,21 @@ Two paths compute the same thing:
   result never depends on what else is in the batch);
 - the fast path runs every decode sequence (one new token each) in one padded, masked
   attention call, which removes a per-sequence Python loop and many small kernels.
-Prefill chunks always take the per-sequence path (each is already a large kernel).
+Prefill chunks take the per-sequence path, or (the C kernels' batches, prefill_kernel)
+one call of ckernels.prefill_attention for all of them, on AMX tiles where the CPU has
+them: torch's attention at these sizes (16 prompts of 128 tokens) ran at about 45 GFLOP/s
+in 480 calls a step, 105 ms of a 1 s prefill step on SmolLM2-135M.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from tokenworks.ops.ckernels import prefill_attention
 from tokenworks.ops.paged_kernel import paged_decode_attention
 
 
@@ -214,13 +219,27 @@ def attention_over_pool(
     v_pool: torch.Tensor,
     scale: float,
     window: int | None = None,
+    prefill_kernel: bool = False,
 ) -> torch.Tensor:  # [T, H*D]
+    """prefill_kernel: prompt chunks (not sliding-window ones) go to the C kernel on AMX
+    tiles where it runs (ckernels.prefill_attention: the same computation as torch's
+    bfloat16 flash attention, summed in its own order), instead of one torch attention
+    call per sequence."""
     n_heads, d = q.shape[1], q.shape[2]
     if meta.decode is not None and meta.decode.token_rows.numel() == q.shape[0]:
         return _decode_batch(q, k_pool, v_pool, meta.decode, scale, window)  # decode only
     out = q.new_empty(q.shape[0], n_heads * d)
     if meta.decode is not None:
         out[meta.decode.token_rows] = _decode_batch(q, k_pool, v_pool, meta.decode, scale, window)
+    if prefill_kernel and window is None:
+        ends = itertools.accumulate(meta.query_lens)
+        chunks = [
+            (end - n, n, index)
+            for end, n, index in zip(ends, meta.query_lens, meta.kv_index, strict=True)
+            if index is not None
+        ]
+        if prefill_attention(q, k_pool, v_pool, chunks, scale, out):
+            return out
     start = 0
     for n, index in zip(meta.query_lens, meta.kv_index, strict=True):
         if index is not None:

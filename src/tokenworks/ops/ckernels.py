@@ -238,6 +238,11 @@ def library() -> ctypes.CDLL | None:
         c_ptr, ctypes.c_int, ctypes.c_int, c_ptr, ctypes.c_int, c_ptr, c_ptr, ctypes.c_int,
         ctypes.c_int,
     ]  # fmt: skip
+    lib.tw_prefill_attention.restype = ctypes.c_int
+    lib.tw_prefill_attention.argtypes = [
+        c_ptr, c_ptr, ctypes.c_int, ctypes.c_int, c_ptr, ctypes.c_int64, *[c_ptr] * 5,
+        ctypes.c_int, ctypes.c_float, c_ptr, ctypes.c_int64, ctypes.c_int,
+    ]  # fmt: skip
     return lib
 
 
@@ -291,6 +296,48 @@ def amx_product(w: torch.Tensor, bias: torch.Tensor | None = None, packed=None):
 
     product.keep = (packed, b)
     return product
+
+
+def prefill_attention(
+    q: torch.Tensor,  # [T, H, D] bfloat16, heads contiguous within a row (RoPE applied)
+    k_pool: torch.Tensor,  # [slots, KVH, D] bfloat16, the chunks' own keys already written
+    v_pool: torch.Tensor,
+    seqs: list[tuple[int, int, torch.Tensor]],  # (first row, new rows, slots of every key)
+    scale: float,
+    out: torch.Tensor,  # [T, H * D] bfloat16, contiguous
+) -> bool:
+    """Causal attention of prompt chunks on AMX tiles (tw_prefill_attention), into the rows
+    of out that belong to seqs; each sequence's keys are its context then its new rows.
+    False, with nothing written, where the kernel cannot run: no AMX tiles here, a
+    head_dim other than 64, or tensors not laid out as above."""
+    t, h, d = q.shape
+    kvh = k_pool.shape[1]
+    if (
+        not seqs
+        or not amx_available()
+        or d != 64
+        or h % kvh
+        or q.dtype != torch.bfloat16
+        or k_pool.dtype != torch.bfloat16
+        or v_pool.dtype != torch.bfloat16
+        or out.dtype != torch.bfloat16
+        or q.device.type != "cpu"
+        or q.stride(2) != 1
+        or q.stride(1) != d
+        or not (k_pool.is_contiguous() and v_pool.is_contiguous() and out.is_contiguous())
+    ):
+        return False
+    starts = torch.tensor([s for s, _, _ in seqs], dtype=torch.long)
+    rows = torch.tensor([n for _, n, _ in seqs], dtype=torch.long)
+    keys = torch.tensor([len(x) for _, _, x in seqs], dtype=torch.long)
+    slots = torch.cat([x.to(torch.long) for _, _, x in seqs]).contiguous()
+    slot_start = torch.cumsum(keys, 0) - keys
+    done = library().tw_prefill_attention(
+        ptr(k_pool), ptr(v_pool), h, kvh, q.data_ptr(), q.stride(0), ptr(starts), ptr(rows),
+        ptr(slots), ptr(slot_start), ptr(keys), len(seqs), scale, ptr(out), out.stride(0),
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return done == 0
 
 
 def argmax_rows(x: torch.Tensor) -> list[int]:

@@ -299,8 +299,9 @@ class LlamaDecodeKernel:
         )  # fmt: skip
         q = qkv[:, : s.q_size].view(-1, s.n_heads, s.head_dim)
         out = attention_over_pool(
-            q, meta, self.pool.k[layer], self.pool.v[layer], self.dims.attn_scale, window
-        )
+            q, meta, self.pool.k[layer], self.pool.v[layer], self.dims.attn_scale, window,
+            prefill_kernel=True,
+        )  # fmt: skip
         return out.contiguous()
 
     def _products(self) -> list:
@@ -332,7 +333,8 @@ class LlamaDecodeKernel:
         mixed): torch multiplies, C does what lies between the products (residual +
         RMSNorm, RoPE + cache write, SwiGLU; decode-only batches: attention too) in 3
         calls a layer instead of about twenty torch ops; the residual stream stays float32.
-        Batches with prefill rows attend in torch (ops/attention.attention_over_pool)."""
+        Batches with prefill rows attend through ops/attention.attention_over_pool: prompt
+        chunks in one C call on AMX tiles where it runs, else torch's attention."""
         lib, s, threads = self.lib, self.spec, torch.get_num_threads()
         b, act = input_ids.shape[0], self.act_dtype
         code = ck.DTYPE_CODES[act]
