@@ -310,7 +310,7 @@ def prefill_attention(
     of out that belong to seqs; each sequence's keys are its context then its new rows.
     False, with nothing written, where the kernel cannot run: no AMX tiles here, a
     head_dim other than 64, or tensors not laid out as above."""
-    t, h, d = q.shape
+    _, h, d = q.shape
     kvh = k_pool.shape[1]
     if (
         not seqs
