@@ -111,7 +111,7 @@ def test_bench_peers_measures_ours_and_records_missing_peers_as_not_run(smol_loa
         *("--threads", "2", "--max-num-seqs", "4", "--kv-cache-memory", "0.25"),
         *("--prompt-tokens", "16", "--decode-tokens", "4", "--repeats", "1"),
         *("--offline-manifest", str(manifest), "--serving-manifest", str(manifest)),
-        *("--request-rate", "20", "--max-concurrency", "2"),
+        *("--offline-rounds", "2", "--request-rate", "20", "--max-concurrency", "2"),
         *("--out", str(out), "--report", str(report)),
     ]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -124,6 +124,10 @@ def test_bench_peers_measures_ours_and_records_missing_peers_as_not_run(smol_loa
     offline = json.loads(next(out.glob("throughput-*.json")).read_text())
     assert offline["results"]["tokenworks"]["output_tokens"] == 3 * 4
     assert offline["workload"]["manifest"]["num_requests"] == 3
+    rounds = offline["results"]["tokenworks"]["rounds"]  # each a measurement of its own
+    assert offline["workload"]["manifest"]["rounds"] == 2 and len(rounds) == 2
+    assert all(x["output_tokens"] == 12 and x["elapsed_s"] > 0 for x in rounds)
+    assert offline["results"]["ratio_per_round"] == {}  # no peer ran
     serving = [json.loads(p.read_text()) for p in sorted(out.glob("serving-*.json"))]
     ours = [s for s in serving if s.get("status") != "NOT_RUN"]
     missing = [s for s in serving if s.get("status") == "NOT_RUN"]

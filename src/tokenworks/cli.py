@@ -304,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-tokens", type=int, default=128)
     p.add_argument("--manifest", default=None, help="a workload manifest instead of the above")
     p.add_argument("--seed", type=int, default=0, help="of the random prompts")
+    p.add_argument(
+        "--rounds", type=int, default=1, help="each engine this many times, in turn (medians)"
+    )
     _record_args(p)
     p.set_defaults(fn=cmd_bench_throughput)
 
@@ -365,6 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-tokens", type=int, default=128, help="latency: tokens decoded")
     p.add_argument("--repeats", type=int, default=3, help="latency: repeats (median)")
     p.add_argument("--offline-manifest", default=None, help="default 64 x 128 in / 128 out")
+    p.add_argument(
+        "--offline-rounds", type=int, default=1, help="offline: every engine this many times"
+    )
     p.add_argument("--serving-manifest", default=None, help="default 32 x 128 in / 64 out")
     p.add_argument("--vocab-size", type=int, default=49152, help="for random prompts")
     p.add_argument("--seed", type=int, default=0)

@@ -129,7 +129,8 @@ def run_peers(args) -> Path:
         manifest = _load(args.offline_manifest, OFFLINE_MANIFEST)
         path = _manifest_file(manifest, report_dir, "offline-manifest.json")
         run, not_run = split(throughput.PEER_SCRIPTS)
-        records.append(throughput.run_throughput(_with(args, manifest=path), run, not_run))
+        offline = _with(args, manifest=path, rounds=args.offline_rounds)
+        records.append(throughput.run_throughput(offline, run, not_run))
     if "serving" in args.benches:
         path = _manifest_file(serving_manifest, report_dir, "serving-manifest.json")
         sweep = _with(

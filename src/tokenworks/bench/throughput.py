@@ -7,12 +7,17 @@ Our engine runs them through continuous batching (LLM.generate); peers run the s
 ids in their own venvs in the same run. The record also says how much KV memory the paged
 pool actually used at its peak against what a contiguous cache (one max-length row per
 sequence) would reserve.
+
+With --rounds N every engine runs N times, one after the other in each round; the figures
+are each engine's median, and the record keeps every round and each round's ratios. On a
+shared machine one engine's figure can move by half between runs a few minutes apart.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -65,14 +70,40 @@ def run_throughput(args, peers: dict[str, str] | None = None, not_run: dict | No
         for n, r in zip(max_tokens, requests, strict=True)
     ]
     llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
-    engine.blocks.reset_prefix_cache()  # the measured prompts must not hit the warm-up's
-    engine.stats.clear()
-    t = time.perf_counter()
-    outputs = llm.generate(prompts, params)
-    elapsed = time.perf_counter() - t
-    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     input_tokens = sum(map(len, prompts))
-    stats = list(engine.stats)
+
+    def measure_ours() -> tuple[dict, list]:
+        engine.blocks.reset_prefix_cache()  # the measured prompts must not hit earlier ones
+        engine.stats.clear()
+        t = time.perf_counter()
+        outputs = llm.generate(prompts, params)
+        elapsed = time.perf_counter() - t
+        generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+        run = {"elapsed_s": elapsed, "output_tokens": generated}
+        return {**run, "output_tok_s": generated / elapsed}, list(engine.stats)
+
+    peer_args = {
+        "gguf": engine.loaded.file_path,
+        "hf_dir": os.environ.get("TOKENWORKS_PEER_HF_DIR", ""),
+        "prompts": prompts,
+        "max_tokens": max_tokens,
+        "ignore_eos": ignore_eos,
+        "threads": threads,
+        "dtype": llm.config.resolved_dtype,
+    }
+    # Rounds: every engine once a round, in the same order, so that each round compares
+    # engines a few minutes apart; the figures are each engine's median over the rounds.
+    rounds = max(1, getattr(args, "rounds", 1) or 1)
+    ours_runs: list[dict] = []
+    peer_runs: dict[str, list[dict]] = {name: [] for name in peers}
+    for r in range(rounds):
+        run, stats = measure_ours()
+        ours_runs.append(run)
+        for name, python in peers.items():
+            print(f"measuring peer {name} with {python} (round {r + 1} of {rounds})")
+            peer_runs[name].append(run_peer(name, python, peer_args, script=PEER_SCRIPTS[name]))
+    elapsed = statistics.median(x["elapsed_s"] for x in ours_runs)
+    generated = ours_runs[-1]["output_tokens"]
     block_bytes = engine.kv_bytes_per_token * engine.config.block_size
     peak_blocks = max(round(s.kv_usage * engine.blocks.num_blocks) for s in stats)
     longest = max(len(p) + n for p, n in zip(prompts, max_tokens, strict=True))
@@ -87,27 +118,25 @@ def run_throughput(args, peers: dict[str, str] | None = None, not_run: dict | No
         "bytes_per_token": engine.kv_bytes_per_token,
     }
     ours = {
-        "elapsed_s": elapsed,
+        "elapsed_s": elapsed,  # the median over the rounds (ours_runs)
         "output_tokens": generated,
         "output_tok_s": generated / elapsed,
         "total_tok_s": (generated + input_tokens) / elapsed,
-        "steps": len(stats),
+        "steps": len(stats),  # this and below: the last round's steps
         "max_batch_size": max(s.batch_size for s in stats),
         "preemptions": sum(s.preemptions for s in stats),
-    }
-    peer_args = {
-        "gguf": engine.loaded.file_path,
-        "hf_dir": os.environ.get("TOKENWORKS_PEER_HF_DIR", ""),
-        "prompts": prompts,
-        "max_tokens": max_tokens,
-        "ignore_eos": ignore_eos,
-        "threads": threads,
-        "dtype": llm.config.resolved_dtype,
+        "rounds": ours_runs,
     }
     peer_results = {name: {"status": "NOT_RUN", "reason": r} for name, r in (not_run or {}).items()}
-    for name, python in peers.items():
-        print(f"measuring peer {name} with {python}")
-        peer_results[name] = run_peer(name, python, peer_args, script=PEER_SCRIPTS[name])
+    per_round = {}
+    for name, runs in peer_runs.items():
+        ok = [x for x in runs if x.get("status") == "OK"]
+        if len(ok) < len(runs):  # a failed round fails the peer: its figures would be a subset
+            peer_results[name] = next(x for x in runs if x.get("status") != "OK")
+            continue
+        tok_s = [x["output_tok_s"] for x in ok]
+        peer_results[name] = {**ok[-1], "output_tok_s": statistics.median(tok_s), "rounds": tok_s}
+        per_round[name] = [o["output_tok_s"] / p for o, p in zip(ours_runs, tok_s, strict=True)]
     ratios = {
         name: ours["output_tok_s"] / r["output_tok_s"]
         for name, r in peer_results.items()
@@ -117,17 +146,25 @@ def run_throughput(args, peers: dict[str, str] | None = None, not_run: dict | No
         kind="throughput",
         engine=llm.config.to_dict(),
         model=model_record(llm),
-        workload={**manifest, "threads": threads, "sampling": "greedy", "arrival": "offline"},
+        workload={
+            **manifest,
+            "threads": threads,
+            "sampling": "greedy",
+            "arrival": "offline",
+            "rounds": rounds,
+        },
         results={
             "tokenworks": ours,
             "kv_memory": kv,
-            "ratio_tokenworks_to_peer_output_tok_s": ratios,
+            "ratio_tokenworks_to_peer_output_tok_s": ratios,  # of the medians
+            "ratio_per_round": per_round,
             "steps": [s.__dict__ for s in stats],
         },
         seeds=[manifest.get("seed", 0)],
         peers=peer_results,
     )
     path = write_record(record, args.out)
-    print(json.dumps({"tokenworks": ours, "kv_memory": kv, "ratios": ratios}, indent=2))
+    summary = {"tokenworks": ours, "kv_memory": kv, "ratios": ratios, "per_round": per_round}
+    print(json.dumps(summary, indent=2))
     print(f"record: {path}")
     return path
