@@ -143,6 +143,7 @@ def test_bench_peers_measures_ours_and_records_missing_peers_as_not_run(smol_loa
     assert text.startswith("# tokenworks and its peers")
     assert "## Single-stream latency" in text and "## Offline throughput" in text
     assert "| vllm | NOT_RUN |" in text and "## Not run here" in text
+    assert "Each engine ran 2 times, in turn" in text  # and every round's figure
     assert "(1.00x)" in text  # ours in the serving comparison
     assert (report / "peers-serving.png").read_bytes()[:4] == b"\x89PNG"
     for link in ("../results/latency-", "../results/throughput-", "../results/serving-"):

@@ -247,6 +247,22 @@ def offline_table(record: dict, report_dir: Path) -> list[str]:
             f"| {name} | {r['output_tok_s']:.1f} | {r.get('mode', '')} | "
             f"{_ratio(ours['output_tok_s'], r['output_tok_s'])} |"
         )
+    rounds = ours.get("rounds", [])
+    if len(rounds) > 1:  # medians above; every round here
+        per_round = record["results"].get("ratio_per_round", {})
+        lines += [
+            "",
+            f"Each engine ran {len(rounds)} times, in turn; the table gives medians. Per round, "
+            "output tok/s (tokenworks / engine):",
+            "",
+            "| engine | " + " | ".join(f"round {i + 1}" for i in range(len(rounds))) + " |",
+            "|---|" + "---|" * len(rounds),
+            "| tokenworks | " + " | ".join(f"{x['output_tok_s']:.1f}" for x in rounds) + " |",
+        ]
+        for name, ratios in per_round.items():
+            tok_s = record["peers"][name]["rounds"]
+            cells = (f"{t:.1f} ({q:.2f}x)" for t, q in zip(tok_s, ratios, strict=True))
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 
