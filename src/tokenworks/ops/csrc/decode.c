@@ -1016,6 +1016,11 @@ typedef struct {
   uint16_t* p;   // [16][keys] their softmax weights, bfloat16, not yet normalised
 } tw_prefill_buf;
 
+// The first n of 16 lanes (none for n <= 0, all for n >= 16).
+static inline __mmask16 first_lanes(int64_t n) {
+  return n <= 0 ? 0 : n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
+}
+
 static void prefill_head(const void* k_pool, const void* v_pool, int kv_heads, int h,
                          const int64_t* slots, int64_t L, int64_t n, const uint16_t* q,
                          int64_t q_stride, int G, float scale, uint16_t* out,
@@ -1090,13 +1095,13 @@ static void prefill_head(const void* k_pool, const void* v_pool, int kv_heads, i
         const int64_t lim = ctx + i0 + r + 1;  // this row sees keys [0, lim)
         __m512 m = _mm512_set1_ps(-INFINITY);
         for (int64_t k = 0; k < lim; k += 16) {
-          const __mmask16 ok = lim - k >= 16 ? 0xFFFF : (__mmask16)((1u << (lim - k)) - 1);
-          m = _mm512_mask_max_ps(m, ok, m, _mm512_mul_ps(_mm512_loadu_ps(sr + k), _mm512_set1_ps(scale)));
+          const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(sr + k), _mm512_set1_ps(scale));
+          m = _mm512_mask_max_ps(m, first_lanes(lim - k), m, x);
         }
         const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(m));
         __m512 sum = _mm512_setzero_ps();
         for (int64_t k = 0; k < nk; k += 16) {
-          const __mmask16 ok = k >= lim ? 0 : lim - k >= 16 ? 0xFFFF : (__mmask16)((1u << (lim - k)) - 1);
+          const __mmask16 ok = first_lanes(lim - k);
           const __m512 x = _mm512_fmsub_ps(_mm512_loadu_ps(sr + k), _mm512_set1_ps(scale), mx);
           const __m512 e = _mm512_maskz_mov_ps(ok, exp16(_mm512_maskz_mov_ps(ok, x)));
           sum = _mm512_add_ps(sum, e);
