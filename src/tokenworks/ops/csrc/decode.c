@@ -1025,12 +1025,11 @@ static void prefill_head(const void* k_pool, const void* v_pool, int kv_heads, i
                          const int64_t* slots, int64_t L, int64_t n, const uint16_t* q,
                          int64_t q_stride, int G, float scale, uint16_t* out,
                          int64_t out_stride, tw_prefill_buf* buf) {
+  static const uint16_t none[64];  // the keys and values past L, up to a multiple of 32
   const int64_t ctx = L - n, lp = (L + 31) / 32 * 32;
-  memset(buf->kt, 0, (size_t)lp * 64 * 2);
-  memset(buf->vt, 0, (size_t)lp * 64 * 2);
-  for (int64_t j = 0; j < L; ++j) {
-    const uint16_t* k = (const uint16_t*)k_pool + (slots[j] * kv_heads + h) * 64;
-    const uint16_t* v = (const uint16_t*)v_pool + (slots[j] * kv_heads + h) * 64;
+  for (int64_t j = 0; j < lp; ++j) {
+    const uint16_t* k = j < L ? (const uint16_t*)k_pool + (slots[j] * kv_heads + h) * 64 : none;
+    const uint16_t* v = j < L ? (const uint16_t*)v_pool + (slots[j] * kv_heads + h) * 64 : none;
     uint16_t* kt = buf->kt + (j / 16) * 1024 + (j % 16) * 2;
     for (int c = 0; c < 2; ++c)
       for (int i = 0; i < 16; ++i) {
