@@ -65,6 +65,15 @@ def test_discovery_finds_installed_peers_and_builds_their_servers(tmp_path):
     assert lc.server[lc.server.index("-c") + 1] == str(8 * 512)  # the slots share -c
 
 
+@pytest.mark.parametrize(
+    "argv", [["bench", "peers", "--offline-rounds", "0"], ["bench", "throughput", "--rounds", "-1"]]
+)
+def test_fewer_than_one_round_is_refused_with_a_reason(argv, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    assert "every engine runs at least once" in capsys.readouterr().err
+
+
 def test_engine_flags_round_trip_to_a_serve_command_line():
     args = build_parser().parse_args(
         ["bench", "peers", "--threads", "2", "--max-num-seqs", "16", "--no-prefix-caching"]

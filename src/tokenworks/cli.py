@@ -196,6 +196,13 @@ def _record_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _rounds(s: str) -> int:
+    n = int(s)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: every engine runs at least once; give 1 or more")
+    return n
+
+
 def _names(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
@@ -305,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--manifest", default=None, help="a workload manifest instead of the above")
     p.add_argument("--seed", type=int, default=0, help="of the random prompts")
     p.add_argument(
-        "--rounds", type=int, default=1, help="each engine this many times, in turn (medians)"
+        "--rounds", type=_rounds, default=1, help="each engine this many times, in turn (medians)"
     )
     _record_args(p)
     p.set_defaults(fn=cmd_bench_throughput)
@@ -369,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="latency: repeats (median)")
     p.add_argument("--offline-manifest", default=None, help="default 64 x 128 in / 128 out")
     p.add_argument(
-        "--offline-rounds", type=int, default=1, help="offline: every engine this many times"
+        "--offline-rounds", type=_rounds, default=1, help="offline: every engine this many times"
     )
     p.add_argument("--serving-manifest", default=None, help="default 32 x 128 in / 64 out")
     p.add_argument("--vocab-size", type=int, default=49152, help="for random prompts")

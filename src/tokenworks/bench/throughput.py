@@ -50,6 +50,9 @@ def run_throughput(args, peers: dict[str, str] | None = None, not_run: dict | No
     in not_run ({name: reason}) are recorded as NOT_RUN."""
     from tokenworks import LLM, SamplingParams
 
+    rounds = getattr(args, "rounds", 1)
+    if rounds < 1:
+        raise ValueError(f"rounds {rounds}: every engine runs at least once; give 1 or more")
     peers = parse_peers(args.peer, PEER_SCRIPTS) if peers is None else peers
     manifest = load_manifest(args.manifest) if getattr(args, "manifest", None) else None
     manifest = manifest or default_manifest(args)
@@ -93,7 +96,6 @@ def run_throughput(args, peers: dict[str, str] | None = None, not_run: dict | No
     }
     # Rounds: every engine once a round, in the same order, so that each round compares
     # engines a few minutes apart; the figures are each engine's median over the rounds.
-    rounds = max(1, getattr(args, "rounds", 1) or 1)
     ours_runs: list[dict] = []
     peer_runs: dict[str, list[dict]] = {name: [] for name in peers}
     for r in range(rounds):
