@@ -394,7 +394,9 @@ static int64_t* context_slots(const tw_kv* kv, int b, int64_t first, int64_t L) 
 }
 
 // Keys are requested this many positions ahead: blocks lie anywhere in the pool, so the
-// hardware prefetcher loses the stream at every block boundary.
+// hardware prefetcher loses the stream at every block boundary. The first rows of each pass
+// (a head's keys, then its values) are asked for near the end of the pass before it, so
+// that no pass starts by waiting on memory.
 #define PREFETCH_KEYS 16
 
 static inline void prefetch_span(const void* p, int64_t bytes) {
@@ -426,11 +428,16 @@ static inline __m512 sum16(const __m512* v) {
 
 // Scores of one KV head's G query heads over n keys, 16 keys at a time: BF16 dot products
 // (the query rounded to bfloat16, as the torch path holds it) and one sum16 per 16 keys.
-// qb [G, D] bfloat16, already scaled; rows of key j at kp + (slots[j] * kv_heads + h) * D.
-static void scores_bf16(const uint16_t* kp, const int64_t* slots, int64_t n, int kv_heads,
-                        int h, int G, int D, const uint16_t* qb, float* scores) {
+// qb [G, D] bfloat16, already scaled; rows of key j at kp + (slots[j] * kv_heads + h) * D,
+// and of its value at vp (bfloat16 too) + the same.
+static void scores_bf16(const uint16_t* kp, const uint16_t* vp, const int64_t* slots,
+                        int64_t n, int kv_heads, int h, int G, int D, const uint16_t* qb,
+                        float* scores) {
   for (int64_t l = 0; l < n; l += 16) {
     const int cnt = n - l < 16 ? (int)(n - l) : 16;
+    if (l + 16 >= n)  // the last keys: the value pass's first rows
+      for (int64_t j = 0; j < PREFETCH_KEYS && j < n; ++j)
+        prefetch_span(vp + (slots[j] * kv_heads + h) * D, D * 2);
     const uint16_t* rows[16];
     for (int j = 0; j < 16; ++j) rows[j] = kp + (slots[l + (j < cnt ? j : 0)] * kv_heads + h) * D;
     for (int64_t j = l + PREFETCH_KEYS; j < l + 2 * PREFETCH_KEYS && j < n; ++j)
@@ -474,9 +481,11 @@ static void scores_bf16(const uint16_t* kp, const int64_t* slots, int64_t n, int
 #if defined(__AVX512F__)
 // The weighted sum of values for head_dim 64 and G query heads at once (G a constant at
 // each call site, so the G x 4 sums stay in registers): each value row is read once.
+// next_k: the next head's keys (k_pool + its offset in a slot), whose first rows are asked
+// for during the last values; NULL for none.
 static inline __attribute__((always_inline)) void weighted_values64(
     const void* v_pool, int kv_dtype, const int64_t* slots, int64_t n, int kv_heads, int h,
-    const float* scores, int G, float* out) {
+    const float* scores, int G, float* out, const char* next_k) {
   __m512 acc[4][4];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
@@ -486,6 +495,8 @@ static inline __attribute__((always_inline)) void weighted_values64(
     if (l + PREFETCH_KEYS < n)
       prefetch_span((const char*)v_pool + (slots[l + PREFETCH_KEYS] * kv_heads + h) * 64 * esz,
                     64 * esz);
+    else if (next_k && l + PREFETCH_KEYS - n < n)
+      prefetch_span(next_k + slots[l + PREFETCH_KEYS - n] * kv_heads * 64 * esz, 64 * esz);
     __m512 v[4];
     for (int c = 0; c < 4; ++c) v[c] = load16(v_pool, kv_dtype, r + 16 * c);
     for (int g = 0; g < G; ++g) {
@@ -508,8 +519,9 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
   const int64_t first = kv->window > 0 && L > kv->window ? L - kv->window : 0;
   const int64_t n = L - first;
   const int64_t esz = kv->kv_dtype == TW_F32 ? 4 : 2;
-  (void)esz;  // used by the vector path only
   int64_t* slots = context_slots(kv, b, first, L);
+  for (int64_t j = 0; j < PREFETCH_KEYS && j < n; ++j)  // the first head's first keys
+    prefetch_span((const char*)kv->k_pool + (slots[j] * kv_heads + h0) * D * esz, D * esz);
   float* scores = (float*)malloc(sizeof(float) * (size_t)(G * n));
   float* qs = (float*)malloc(sizeof(float) * (size_t)(G * D));
   uint16_t* qb = (uint16_t*)malloc(sizeof(uint16_t) * (size_t)(G * D));
@@ -522,7 +534,8 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
 #if defined(__AVX512BF16__)
     if (kv->kv_dtype == TW_BF16 && D % 32 == 0) {
       for (int i = 0; i < G * D; ++i) qb[i] = f32_to_bf16(qs[i]);
-      scores_bf16((const uint16_t*)kv->k_pool, slots, n, kv_heads, h, G, D, qb, scores);
+      scores_bf16((const uint16_t*)kv->k_pool, (const uint16_t*)kv->v_pool, slots, n,
+                  kv_heads, h, G, D, qb, scores);
       done = 1;
     }
 #endif
@@ -535,10 +548,12 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
 #if defined(__AVX512F__)
     if (D == 64 && G <= 4) {
       const void* vp = kv->v_pool;
-      if (G == 1) weighted_values64(vp, kv->kv_dtype, slots, n, kv_heads, h, scores, 1, oh);
-      if (G == 2) weighted_values64(vp, kv->kv_dtype, slots, n, kv_heads, h, scores, 2, oh);
-      if (G == 3) weighted_values64(vp, kv->kv_dtype, slots, n, kv_heads, h, scores, 3, oh);
-      if (G == 4) weighted_values64(vp, kv->kv_dtype, slots, n, kv_heads, h, scores, 4, oh);
+      const int dt = kv->kv_dtype;
+      const char* nk = h + 1 < h1 ? (const char*)kv->k_pool + (int64_t)(h + 1) * D * esz : NULL;
+      if (G == 1) weighted_values64(vp, dt, slots, n, kv_heads, h, scores, 1, oh, nk);
+      if (G == 2) weighted_values64(vp, dt, slots, n, kv_heads, h, scores, 2, oh, nk);
+      if (G == 3) weighted_values64(vp, dt, slots, n, kv_heads, h, scores, 3, oh, nk);
+      if (G == 4) weighted_values64(vp, dt, slots, n, kv_heads, h, scores, 4, oh, nk);
       continue;
     }
     if (D % 16 == 0) {  // one query head at a time, its sums in registers
