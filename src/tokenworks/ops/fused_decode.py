@@ -222,10 +222,9 @@ class LlamaDecodeKernel:
 
     def _buffers(self, b: int) -> tuple:
         """Scratch memory for a whole step of b rows: one set, grown to the biggest batch
-        seen (the C code lays rows out by the model's widths, so more rows than b serve),
-        with rows up to a multiple of 32 (AMX products read their input rows that far)."""
+        seen (the C code lays rows out by the model's widths, so more rows than b serve)."""
         if self._scratch is None or self._scratch[0] < b:
-            s, rows = self.spec, -(-b // 32) * 32
+            s, rows = self.spec, b
             widest = max(s.hidden_size, s.intermediate_size, s.q_size)
             bufs = {
                 "h": torch.empty(rows, s.hidden_size),
