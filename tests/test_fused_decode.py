@@ -42,8 +42,9 @@ def _weights(spec):
     return w
 
 
-def _decode_step(model, pool, ctx_lens, fused: bool):
-    """One decode token for each sequence (contexts already in the pool) -> logits."""
+def _decode_step(model, pool, ctx_lens, fused: bool, greedy: bool = False):
+    """One decode token for each sequence (contexts already in the pool) -> logits (greedy:
+    what the model returns when only the argmax is wanted)."""
     torch.manual_seed(7)
     bs = pool.block_size
     tables, start = [], 0
@@ -57,7 +58,7 @@ def _decode_step(model, pool, ctx_lens, fused: bool):
     if fused:
         assert model.decode_kernel.accepts(b, meta)
     with torch.inference_mode():
-        return model(ids, torch.tensor(ctx_lens), meta, pool)
+        return model(ids, torch.tensor(ctx_lens), meta, pool, greedy=greedy)
 
 
 def _model_and_pool(spec, dtype, quantization=None):
@@ -146,6 +147,64 @@ def test_amx_takes_the_whole_step_for_bigger_decode_batches():
     model2, pool2 = _model_and_pool(toy, torch.bfloat16)
     kernel2 = LlamaDecodeKernel.prepare(model2, pool2)
     assert kernel2.amx is None and kernel2.max_rows == MAX_ROWS and kernel2.packs
+
+
+@pytest.mark.parametrize(
+    "nan_columns",
+    [(), (250,), (5, 250)],  # none; in the second thread's panels only; in both
+)
+def test_greedy_amx_steps_return_the_argmax_of_their_logits(nan_columns):
+    """A greedy whole step on AMX tiles keeps each row's argmax in the head and writes no
+    logits: its choices are torch.argmax's of the logits the same step writes otherwise,
+    ties (the same weights in both threads' panels) and NaN (the first wins) included."""
+    if not ckernels.amx_available():
+        pytest.skip("no AMX tiles on this CPU")
+    spec = dataclasses.replace(toy_spec(), **VARIANTS["amx-shapes"])  # 10 panels of 32
+    model, pool = _model_and_pool(spec, torch.bfloat16)
+    w = model.lm_head.weight.data
+    v = w[0] / w[0].norm() * w.norm(dim=1).max() * 100  # far above every other logit
+    w[37], w[300], w[38], w[301] = v, v, -v, -v  # each row's best is tied across threads
+    for c in nan_columns:
+        w[c] = float("nan")
+    model.decode_kernel = LlamaDecodeKernel.prepare(model, pool)
+    ctx_lens = [2, 30, 11, 7, 19, 0, 5, 9]  # more than DOT_ROWS: the AMX whole step
+    logits = _decode_step(model, pool, ctx_lens, fused=True)
+    choices = _decode_step(model, pool, ctx_lens, fused=True, greedy=True)
+    assert logits.shape == (8, 320) and choices.shape == (8,) and choices.dtype == torch.long
+    assert choices.tolist() == logits.argmax(-1).tolist()
+    want = {(): None, (250,): 250, (5, 250): 5}[nan_columns]
+    if want is not None:
+        assert choices.tolist() == [want] * 8
+    else:
+        assert sum(c in (37, 38) for c in choices.tolist()) >= 6  # ties, the first taken
+
+
+def test_greedy_requests_through_the_choices_give_the_tokens_of_the_logits(smol_loaded):
+    """The engine asks the model for choices only when every row is plain greedy; a
+    greedy request that also wants logprobs takes the logits path: the same tokens."""
+    from tokenworks import LLM, SamplingParams
+
+    llm = LLM("smollm2-135m", dtype="bfloat16", loaded=smol_loaded, kv_cache_memory=0.25)
+    kernel = llm.engine.model.decode_kernel
+    dims: list[int] = []  # what each whole C step returned: 1 choices, 2 logits
+    run = kernel._run_whole_step
+
+    def spy(*args, **kwargs):
+        out = run(*args, **kwargs)
+        dims.append(out.dim())
+        return out
+
+    kernel._run_whole_step = spy
+    prompts = [f"Count from {i} to {i + 9}:" for i in range(8)]  # 8 rows: AMX where it runs
+    got, seen = {}, {}
+    for logprobs in (None, 1):
+        params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=logprobs)
+        dims.clear()
+        got[logprobs] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        seen[logprobs] = set(dims)
+    assert got[None] == got[1]
+    assert seen[1] == {2}  # logprobs need the logits
+    assert seen[None] == ({1} if kernel.amx is not None else {2})
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

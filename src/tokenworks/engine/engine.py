@@ -258,7 +258,13 @@ class LLMEngine:
         if out.scheduled:
             try:
                 self.pool.copy_blocks(out.copies)
-                logits = self.runner.run(out.scheduled)
+                # every row plain greedy: the model may hand back its choices, not logits
+                greedy = all(
+                    item.seq.params.fast_greedy and item.seq.matcher is None
+                    for item in out.scheduled
+                    if item.sample
+                )
+                logits = self.runner.run(out.scheduled, greedy=greedy)
                 sampled = self._sample_all(out, logits)
             except Exception:
                 self._fail(out)
@@ -267,15 +273,21 @@ class LLMEngine:
         return sampled
 
     def _sample_all(self, out: SchedulerOutput, logits: torch.Tensor) -> list[Sequence]:
+        """logits: [sampling rows, V], or (a greedy step the model chose for) [rows] int64,
+        each row's argmax."""
         sampling = [item.seq for item in out.scheduled if item.sample]
-        guided = [(r, s.matcher) for r, s in enumerate(sampling) if s.matcher is not None]
-        if guided or logits.device.type != "cpu" or not all(s.params.fast_greedy for s in sampling):
-            logits = logits.float().cpu()  # float32 for the sampler and the grammar masks
-        if guided:  # structured output: forbid what each grammar does not allow
-            self.grammars.mask_rows(logits, guided)
-        # Plain greedy rows (no penalties, no logprobs) take one argmax over the batch (in
-        # the logits' own dtype: bfloat16 to float32 is exact, so the choice is the same).
-        argmax = argmax_rows(logits)
+        if logits.dim() == 1:  # the choices themselves: every row is plain greedy
+            argmax = logits.tolist()
+        else:
+            guided = [(r, s.matcher) for r, s in enumerate(sampling) if s.matcher is not None]
+            plain = all(s.params.fast_greedy for s in sampling)
+            if guided or logits.device.type != "cpu" or not plain:
+                logits = logits.float().cpu()  # float32 for the sampler and the grammar masks
+            if guided:  # structured output: forbid what each grammar does not allow
+                self.grammars.mask_rows(logits, guided)
+            # Plain greedy rows (no penalties, no logprobs) take one argmax over the batch (in
+            # the logits' own dtype: bfloat16 to float32 is exact: the choice is the same).
+            argmax = argmax_rows(logits)
         sampled: list[Sequence] = []
         for r, (seq, top) in enumerate(zip(sampling, argmax, strict=True)):
             sampled += self._sample(seq, logits, r, top)

@@ -23,12 +23,14 @@ class ModelRunner:
         self.decode_kernel = decode_kernel
 
     @torch.inference_mode()
-    def run(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+    def run(self, batch: list[ScheduledSeq], greedy: bool = False) -> torch.Tensor:
         """Feed each sequence its scheduled tokens; return logits [sampling seqs, V], in
         the dtype the model computes them (the sampler converts what it needs).
 
         Rows come back in batch order for the sequences whose chunk reaches their last
-        token (the others are mid-prefill and sample nothing yet).
+        token (the others are mid-prefill and sample nothing yet). greedy: every sampling
+        row takes the plain argmax, and the model may return those [sampling seqs] (int64)
+        instead of logits (the C decode step does, writing no logits).
         """
         ids, positions, q_lens, ctx_lens, tables, last_rows = [], [], [], [], [], []
         end = 0
@@ -58,6 +60,7 @@ class ModelRunner:
             self.pool,
             logits_rows=torch.tensor(last_rows, dtype=torch.long, device=self.device),
             float_logits=False,
+            greedy=greedy,
         )
         for item in batch:
             item.seq.n_cached += item.n_tokens

@@ -75,6 +75,7 @@ class GPT2Model(nn.Module):
         cache=None,
         logits_rows: torch.Tensor | None = None,
         float_logits: bool = True,  # False: logits in the weights' dtype (no float32 copy)
+        greedy: bool = False,  # (LlamaModel's option; logits here whatever it says)
     ) -> torch.Tensor:
         x = self.wte(input_ids) + self.wpe(positions)
         for b in self.blocks:

@@ -102,11 +102,14 @@ class LlamaModel(nn.Module):
         cache=None,
         logits_rows: torch.Tensor | None = None,  # which of the T rows need logits; None: all
         float_logits: bool = True,  # False: logits in the weights' dtype (no float32 copy)
+        greedy: bool = False,  # only each row's argmax is wanted: see below
     ) -> torch.Tensor:  # [N, vocab] float32
+        """Logits [N, vocab]; with greedy, the C decode step may return each row's argmax
+        instead ([N] int64, as torch.argmax of the logits), having written no logits."""
         kernel = self.decode_kernel
         if kernel is not None and cache is not None and kernel.accepts(input_ids.shape[0], meta):
             window = self.spec.sliding_window
-            return kernel.run(input_ids, positions, meta, window, logits_rows, float_logits)
+            return kernel.run(input_ids, positions, meta, window, logits_rows, float_logits, greedy)
         x = self.embed(input_ids)
         cos = self.cos[positions].to(x.dtype).unsqueeze(1)  # [T, 1, D]
         sin = self.sin[positions].to(x.dtype).unsqueeze(1)

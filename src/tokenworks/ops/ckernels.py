@@ -190,6 +190,7 @@ def library() -> ctypes.CDLL | None:
         c_ptr,
         ctypes.POINTER(Scratch),
         c_ptr,
+        c_ptr,
         ctypes.c_int,
     ]
     lib.tw_residual_norm.restype = None

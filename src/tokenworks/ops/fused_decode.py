@@ -247,19 +247,21 @@ class LlamaDecodeKernel:
         return kv, (tables, lens)  # the tensors must outlive the call
 
     def run(
-        self, input_ids, positions, meta, window, logits_rows=None, float_logits=True
+        self, input_ids, positions, meta, window, logits_rows=None, float_logits=True, greedy=False
     ) -> torch.Tensor:
         """logits [rows, vocab]: of logits_rows (None: every row) of the batch; float32,
-        or (float_logits False) whatever dtype the path computes them in."""
+        or (float_logits False) whatever dtype the path computes them in. greedy: the
+        caller wants only each row's argmax; a whole decode step on AMX tiles then returns
+        those [rows] (int64, as torch.argmax of the logits) and writes no logits."""
         n = input_ids.shape[0]
         if not self._whole_step(n, meta):
             return self.run_batched(input_ids, positions, meta, window, logits_rows, float_logits)
-        logits = self._run_whole_step(input_ids, positions, meta, window)
+        out = self._run_whole_step(input_ids, positions, meta, window, greedy)
         if logits_rows is not None and logits_rows.numel() != n:
-            logits = logits.index_select(0, logits_rows)
-        return logits
+            out = out.index_select(0, logits_rows)
+        return out
 
-    def _run_whole_step(self, input_ids, positions, meta, window) -> torch.Tensor:
+    def _run_whole_step(self, input_ids, positions, meta, window, greedy=False) -> torch.Tensor:
         b = input_ids.shape[0]
         ids = input_ids.contiguous()
         pos = positions.contiguous()
@@ -267,10 +269,13 @@ class LlamaDecodeKernel:
         kv, _alive = self._kv(meta, window)
         _, scratch = self._buffers(b)
         x = torch.empty(b, self.spec.hidden_size)
-        logits = torch.empty(b, self.spec.vocab_size)
         # a few rows: dot products on the model's weights; more: AMX tiles (which compute
         # 32 rows whatever the batch, so below DOT_ROWS they only cost)
-        layers, model_c = self.amx if self.amx and b > DOT_ROWS else (self.layers_c, self.model_c)
+        amx = self.amx is not None and b > DOT_ROWS
+        layers, model_c = self.amx if amx else (self.layers_c, self.model_c)
+        # greedy on AMX tiles: the head keeps each row's argmax and writes no logits
+        choices = torch.empty(b, dtype=torch.long) if greedy and amx else None
+        logits = None if choices is not None else torch.empty(b, self.spec.vocab_size)
         self.lib.tw_llama_decode(
             ctypes.byref(self.dims),
             ctypes.byref(model_c),
@@ -284,9 +289,10 @@ class LlamaDecodeKernel:
             ck.ptr(x),
             ctypes.byref(scratch),
             ck.ptr(logits),
+            ck.ptr(choices),
             torch.get_num_threads(),
         )
-        return logits
+        return choices if choices is not None else logits
 
     def _attend_in_torch(self, qkv, meta, layer, pos, slots, window, code, threads):
         """RoPE and the cache write in C, then attention over the pool in torch."""

@@ -650,6 +650,43 @@ static void tiles_16x64(void) {  // all 8 tiles 16 rows of 64 bytes
   _tile_loadconfig(&cfg);
 }
 
+// A row's greedy choice so far, as torch.argmax makes it: the first index of the largest
+// value, or of the first NaN where there is one.
+typedef struct {
+  float value;
+  int nan;
+  int64_t index;
+} tw_best;
+
+// amx_panels' y_dtype for "no output, only each row's tw_best": a decode step whose rows
+// all sample greedily needs no logits, which for 64 rows are 12.6 MB written and read
+// back by tw_argmax_rows.
+#define TW_ARGMAX 100
+
+#if defined(__AVX512F__)
+// Folds columns col0..col0+31 of a row (v, float32) into its choice b. Panels come in
+// increasing column order, so a later maximum must be strictly larger to win.
+static inline void best_of_32(tw_best* b, const float* v, int64_t col0) {
+  if (b->nan) return;
+  const __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
+  const __mmask16 nlo = _mm512_cmp_ps_mask(lo, lo, _CMP_UNORD_Q);
+  const __mmask16 nhi = _mm512_cmp_ps_mask(hi, hi, _CMP_UNORD_Q);
+  if (nlo | nhi) {
+    b->nan = 1;
+    b->index = col0 + (nlo ? __builtin_ctz(nlo) : 16 + __builtin_ctz(nhi));
+    return;
+  }
+  const float m = _mm512_reduce_max_ps(_mm512_max_ps(lo, hi));
+  if (m > b->value) {
+    const __m512 mm = _mm512_set1_ps(m);
+    const __mmask16 elo = _mm512_cmp_ps_mask(lo, mm, _CMP_EQ_OQ);
+    const __mmask16 ehi = _mm512_cmp_ps_mask(hi, mm, _CMP_EQ_OQ);
+    b->value = m;
+    b->index = col0 + (elo ? __builtin_ctz(elo) : 16 + __builtin_ctz(ehi));
+  }
+}
+#endif
+
 // x [M, K] bfloat16 in tile order: tile (t, s) holds rows 16t..16t+15 by inputs
 // 32s..32s+31 as 1 KB of memory, rows past M zero, M rounded up to 32. A tile load then
 // reads 16 adjacent lines instead of 16 rows K * 2 bytes apart. In interleaved A/B runs of
@@ -679,7 +716,8 @@ static uint16_t* pack_tiles(const uint16_t* x, int M, int K) {
 
 // Panels [p0, p1) of y [M, N] (+)= x [M, K] @ w.T (+ bias), x bfloat16 rows of stride K.
 // 32 rows at a time, 4 accumulator tiles: rows 0-15 and 16-31 by columns 0-15 and 16-31.
-// accumulate: y (float32) += the product.
+// accumulate: y (float32) += the product. y_dtype TW_ARGMAX: y is tw_best [M], this
+// thread's choices over its panels, and no product is written.
 static void amx_panels(const uint16_t* x, int M, int K, const uint16_t* wp, int N, int p0,
                        int p1, const float* bias, void* y, int y_dtype, int accumulate) {
   if (p0 >= p1) return;
@@ -715,6 +753,14 @@ static void amx_panels(const uint16_t* x, int M, int K, const uint16_t* wp, int 
         _tile_stored(2, &c[16][0], 128);
         _tile_stored(3, &c[16][16], 128);
         const int rows = M - mb < 32 ? M - mb : 32;
+        if (y_dtype == TW_ARGMAX) {
+          for (int r = 0; r < rows; ++r) {
+            if (bias)
+              for (int j = 0; j < 32; ++j) c[r][j] += bias[32 * p + j];
+            best_of_32((tw_best*)y + mb + r, c[r], 32 * p);
+          }
+          continue;
+        }
         for (int r = 0; r < rows; ++r)
           for (int h = 0; h < 2; ++h) {
             const int64_t o = (int64_t)(mb + r) * N + 32 * p + 16 * h;
@@ -856,13 +902,17 @@ static void rope_and_store(const tw_dims* d, float* r, int64_t position, int64_t
   }
 }
 
+void tw_argmax_rows(const void* x, int dtype, int B, int n, int64_t* out, int threads);
+
 // One decode token for each of B sequences: ids [B], positions [B], slots [B] (where each
 // new K/V goes) -> logits [B, vocab]. kv gives the block tables and context lengths (its
-// pools are taken per layer from `layers`).
+// pools are taken per layer from `layers`). argmax (NULL: none): each row's greedy choice
+// [B], as torch.argmax of its logits; with an AMX head no logits are written (logits may
+// then be NULL), else they are, then read back.
 void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers, int n_layers,
                      const tw_kv* kv_in, const int64_t* ids, const int64_t* positions,
                      const int64_t* slots, int B, float* x, const tw_scratch* s, float* logits,
-                     int threads) {
+                     int64_t* argmax, int threads) {
   const int H = d->n_heads, KVH = d->n_kv_heads, D = d->head_dim, hid = d->hidden;
   const int I = d->intermediate;
   const int q_size = H * D, kv_size = KVH * D, nqkv = q_size + 2 * kv_size;
@@ -874,6 +924,14 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
            L->down.dtype == TW_AMX;
   }
   (void)amx;
+  // argmax with an AMX head: every thread's choices over its own panels, [threads][B]
+  tw_best* bests = NULL;
+#if defined(TW_AMX_BUILT)
+  if (argmax && m->head.dtype == TW_AMX) {
+    bests = (tw_best*)malloc(sizeof(tw_best) * (size_t)threads * B);
+    for (int i = 0; i < threads * B; ++i) bests[i] = (tw_best){-INFINITY, 0, 0};
+  }
+#endif
 #pragma omp parallel num_threads(threads)
   {
 #if defined(TW_AMX_BUILT)
@@ -915,11 +973,35 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
 #pragma omp for schedule(static)
     for (int b = 0; b < B; ++b)
       rms_norm_row(x + b * hid, m->final_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
-    linear_rows(&m->head, s->h, s->hb, logits, B, 0);
+#if defined(TW_AMX_BUILT)
+    if (bests) {
+      int p0, p1, me = 0, nt = 1;
+#ifdef _OPENMP
+      me = omp_get_thread_num();
+      nt = omp_get_num_threads();
+#endif
+      thread_panels(m->head.n / 32, &p0, &p1);
+      amx_panels(s->hb, B, m->head.k, (const uint16_t*)m->head.w, m->head.n, p0, p1,
+                 m->head.bias, bests + (int64_t)me * B, TW_ARGMAX, 0);
+#pragma omp barrier
+#pragma omp for schedule(static)
+      for (int b = 0; b < B; ++b) {  // the threads' panels in column order
+        tw_best r = bests[b];
+        for (int t = 1; t < nt && !r.nan; ++t) {
+          const tw_best* o = bests + (int64_t)t * B + b;
+          if (o->nan || o->value > r.value) r = *o;
+        }
+        argmax[b] = r.index;
+      }
+    } else
+#endif
+      linear_rows(&m->head, s->h, s->hb, logits, B, 0);
 #if defined(TW_AMX_BUILT)
     if (amx) _tile_release();
 #endif
   }
+  free(bests);
+  if (argmax && !bests) tw_argmax_rows(logits, TW_F32, B, d->vocab, argmax, threads);
 }
 
 // ------------------------------------------- the pieces around torch's matrix products ---
