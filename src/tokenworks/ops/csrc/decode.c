@@ -18,6 +18,7 @@
 // plain C fallback, so the file builds for any CPU the compiler targets.
 #define _GNU_SOURCE  // syscall(), for the AMX permission
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,21 +184,24 @@ typedef struct {
 #define PREFETCH_BYTES 4096
 
 #if defined(TW_AMX_BUILT)
-static void amx_rows(const tw_linear* L, const uint16_t* xb, float* y, int B, int accumulate);
+typedef struct tw_run tw_run;
+static void amx_rows(const tw_linear* L, const uint16_t* xb, float* y, int B, int accumulate,
+                     tw_run* runs);
 #endif
 
 // y[b, j] (+)= W[j] . x[b] for b < B: the output rows are shared among the threads (call
 // inside a parallel region). With accumulate the result is added to y (a residual).
-// TW_AMX weights go to amx_rows.
+// TW_AMX weights go to amx_rows (runs: see amx_shared).
 
 static void linear_rows(const tw_linear* L, const float* x, const uint16_t* xb, float* y, int B,
-                        int accumulate) {
+                        int accumulate, tw_run* runs) {
 #if defined(TW_AMX_BUILT)
   if (L->dtype == TW_AMX) {
-    amx_rows(L, xb, y, B, accumulate);
+    amx_rows(L, xb, y, B, accumulate, runs);
     return;
   }
 #endif
+  (void)runs;
   const int n = L->n, k = L->k;
   const int64_t row_bytes = L->dtype == TW_Q4 ? (int64_t)k / Q4_BLOCK * Q4_BYTES
                             : (int64_t)k * (L->dtype == TW_F32 ? 4 : L->dtype == TW_BF16 ? 2 : 1);
@@ -651,12 +655,21 @@ static void tiles_16x64(void) {  // all 8 tiles 16 rows of 64 bytes
 }
 
 // A row's greedy choice so far, as torch.argmax makes it: the first index of the largest
-// value, or of the first NaN where there is one.
+// value, or of the first NaN where there is one. index starts past every column.
 typedef struct {
   float value;
   int nan;
   int64_t index;
 } tw_best;
+
+// a and b, folded as torch.argmax would choose between them (whatever their order).
+static inline void best_merge(tw_best* a, const tw_best* b) {
+  if (a->nan || b->nan) {
+    if (b->nan && (!a->nan || b->index < a->index)) *a = *b;
+    return;
+  }
+  if (b->value > a->value || (b->value == a->value && b->index < a->index)) *a = *b;
+}
 
 // amx_panels' y_dtype for "no output, only each row's tw_best": a decode step whose rows
 // all sample greedily needs no logits, which for 64 rows are 12.6 MB written and read
@@ -664,26 +677,25 @@ typedef struct {
 #define TW_ARGMAX 100
 
 #if defined(__AVX512F__)
-// Folds columns col0..col0+31 of a row (v, float32) into its choice b. Panels come in
-// increasing column order, so a later maximum must be strictly larger to win.
+// Folds columns col0..col0+31 of a row (v, float32) into its choice b, in any order of
+// panels (a thread may take panels from another's run: see amx_shared).
 static inline void best_of_32(tw_best* b, const float* v, int64_t col0) {
-  if (b->nan) return;
   const __m512 lo = _mm512_loadu_ps(v), hi = _mm512_loadu_ps(v + 16);
   const __mmask16 nlo = _mm512_cmp_ps_mask(lo, lo, _CMP_UNORD_Q);
   const __mmask16 nhi = _mm512_cmp_ps_mask(hi, hi, _CMP_UNORD_Q);
+  tw_best here = {0.f, 0, 0};
   if (nlo | nhi) {
-    b->nan = 1;
-    b->index = col0 + (nlo ? __builtin_ctz(nlo) : 16 + __builtin_ctz(nhi));
-    return;
-  }
-  const float m = _mm512_reduce_max_ps(_mm512_max_ps(lo, hi));
-  if (m > b->value) {
-    const __m512 mm = _mm512_set1_ps(m);
+    here.nan = 1;
+    here.index = col0 + (nlo ? __builtin_ctz(nlo) : 16 + __builtin_ctz(nhi));
+  } else {
+    here.value = _mm512_reduce_max_ps(_mm512_max_ps(lo, hi));
+    if (b->nan || here.value < b->value) return;  // the common case: nothing to do
+    const __m512 mm = _mm512_set1_ps(here.value);
     const __mmask16 elo = _mm512_cmp_ps_mask(lo, mm, _CMP_EQ_OQ);
     const __mmask16 ehi = _mm512_cmp_ps_mask(hi, mm, _CMP_EQ_OQ);
-    b->value = m;
-    b->index = col0 + (elo ? __builtin_ctz(elo) : 16 + __builtin_ctz(ehi));
+    here.index = col0 + (elo ? __builtin_ctz(elo) : 16 + __builtin_ctz(ehi));
   }
+  best_merge(b, &here);
 }
 #endif
 
@@ -714,16 +726,14 @@ static uint16_t* pack_tiles(const uint16_t* x, int M, int K) {
 // read from near caches for as many weights as possible.
 #define GROUP_PANELS 2
 
-// Panels [p0, p1) of y [M, N] (+)= x [M, K] @ w.T (+ bias), x bfloat16 rows of stride K.
-// 32 rows at a time, 4 accumulator tiles: rows 0-15 and 16-31 by columns 0-15 and 16-31.
-// accumulate: y (float32) += the product. y_dtype TW_ARGMAX: y is tw_best [M], this
-// thread's choices over its panels, and no product is written.
-static void amx_panels(const uint16_t* x, int M, int K, const uint16_t* wp, int N, int p0,
+// Panels [p0, p1) of y [M, N] (+)= x [M, K] @ w.T (+ bias), x bfloat16 in pack_tiles'
+// order (xt). 32 rows at a time, 4 accumulator tiles: rows 0-15 and 16-31 by columns 0-15
+// and 16-31. accumulate: y (float32) += the product. y_dtype TW_ARGMAX: y is tw_best [M],
+// this thread's choices over the panels it multiplied, and no product is written.
+static void amx_panels(const uint16_t* xt, int M, int K, const uint16_t* wp, int N, int p0,
                        int p1, const float* bias, void* y, int y_dtype, int accumulate) {
-  if (p0 >= p1) return;
   const int steps = K / 32;
   const int64_t panel_elems = (int64_t)K * 32;
-  uint16_t* xt = pack_tiles(x, M, K);
   float c[32][32];
   for (int g0 = p0; g0 < p1; g0 += GROUP_PANELS) {
     const int g1 = g0 + GROUP_PANELS < p1 ? g0 + GROUP_PANELS : p1;
@@ -772,7 +782,6 @@ static void amx_panels(const uint16_t* x, int M, int K, const uint16_t* wp, int 
       }
     }
   }
-  free(xt);
 }
 
 // This thread's share of a product's panels, inside a parallel region.
@@ -785,6 +794,57 @@ static void thread_panels(int panels, int* p0, int* p1) {
   *p0 = (int)((int64_t)panels * me / nt);
   *p1 = (int)((int64_t)panels * (me + 1) / nt);
 }
+
+// Sharing a product's panels among the threads of a parallel region. Each thread owns a
+// contiguous run of panels (thread_panels), streamed from the front so that its weights
+// come as one prefetched run; one that is done takes panels from the back of the others'
+// runs. On these shared machines one core can run at half the speed of the other for
+// seconds; with fixed halves the fast thread waited at the barrier for up to 10 ms of a
+// 54 ms decode step. A run is one word, next << 32 | end, changed by compare-and-swap
+// only, so owner and thief never take the same panels. runs: one per thread, each on its
+// own cache line; every thread sets its own before taking from it.
+struct tw_run {
+  _Atomic uint64_t word;
+  char pad[56];
+};
+
+// Takes up to `want` panels from run r, from the front (owner) or the back: [*a, *b).
+static int take_panels(tw_run* r, int front, int want, int* a, int* b) {
+  uint64_t w = atomic_load(&r->word);
+  for (;;) {
+    const int next = (int)(w >> 32), end = (int)(w & 0xFFFFFFFFu);
+    if (next >= end) return 0;
+    const int n = end - next < want ? end - next : want;
+    const uint64_t to = front ? (uint64_t)(next + n) << 32 | (uint32_t)end
+                              : (uint64_t)next << 32 | (uint32_t)(end - n);
+    if (atomic_compare_exchange_weak(&r->word, &w, to)) {
+      *a = front ? next : end - n;
+      *b = front ? next + n : end;
+      return 1;
+    }
+  }
+}
+
+// amx_panels over all N / 32 panels of the product, shared as above; call from every
+// thread of the parallel region (which then needs a barrier before reading y).
+static void amx_shared(const uint16_t* x, int M, int K, const uint16_t* wp, int N,
+                       const float* bias, void* y, int y_dtype, int accumulate, tw_run* runs) {
+  int me = 0, nt = 1, p0, p1, a, b;
+#ifdef _OPENMP
+  me = omp_get_thread_num();
+  nt = omp_get_num_threads();
+#endif
+  thread_panels(N / 32, &p0, &p1);
+  atomic_store(&runs[me].word, (uint64_t)p0 << 32 | (uint32_t)p1);
+  uint16_t* xt = pack_tiles(x, M, K);
+  while (take_panels(&runs[me], 1, GROUP_PANELS, &a, &b))
+    amx_panels(xt, M, K, wp, N, a, b, bias, y, y_dtype, accumulate);
+  for (int v = 1; v < nt; ++v)
+    while (take_panels(&runs[(me + v) % nt], 0, GROUP_PANELS, &a, &b))
+      amx_panels(xt, M, K, wp, N, a, b, bias, y, y_dtype, accumulate);
+  free(xt);
+}
+
 #endif
 
 // 1 where the AMX products can run: compiled in, and Linux grants this process the tile
@@ -818,14 +878,14 @@ void tw_amx_pack(const uint16_t* w, int N, int K, uint16_t* out, int threads) {
 int tw_amx_linear(const uint16_t* x, int M, int K, const uint16_t* wp, int N, const float* bias,
                   void* y, int y_dtype, int threads) {
 #if defined(TW_AMX_BUILT)
+  tw_run* runs = (tw_run*)aligned_alloc(64, sizeof(tw_run) * (size_t)threads);
 #pragma omp parallel num_threads(threads)
   {
-    int p0, p1;
     tiles_16x64();
-    thread_panels(N / 32, &p0, &p1);
-    amx_panels(x, M, K, wp, N, p0, p1, bias, y, y_dtype, 0);
+    amx_shared(x, M, K, wp, N, bias, y, y_dtype, 0, runs);
     _tile_release();
   }
+  free(runs);
   return 0;
 #else
   (void)x, (void)M, (void)K, (void)wp, (void)N, (void)bias, (void)y, (void)y_dtype, (void)threads;
@@ -836,10 +896,9 @@ int tw_amx_linear(const uint16_t* x, int M, int K, const uint16_t* wp, int N, co
 #if defined(TW_AMX_BUILT)
 // linear_rows for TW_AMX weights, inside the decode step's parallel region: xb holds the
 // input rows in bfloat16 (stride k).
-static void amx_rows(const tw_linear* L, const uint16_t* xb, float* y, int B, int accumulate) {
-  int p0, p1;
-  thread_panels(L->n / 32, &p0, &p1);
-  amx_panels(xb, B, L->k, (const uint16_t*)L->w, L->n, p0, p1, L->bias, y, TW_F32, accumulate);
+static void amx_rows(const tw_linear* L, const uint16_t* xb, float* y, int B, int accumulate,
+                     tw_run* runs) {
+  amx_shared(xb, B, L->k, (const uint16_t*)L->w, L->n, L->bias, y, TW_F32, accumulate, runs);
 #pragma omp barrier
 }
 #endif
@@ -926,10 +985,12 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
   (void)amx;
   // argmax with an AMX head: every thread's choices over its own panels, [threads][B]
   tw_best* bests = NULL;
+  tw_run* runs = NULL;  // the AMX products' shared runs of panels (amx_shared)
 #if defined(TW_AMX_BUILT)
+  if (amx) runs = (tw_run*)aligned_alloc(64, sizeof(tw_run) * (size_t)threads);
   if (argmax && m->head.dtype == TW_AMX) {
     bests = (tw_best*)malloc(sizeof(tw_best) * (size_t)threads * B);
-    for (int i = 0; i < threads * B; ++i) bests[i] = (tw_best){-INFINITY, 0, 0};
+    for (int i = 0; i < threads * B; ++i) bests[i] = (tw_best){-INFINITY, 0, INT64_MAX};
   }
 #endif
 #pragma omp parallel num_threads(threads)
@@ -945,7 +1006,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b)
         rms_norm_row(x + b * hid, L->input_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
-      linear_rows(&L->qkv, s->h, s->hb, s->qkv, B, 0);
+      linear_rows(&L->qkv, s->h, s->hb, s->qkv, B, 0, runs);
       // RoPE on q and k, then this token's K and V into the pool.
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b)
@@ -954,11 +1015,11 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
       attention_tasks(&kv, s->qkv, nqkv, s->attn, q_size, B, H, KVH, D, d->attn_scale, threads);
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b) round_row(s->attn + b * q_size, s->hb + b * q_size, q_size);
-      linear_rows(&L->o, s->attn, s->hb, x, B, 1);  // x += o_proj(attn)
+      linear_rows(&L->o, s->attn, s->hb, x, B, 1, runs);  // x += o_proj(attn)
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b)
         rms_norm_row(x + b * hid, L->post_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
-      linear_rows(&L->gate_up, s->h, s->hb, s->gu, B, 0);
+      linear_rows(&L->gate_up, s->h, s->hb, s->gu, B, 0, runs);
       const int chunks = (I + 127) / 128;
 #pragma omp for schedule(static)
       for (int c = 0; c < B * chunks; ++c) {  // SwiGLU: silu(gate) * up, 128 at a time
@@ -968,39 +1029,36 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
         silu_mul(g, g + I, a, len);
         round_row(a, s->hb + (int64_t)b * I + j, len);
       }
-      linear_rows(&L->down, s->act, s->hb, x, B, 1);  // x += down(act)
+      linear_rows(&L->down, s->act, s->hb, x, B, 1, runs);  // x += down(act)
     }
 #pragma omp for schedule(static)
     for (int b = 0; b < B; ++b)
       rms_norm_row(x + b * hid, m->final_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
 #if defined(TW_AMX_BUILT)
     if (bests) {
-      int p0, p1, me = 0, nt = 1;
+      int me = 0, nt = 1;
 #ifdef _OPENMP
       me = omp_get_thread_num();
       nt = omp_get_num_threads();
 #endif
-      thread_panels(m->head.n / 32, &p0, &p1);
-      amx_panels(s->hb, B, m->head.k, (const uint16_t*)m->head.w, m->head.n, p0, p1,
-                 m->head.bias, bests + (int64_t)me * B, TW_ARGMAX, 0);
+      amx_shared(s->hb, B, m->head.k, (const uint16_t*)m->head.w, m->head.n, m->head.bias,
+                 bests + (int64_t)me * B, TW_ARGMAX, 0, runs);
 #pragma omp barrier
 #pragma omp for schedule(static)
-      for (int b = 0; b < B; ++b) {  // the threads' panels in column order
+      for (int b = 0; b < B; ++b) {
         tw_best r = bests[b];
-        for (int t = 1; t < nt && !r.nan; ++t) {
-          const tw_best* o = bests + (int64_t)t * B + b;
-          if (o->nan || o->value > r.value) r = *o;
-        }
+        for (int t = 1; t < nt; ++t) best_merge(&r, bests + (int64_t)t * B + b);
         argmax[b] = r.index;
       }
     } else
 #endif
-      linear_rows(&m->head, s->h, s->hb, logits, B, 0);
+      linear_rows(&m->head, s->h, s->hb, logits, B, 0, runs);
 #if defined(TW_AMX_BUILT)
     if (amx) _tile_release();
 #endif
   }
   free(bests);
+  free(runs);
   if (argmax && !bests) tw_argmax_rows(logits, TW_F32, B, d->vocab, argmax, threads);
 }
 
