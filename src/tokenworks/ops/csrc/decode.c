@@ -1067,11 +1067,15 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
 // (oneDNN); what lies between them, about twenty small torch ops a layer, runs as three
 // calls: tw_residual_norm, tw_rope_attend and tw_swiglu. Inputs and outputs are rows of
 // float32 or bfloat16 (the products' dtype); the residual stream x stays float32.
+// tw_residual_norm, tw_swiglu and tw_rope_store hand rows to the threads 16 at a time as
+// they ask (one core here is often far slower than the other): a 2,048-token prefill step
+// took 443 ms against 472 with fixed halves, and 683 against 698 in another run (medians
+// of interleaved runs).
 
 // x [B, n] += delta (if any); h = rmsnorm(x) * w, written in h_dtype.
 void tw_residual_norm(float* x, const void* delta, int delta_dtype, const float* w, float eps,
                       void* h, int h_dtype, int B, int n, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(dynamic, 16) num_threads(threads)
   for (int b = 0; b < B; ++b) {
     float* xr = x + (int64_t)b * n;
 #if defined(__AVX512F__)
@@ -1107,7 +1111,7 @@ void tw_residual_norm(float* x, const void* delta, int delta_dtype, const float*
 void tw_swiglu(const void* gu, void* act, int dtype, int B, int I, int threads) {
 #if defined(__AVX512F__)
   if (I % 16 == 0) {  // one pass, 16 at a time, no float32 copies of the rows
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(dynamic, 16) num_threads(threads)
     for (int b = 0; b < B; ++b)
       for (int i = 0; i < I; i += 16) {
         const int64_t o = 2 * (int64_t)b * I + i;
@@ -1117,7 +1121,7 @@ void tw_swiglu(const void* gu, void* act, int dtype, int B, int I, int threads) 
     return;
   }
 #endif
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp parallel for schedule(dynamic, 16) num_threads(threads)
   for (int b = 0; b < B; ++b) {
     float* g = (float*)malloc(sizeof(float) * 2 * (size_t)I);
     float* u = g + I;
@@ -1167,7 +1171,7 @@ void tw_rope_store(const tw_dims* d, void* k_pool, void* v_pool, int kv_dtype, v
 #pragma omp parallel num_threads(threads)
   {
     float* r = (float*)malloc(sizeof(float) * (size_t)nqkv);  // one row, per thread
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (int t = 0; t < T; ++t) {
       row_to_f32(qkv, dtype, t, nqkv, r);
       rope_and_store(d, r, positions[t], slots[t], cos, sin, k_pool, v_pool, kv_dtype);
