@@ -99,6 +99,26 @@ def test_amx_product_is_as_close_to_exact_as_torch(rows, with_bias):
     assert ours <= 1.5 * theirs + 1e-6, (ours, theirs)
 
 
+@pytest.mark.skipif(not ckernels.amx_available(), reason="no AMX tiles on this CPU")
+def test_amx_product_gives_the_same_bits_on_any_number_of_threads():
+    """Threads share a product's panels at run time (each its own run, then the others'
+    tails): more threads than panels, or threads that find nothing left to take, must
+    neither read outside the weights nor change a bit of the result."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 160, generator=g).bfloat16()  # 3 panels of 32 columns
+    x = torch.randn(70, 160, generator=g).bfloat16()
+    product = ckernels.amx_product(w)
+    before = torch.get_num_threads()
+    try:
+        results = []
+        for threads in (1, 2, 3, 5, 8):
+            torch.set_num_threads(threads)
+            results += [product(x) for _ in range(5)]
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(r, results[0]) for r in results)
+
+
 def test_amx_product_declines_what_it_cannot_do():
     w = torch.randn(96, 160).bfloat16()
     assert ckernels.amx_product(w[:, :150].contiguous()) is None  # K not a multiple of 32

@@ -802,11 +802,19 @@ static void thread_panels(int panels, int* p0, int* p1) {
 // seconds; with fixed halves the fast thread waited at the barrier for up to 10 ms of a
 // 54 ms decode step. A run is one word, next << 32 | end, changed by compare-and-swap
 // only, so owner and thief never take the same panels. runs: one per thread, each on its
-// own cache line; every thread sets its own before taking from it.
+// own cache line, made by new_runs (all empty); every thread sets its own before taking
+// from it, and a thief that looks before the owner has finds it empty (a product ends with
+// every run empty, and the next starts after a barrier).
 struct tw_run {
   _Atomic uint64_t word;
   char pad[56];
 };
+
+static tw_run* new_runs(int threads) {
+  tw_run* runs = (tw_run*)aligned_alloc(64, sizeof(tw_run) * (size_t)threads);
+  for (int t = 0; t < threads; ++t) atomic_init(&runs[t].word, 0);
+  return runs;
+}
 
 // Takes up to `want` panels from run r, from the front (owner) or the back: [*a, *b).
 static int take_panels(tw_run* r, int front, int want, int* a, int* b) {
@@ -878,7 +886,7 @@ void tw_amx_pack(const uint16_t* w, int N, int K, uint16_t* out, int threads) {
 int tw_amx_linear(const uint16_t* x, int M, int K, const uint16_t* wp, int N, const float* bias,
                   void* y, int y_dtype, int threads) {
 #if defined(TW_AMX_BUILT)
-  tw_run* runs = (tw_run*)aligned_alloc(64, sizeof(tw_run) * (size_t)threads);
+  tw_run* runs = new_runs(threads);
 #pragma omp parallel num_threads(threads)
   {
     tiles_16x64();
@@ -987,7 +995,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
   tw_best* bests = NULL;
   tw_run* runs = NULL;  // the AMX products' shared runs of panels (amx_shared)
 #if defined(TW_AMX_BUILT)
-  if (amx) runs = (tw_run*)aligned_alloc(64, sizeof(tw_run) * (size_t)threads);
+  if (amx) runs = new_runs(threads);
   if (argmax && m->head.dtype == TW_AMX) {
     bests = (tw_best*)malloc(sizeof(tw_best) * (size_t)threads * B);
     for (int i = 0; i < threads * B; ++i) bests[i] = (tw_best){-INFINITY, 0, INT64_MAX};
