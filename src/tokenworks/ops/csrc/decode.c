@@ -1065,9 +1065,10 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
     if (amx) _tile_release();
 #endif
   }
+  const int from_logits = argmax && !bests;  // no AMX head: the choices from the logits
   free(bests);
   free(runs);
-  if (argmax && !bests) tw_argmax_rows(logits, TW_F32, B, d->vocab, argmax, threads);
+  if (from_logits) tw_argmax_rows(logits, TW_F32, B, d->vocab, argmax, threads);
 }
 
 // ------------------------------------------- the pieces around torch's matrix products ---
