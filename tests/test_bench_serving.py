@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import math
 import statistics
@@ -254,6 +255,11 @@ def test_a_serving_record_holds_what_design_names(smol_server, tmp_path):
     ok = [r for r in records if r.get("status") != "NOT_RUN"][0]
     table = compare_table([ok, ok, missing])
     assert "(1.00x)" in table and "NOT_RUN" in table
+    idle = copy.deepcopy(ok)  # a first engine that produced nothing: no ratio, no crash
+    for run in idle["results"]["runs"]:
+        run["figures"]["output_throughput"] = 0.0
+    table = compare_table([idle, ok])
+    assert "0.0 (-)" in table and "x)" not in table  # every ratio is against the first
 
 
 def test_in_process_load_is_timed_like_http(toy_llm):

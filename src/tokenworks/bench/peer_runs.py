@@ -30,7 +30,7 @@ from tokenworks.bench.peer_engines import (
     running_server,
     tokenworks_server,
 )
-from tokenworks.bench.report import NOT_RUN, compare_table, load_records
+from tokenworks.bench.report import NOT_RUN, compare_table, load_records, ratio_text
 from tokenworks.bench.serving import point_label, run_serving, write_not_run
 from tokenworks.config import EngineConfig, engine_argv, engine_kwargs
 
@@ -196,10 +196,6 @@ def _rel(record: dict, report_dir: Path) -> str:
     return os.path.relpath(record["_path"], report_dir)
 
 
-def _ratio(a: float | None, b: float | None) -> str:
-    return f"{a / b:.2f}x" if a and b else "-"
-
-
 def latency_table(record: dict, report_dir: Path) -> list[str]:
     s = record["results"]["summary_median"]
     ours = s["tokenworks"]
@@ -221,8 +217,8 @@ def latency_table(record: dict, report_dir: Path) -> list[str]:
         p = s[name]
         lines.append(
             f"| {name} | {p['decode_tok_s']:.1f} | {p['prefill_tok_s']:.0f} | "
-            f"{_ratio(ours['decode_tok_s'], p['decode_tok_s'])} | "
-            f"{_ratio(ours['prefill_tok_s'], p['prefill_tok_s'])} |"
+            f"{ratio_text(ours['decode_tok_s'], p['decode_tok_s'])} | "
+            f"{ratio_text(ours['prefill_tok_s'], p['prefill_tok_s'])} |"
         )
     return lines
 
@@ -245,7 +241,7 @@ def offline_table(record: dict, report_dir: Path) -> list[str]:
             continue
         lines.append(
             f"| {name} | {r['output_tok_s']:.1f} | {r.get('mode', '')} | "
-            f"{_ratio(ours['output_tok_s'], r['output_tok_s'])} |"
+            f"{ratio_text(ours['output_tok_s'], r['output_tok_s'])} |"
         )
     rounds = ours.get("rounds", [])
     if len(rounds) > 1:  # medians above; every round here

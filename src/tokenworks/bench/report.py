@@ -145,6 +145,12 @@ def render(records: list[dict], out_dir: str | Path) -> Path:
     return path
 
 
+def ratio_text(a: float | None, b: float | None) -> str:
+    """a / b as "1.23x", or "-" where either is missing or zero (an engine that produced
+    nothing has no ratio)."""
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
 def compare_table(records: list[dict]) -> str:
     """Serving runs of the same workload, point by point, as ratios to the first record."""
     runs = [r for r in records if r.get("kind") == "serving"]
@@ -176,7 +182,7 @@ def compare_table(records: list[dict]) -> str:
             f = match[0]["figures"]
             ttft = f"{1000 * f['ttft_s']['median']:.0f} ms" if f.get("ttft_s") else "-"
             cells.append(
-                f"{f['output_throughput']:.1f} ({f['output_throughput'] / ref:.2f}x), {ttft}"
+                f"{f['output_throughput']:.1f} ({ratio_text(f['output_throughput'], ref)}), {ttft}"
             )
         lines.append(f"| {point_label(point)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
