@@ -784,13 +784,18 @@ static void amx_panels(const uint16_t* xt, int M, int K, const uint16_t* wp, int
   }
 }
 
-// This thread's share of a product's panels, inside a parallel region.
-static void thread_panels(int panels, int* p0, int* p1) {
-  int nt = 1, me = 0;
+// This thread's number and the size of its team (0 and 1 outside a parallel region).
+static void team(int* me, int* nt) {
+  *me = 0;
+  *nt = 1;
 #ifdef _OPENMP
-  nt = omp_get_num_threads();
-  me = omp_get_thread_num();
+  *me = omp_get_thread_num();
+  *nt = omp_get_num_threads();
 #endif
+}
+
+// Thread me's share of a product's panels, of a team of nt.
+static void thread_panels(int panels, int me, int nt, int* p0, int* p1) {
   *p0 = (int)((int64_t)panels * me / nt);
   *p1 = (int)((int64_t)panels * (me + 1) / nt);
 }
@@ -837,12 +842,9 @@ static int take_panels(tw_run* r, int front, int want, int* a, int* b) {
 // thread of the parallel region (which then needs a barrier before reading y).
 static void amx_shared(const uint16_t* x, int M, int K, const uint16_t* wp, int N,
                        const float* bias, void* y, int y_dtype, int accumulate, tw_run* runs) {
-  int me = 0, nt = 1, p0, p1, a, b;
-#ifdef _OPENMP
-  me = omp_get_thread_num();
-  nt = omp_get_num_threads();
-#endif
-  thread_panels(N / 32, &p0, &p1);
+  int me, nt, p0, p1, a, b;
+  team(&me, &nt);
+  thread_panels(N / 32, me, nt, &p0, &p1);
   atomic_store(&runs[me].word, (uint64_t)p0 << 32 | (uint32_t)p1);
   uint16_t* xt = pack_tiles(x, M, K);
   while (take_panels(&runs[me], 1, GROUP_PANELS, &a, &b))
@@ -1044,11 +1046,8 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
       rms_norm_row(x + b * hid, m->final_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
 #if defined(TW_AMX_BUILT)
     if (bests) {
-      int me = 0, nt = 1;
-#ifdef _OPENMP
-      me = omp_get_thread_num();
-      nt = omp_get_num_threads();
-#endif
+      int me, nt;
+      team(&me, &nt);
       amx_shared(s->hb, B, m->head.k, (const uint16_t*)m->head.w, m->head.n, m->head.bias,
                  bests + (int64_t)me * B, TW_ARGMAX, 0, runs);
 #pragma omp barrier
