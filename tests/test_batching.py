@@ -266,3 +266,29 @@ def test_a_failed_forward_pass_aborts_its_requests_and_the_engine_carries_on(toy
     assert eng.blocks.prefix.lookup(seqs[0].block_hashes) == []  # nothing half-written is found
     out = llm.generate([[9] * 40 + [1]], GREEDY)  # the engine still serves
     assert len(out[0].outputs[0].token_ids) == GREEDY.max_tokens
+
+
+def test_the_warm_up_fills_a_step_and_leaves_no_trace(toy_llm, monkeypatch):
+    from tokenworks.engine.engine import LLMEngine
+
+    steps = []
+    record = LLMEngine._record
+
+    def spy(self, out, sampled, duration):
+        steps.append(out.num_prefill_tokens)
+        record(self, out, sampled, duration)
+
+    monkeypatch.setattr(LLMEngine, "_record", spy)
+    warm = LLM("toy", dtype="float32", loaded=toy_llm.engine.loaded, max_num_batched_tokens=512)
+    assert steps == [512]  # 4 filler prompts of 128 tokens in one forward pass
+    eng = warm.engine
+    assert not eng.requests and not eng.has_unfinished() and not eng.stats
+    assert set(eng.totals.values()) == {0}
+    assert len(eng.blocks.free) == eng.blocks.num_blocks  # nothing held, nothing cached
+    prefix = eng.blocks.prefix
+    assert (prefix.queried_tokens, prefix.hit_tokens, len(prefix.by_hash)) == (0, 0, 0)
+    cold = LLM("toy", dtype="float32", loaded=toy_llm.engine.loaded, warmup=False)
+    assert steps == [512]
+    prompts = [[0] * 130, list(range(3, 40))]  # the first shares the filler's tokens
+    assert tokens(warm.generate(prompts, GREEDY)) == tokens(cold.generate(prompts, GREEDY))
+    assert eng.blocks.prefix.hit_tokens == 0  # no filler block was left to hit

@@ -52,6 +52,8 @@ class EngineConfig:
     max_waiting: int = 4096  # queued requests beyond this are refused (admission control)
     scheduling_policy: str = "fcfs"  # or "priority": lower SamplingParams.priority first
     batch_invariant: bool = False  # a sequence's numerics never depend on its batch
+    # one forward pass at the token budget when the engine starts (LLMEngine.warm_up)
+    warmup: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -166,6 +168,12 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="numerics that never depend on the batch (slower)",
     )
+    g.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="skip the forward pass at the token budget that readies a new engine "
+        "(the first big step then pays for it)",
+    )
 
 
 def engine_kwargs(args) -> dict:
@@ -185,6 +193,7 @@ def engine_kwargs(args) -> dict:
         max_waiting=args.max_waiting,
         enable_prefix_caching=not args.no_prefix_caching,
         batch_invariant=args.batch_invariant,
+        warmup=not args.no_warmup,
     )
 
 
