@@ -179,6 +179,26 @@ def test_greedy_amx_steps_return_the_argmax_of_their_logits(nan_columns):
         assert sum(c in (37, 38) for c in choices.tolist()) >= 6  # ties, the first taken
 
 
+@pytest.mark.parametrize("rows", [3, 8])
+@pytest.mark.parametrize("nan_column", [None, 250])
+def test_greedy_dot_product_steps_return_the_argmax_of_their_logits(rows, nan_column):
+    """Without the AMX head (a few rows, or no AMX tiles) a greedy whole step writes the
+    logits and returns their argmax, taken in C: torch.argmax's choice, NaN first."""
+    spec = toy_spec()
+    model, pool = _model_and_pool(spec, torch.bfloat16)
+    if nan_column is not None:
+        model.lm_head.weight.data[nan_column] = float("nan")
+    model.decode_kernel = LlamaDecodeKernel.prepare(model, pool)
+    model.decode_kernel.amx = None  # dot products for every batch it takes
+    ctx_lens = [2, 30, 11, 7, 19, 0, 5, 9][:rows]
+    logits = _decode_step(model, pool, ctx_lens, fused=True)
+    choices = _decode_step(model, pool, ctx_lens, fused=True, greedy=True)
+    assert choices.shape == (rows,) and choices.dtype == torch.long
+    assert choices.tolist() == logits.argmax(-1).tolist()
+    if nan_column is not None:
+        assert choices.tolist() == [nan_column] * rows
+
+
 def test_greedy_requests_through_the_choices_give_the_tokens_of_the_logits(smol_loaded):
     """The engine asks the model for choices only when every row is plain greedy; a
     greedy request that also wants logprobs takes the logits path: the same tokens."""
@@ -204,7 +224,7 @@ def test_greedy_requests_through_the_choices_give_the_tokens_of_the_logits(smol_
         seen[logprobs] = set(dims)
     assert got[None] == got[1]
     assert seen[1] == {2}  # logprobs need the logits
-    assert seen[None] == ({1} if kernel.amx is not None else {2})
+    assert seen[None] == {1}  # the choices, on AMX tiles or dot products
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

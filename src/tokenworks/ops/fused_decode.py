@@ -251,8 +251,8 @@ class LlamaDecodeKernel:
     ) -> torch.Tensor:
         """logits [rows, vocab]: of logits_rows (None: every row) of the batch; float32,
         or (float_logits False) whatever dtype the path computes them in. greedy: the
-        caller wants only each row's argmax; a whole decode step on AMX tiles then returns
-        those [rows] (int64, as torch.argmax of the logits) and writes no logits."""
+        caller wants only each row's argmax; a whole decode step in C then returns those
+        [rows] (int64, as torch.argmax of the logits; on AMX tiles no logits are written)."""
         n = input_ids.shape[0]
         if not self._whole_step(n, meta):
             return self.run_batched(input_ids, positions, meta, window, logits_rows, float_logits)
@@ -273,9 +273,10 @@ class LlamaDecodeKernel:
         # 32 rows whatever the batch, so below DOT_ROWS they only cost)
         amx = self.amx is not None and b > DOT_ROWS
         layers, model_c = self.amx if amx else (self.layers_c, self.model_c)
-        # greedy on AMX tiles: the head keeps each row's argmax and writes no logits
-        choices = torch.empty(b, dtype=torch.long) if greedy and amx else None
-        logits = None if choices is not None else torch.empty(b, self.spec.vocab_size)
+        # greedy: each row's argmax, which the head keeps on AMX tiles (writing no logits);
+        # on dot products C writes the logits, then takes their argmax
+        choices = torch.empty(b, dtype=torch.long) if greedy else None
+        logits = None if greedy and amx else torch.empty(b, self.spec.vocab_size)
         self.lib.tw_llama_decode(
             ctypes.byref(self.dims),
             ctypes.byref(model_c),
