@@ -74,6 +74,15 @@ def test_fewer_than_one_round_is_refused_with_a_reason(argv, capsys):
     assert "every engine runs at least once" in capsys.readouterr().err
 
 
+def test_a_record_takes_each_engines_details_from_its_median_round():
+    from tokenworks.bench.throughput import median_round
+
+    assert median_round([700.0, 562.0, 744.0]) == 0
+    assert median_round([944.0, 1011.0, 731.0]) == 0
+    assert median_round([5.0]) == 0
+    assert median_round([3.0, 1.0, 4.0, 2.0]) == 3  # even: the lower of the middle two
+
+
 def test_engine_flags_round_trip_to_a_serve_command_line():
     args = build_parser().parse_args(
         ["bench", "peers", "--threads", "2", "--max-num-seqs", "16", "--no-prefix-caching"]

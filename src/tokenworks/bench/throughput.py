@@ -9,8 +9,10 @@ pool actually used at its peak against what a contiguous cache (one max-length r
 sequence) would reserve.
 
 With --rounds N every engine runs N times, one after the other in each round; the figures
-are each engine's median, and the record keeps every round and each round's ratios. On a
-shared machine one engine's figure can move by half between runs a few minutes apart.
+are each engine's median, and the record keeps every round and each round's ratios. What
+else the record says of an engine's run (our steps, batch sizes and preemptions, a peer's
+elapsed time) comes from its median round (median_round). On a shared machine one
+engine's figure can move by half between runs a few minutes apart.
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ PEER_SCRIPTS = {
     "llama.cpp": "llamacpp_throughput.py",
     "vllm": "vllm_throughput.py",
 }
+
+
+def median_round(tok_s: list[float]) -> int:
+    """The index of the round whose figure is the median (of an even count, the lower of
+    the two middle ones): the round a record's other details of that engine come from."""
+    order = sorted(range(len(tok_s)), key=tok_s.__getitem__)
+    return order[(len(tok_s) - 1) // 2]
 
 
 def default_manifest(args) -> dict:
@@ -97,15 +106,18 @@ def run_throughput(args, peers: dict[str, str] | None = None, not_run: dict | No
     # Rounds: every engine once a round, in the same order, so that each round compares
     # engines a few minutes apart; the figures are each engine's median over the rounds.
     ours_runs: list[dict] = []
+    ours_stats: list[list] = []  # each round's step stats
     peer_runs: dict[str, list[dict]] = {name: [] for name in peers}
     for r in range(rounds):
         run, stats = measure_ours()
         ours_runs.append(run)
+        ours_stats.append(stats)
         for name, python in peers.items():
             print(f"measuring peer {name} with {python} (round {r + 1} of {rounds})")
             peer_runs[name].append(run_peer(name, python, peer_args, script=PEER_SCRIPTS[name]))
     elapsed = statistics.median(x["elapsed_s"] for x in ours_runs)
-    generated = ours_runs[-1]["output_tokens"]
+    mid = median_round([x["output_tok_s"] for x in ours_runs])
+    generated, stats = ours_runs[mid]["output_tokens"], ours_stats[mid]
     block_bytes = engine.kv_bytes_per_token * engine.config.block_size
     peak_blocks = max(round(s.kv_usage * engine.blocks.num_blocks) for s in stats)
     longest = max(len(p) + n for p, n in zip(prompts, max_tokens, strict=True))
@@ -124,7 +136,7 @@ def run_throughput(args, peers: dict[str, str] | None = None, not_run: dict | No
         "output_tokens": generated,
         "output_tok_s": generated / elapsed,
         "total_tok_s": (generated + input_tokens) / elapsed,
-        "steps": len(stats),  # this and below: the last round's steps
+        "steps": len(stats),  # this and below: the median round's steps
         "max_batch_size": max(s.batch_size for s in stats),
         "preemptions": sum(s.preemptions for s in stats),
         "rounds": ours_runs,
@@ -137,7 +149,8 @@ def run_throughput(args, peers: dict[str, str] | None = None, not_run: dict | No
             peer_results[name] = next(x for x in runs if x.get("status") != "OK")
             continue
         tok_s = [x["output_tok_s"] for x in ok]
-        peer_results[name] = {**ok[-1], "output_tok_s": statistics.median(tok_s), "rounds": tok_s}
+        median = statistics.median(tok_s)
+        peer_results[name] = {**ok[median_round(tok_s)], "output_tok_s": median, "rounds": tok_s}
         per_round[name] = [o["output_tok_s"] / p for o, p in zip(ours_runs, tok_s, strict=True)]
     ratios = {
         name: ours["output_tok_s"] / r["output_tok_s"]
