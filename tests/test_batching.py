@@ -292,3 +292,5 @@ def test_the_warm_up_fills_a_step_and_leaves_no_trace(toy_llm, monkeypatch):
     prompts = [[0] * 130, list(range(3, 40))]  # the first shares the filler's tokens
     assert tokens(warm.generate(prompts, GREEDY)) == tokens(cold.generate(prompts, GREEDY))
     assert eng.blocks.prefix.hit_tokens == 0  # no filler block was left to hit
+    # a context of one token holds no prompt: nothing to warm up with, and no error
+    assert LLM("toy", loaded=toy_llm.engine.loaded, max_model_len=1).engine.totals["steps"] == 0

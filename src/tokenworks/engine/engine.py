@@ -156,7 +156,9 @@ class LLMEngine:
         to 370 after). vLLM's profile run and llama.cpp's warm-up do the same. Leaves no
         trace: no requests, stats, totals, cached blocks or cache counters."""
         c = self.config
-        length = max(1, min(self.WARMUP_PROMPT, self.max_model_len - 1, c.max_num_batched_tokens))
+        length = min(self.WARMUP_PROMPT, self.max_model_len - 1, c.max_num_batched_tokens)
+        if length < 1:  # a context of one token holds no prompt
+            return
         blocks_each = -(-(length + 1) // c.block_size)
         n = min(
             c.max_num_batched_tokens // length,
