@@ -133,8 +133,14 @@ class LLMEngine:
             self.model.decode_kernel = LlamaDecodeKernel.prepare(self.model, self.pool)
         self._ids = itertools.count()
         self._arrivals = itertools.count()
-        self._steps = itertools.count()
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id (group heads)
+        self._start_counts()
+        if config.warmup:
+            self.warm_up()
+
+    def _start_counts(self) -> None:
+        """Step stats and totals from zero (at start, and again after the warm-up)."""
+        self._steps = itertools.count()
         self.stats: deque[StepStats] = deque(maxlen=100_000)
         self.totals = {
             "prompt_tokens": 0,  # prompt tokens of admitted requests
@@ -143,8 +149,6 @@ class LLMEngine:
             "preemptions": 0,
             "steps": 0,
         }
-        if config.warmup:
-            self.warm_up()
 
     WARMUP_PROMPT = 128  # tokens in each of the warm-up's prompts
 
@@ -176,13 +180,8 @@ class LLMEngine:
         while self.has_unfinished():
             self.step()
         self.blocks.reset_prefix_cache()
-        if self.blocks.prefix is not None:
-            self.blocks.prefix.queried_tokens = self.blocks.prefix.hit_tokens = 0
-            self.blocks.prefix.evictions = 0
-        self.blocks.cow_copies = 0
-        self.stats.clear()
-        self._steps = itertools.count()
-        self.totals = dict.fromkeys(self.totals, 0)
+        self.blocks.reset_counts()
+        self._start_counts()
 
     def _use_decode_kernel(self) -> bool:
         """attention="cpp" demands the C kernels (ops/csrc), "auto" takes them on the CPU

@@ -202,6 +202,12 @@ class BlockManager:
                 self.prefix.forget(b)
         seq.n_registered = 0
 
+    def reset_counts(self) -> None:
+        """Copy-on-write and prefix-cache counters back to zero (the blocks are untouched)."""
+        self.cow_copies = 0
+        if self.prefix is not None:
+            self.prefix.queried_tokens = self.prefix.hit_tokens = self.prefix.evictions = 0
+
     def reset_prefix_cache(self) -> int:
         """Forget every cached block nobody references (they become free); return how many."""
         if self.prefix is None:
