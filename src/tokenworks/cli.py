@@ -1,6 +1,6 @@
 """tokenworks generate | chat | serve | pull | models | bench (latency, throughput, structured,
-serve, peers, report, compare) | plan (models, hardware, kv, fit, roofline, quant, queue, spec,
-cost, batching, paging)"""
+serve, peers, report, compare, pool) | plan (models, hardware, kv, fit, roofline, quant, queue,
+spec, cost, batching, paging)"""
 
 from __future__ import annotations
 
@@ -169,6 +169,24 @@ def cmd_bench_report(args) -> int:
         print(write_peers_report(records, Path(args.out)))
         return 0
     print(render(records, args.out))
+    return 0
+
+
+def cmd_bench_pool(args) -> int:
+    from tokenworks.bench.pooled import pool, write_report
+    from tokenworks.bench.report import load_records
+
+    md = write_report(args.records, args.out, args.peer, args.goal)
+    s = pool(load_records(args.records), args.peer, args.goal).summary()
+    print(
+        f"{s['runs']} runs, {s['rounds']} rounds against {args.peer}: median round "
+        f"{s['median_round_ratio']:.2f}x ({s['lowest_round_ratio']:.2f}x to "
+        f"{s['highest_round_ratio']:.2f}x), {s['rounds_at_goal']} of {s['rounds']} rounds and "
+        f"{s['runs_at_goal']} of {s['runs']} runs at {args.goal:g}x or more; pooled medians "
+        f"{s['pooled_ours_tok_s']:.1f} against {s['pooled_peer_tok_s']:.1f} tok/s "
+        f"({s['pooled_ratio']:.2f}x)"
+    )
+    print(f"report: {md}")
     return 0
 
 
@@ -402,6 +420,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("records", nargs="+", help="serving records of the same workload")
     p.add_argument("--out", default=None, help="also write the table to this file")
     p.set_defaults(fn=cmd_bench_compare)
+
+    p = bsub.add_parser(
+        "pool", help="offline-throughput records of one workload, pooled round by round"
+    )
+    p.add_argument("records", nargs="+", help="throughput records (bench throughput or peers)")
+    p.add_argument("--peer", default="vllm", help="the peer to take ratios to (default vllm)")
+    p.add_argument("--goal", type=float, default=1.3, help="the ratio to reach (default 1.3)")
+    p.add_argument(
+        "--out", default="benchmarks/report/pooled", help="directory for pooled-PEER.md + PNG"
+    )
+    p.set_defaults(fn=cmd_bench_pool)
     from tokenworks.plan.commands import add_plan_parser
 
     add_plan_parser(sub)

@@ -1,0 +1,211 @@
+"""`tokenworks bench pool`: offline-throughput records of one workload, pooled against a peer.
+
+On a shared machine one run's ratio to a peer moves with the minute it ran in: here the
+same engine on the same commit measured 1.22x and 1.50x vLLM in two runs an hour apart,
+and single rounds from 0.94x to 1.80x. A goal such as "1.3x the best peer in the same
+run" is judged better over many runs than by any one. This pools the rounds of several
+`bench throughput` / `bench peers` records: each round pairs our figure with the peer's
+of the same round (the engines ran minutes apart), and the summary gives
+
+- each run's ratio of medians (what a record itself reports) and its rounds' ratios;
+- over every round: the median ratio, the lowest and highest, how many reach the goal;
+- the pooled medians: our median over all rounds against the peer's, and their ratio.
+
+Records must hold the same workload (their manifests equal but for the round count);
+records from a dirty tree, or where the peer did not run, are left out and listed.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tokenworks.bench.report import load_records
+
+
+@dataclass
+class Run:
+    """One record's rounds: our output tok/s and the peer's, round by round."""
+
+    name: str  # the record's file stem
+    commit: str
+    created_unix: float
+    ours: list[float]
+    peer: list[float]
+
+    @property
+    def ratios(self) -> list[float]:
+        return [o / p for o, p in zip(self.ours, self.peer, strict=True)]
+
+    @property
+    def ratio_of_medians(self) -> float:
+        return statistics.median(self.ours) / statistics.median(self.peer)
+
+
+@dataclass
+class Pooled:
+    peer: str
+    goal: float
+    runs: list[Run]
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (record, why)
+
+    @property
+    def ratios(self) -> list[float]:
+        return [x for run in self.runs for x in run.ratios]
+
+    def summary(self) -> dict:
+        ratios = self.ratios
+        ours = [x for run in self.runs for x in run.ours]
+        peer = [x for run in self.runs for x in run.peer]
+        run_ratios = [run.ratio_of_medians for run in self.runs]
+        return {
+            "peer": self.peer,
+            "goal": self.goal,
+            "runs": len(self.runs),
+            "rounds": len(ratios),
+            "runs_at_goal": sum(r >= self.goal for r in run_ratios),
+            "rounds_at_goal": sum(r >= self.goal for r in ratios),
+            "rounds_faster": sum(r > 1.0 for r in ratios),
+            "median_round_ratio": statistics.median(ratios),
+            "lowest_round_ratio": min(ratios),
+            "highest_round_ratio": max(ratios),
+            "pooled_ours_tok_s": statistics.median(ours),
+            "pooled_peer_tok_s": statistics.median(peer),
+            "pooled_ratio": statistics.median(ours) / statistics.median(peer),
+        }
+
+
+def workload_key(record: dict) -> str:
+    """The record's workload, its round count aside (3 or 5 rounds of one workload pool)."""
+    manifest = dict((record.get("workload") or {}).get("manifest") or {})
+    manifest.pop("rounds", None)
+    return json.dumps(manifest, sort_keys=True)
+
+
+def _run(record: dict, peer: str) -> Run | str:
+    """The record's rounds against the peer, or why it cannot be pooled."""
+    if record.get("kind") != "throughput":
+        return f"a {record.get('kind')!r} record, not an offline throughput one"
+    if (record.get("git") or {}).get("dirty"):
+        return "made from a dirty tree"
+    result = (record.get("peers") or {}).get(peer)
+    if result is None:
+        return f"no {peer} in it"
+    if result.get("status") != "OK":
+        return f"{peer} {result.get('status')}: {result.get('reason', '')}".rstrip(": ")
+    ours = record["results"]["tokenworks"]
+    ours_rounds = [r["output_tok_s"] for r in ours.get("rounds", [])] or [ours["output_tok_s"]]
+    peer_rounds = list(result.get("rounds") or [result["output_tok_s"]])
+    if len(ours_rounds) != len(peer_rounds):
+        return f"{len(ours_rounds)} rounds of ours against {len(peer_rounds)} of {peer}"
+    return Run(
+        name=Path(record["_path"]).stem,
+        commit=(record.get("git") or {}).get("commit") or "",
+        created_unix=record.get("created_unix", 0.0),
+        ours=ours_rounds,
+        peer=peer_rounds,
+    )
+
+
+def pool(records: list[dict], peer: str = "vllm", goal: float = 1.3) -> Pooled:
+    """The records' rounds against `peer`, oldest run first. Raises ValueError when the
+    usable records hold more than one workload, or none are usable."""
+    if goal <= 0:
+        raise ValueError(f"goal {goal}: give the ratio to reach, such as 1.3")
+    runs, skipped, workloads = [], [], {}
+    for record in records:
+        got = _run(record, peer)
+        name = Path(record.get("_path", "?")).stem
+        if isinstance(got, str):
+            skipped.append((name, got))
+            continue
+        runs.append(got)
+        workloads.setdefault(workload_key(record), []).append(name)
+    if not runs:
+        why = "; ".join(f"{n}: {w}" for n, w in skipped) or "no records given"
+        raise ValueError(f"nothing to pool against {peer} ({why})")
+    if len(workloads) > 1:
+        groups = " | ".join(", ".join(names) for names in workloads.values())
+        raise ValueError(
+            f"the records hold {len(workloads)} different workloads ({groups}); "
+            "pool the records of one workload at a time"
+        )
+    runs.sort(key=lambda r: r.created_unix)
+    return Pooled(peer=peer, goal=goal, runs=runs, skipped=skipped)
+
+
+def markdown(pooled: Pooled, plot: str | None = None) -> str:
+    s = pooled.summary()
+    peer, goal = s["peer"], s["goal"]
+    lines = [
+        f"# Offline throughput against {peer}, pooled over {s['runs']} runs",
+        "",
+        f"{s['rounds']} rounds. Each round pairs our output tok/s with {peer}'s of the same "
+        "round; a run's ratio is the ratio of its medians, as its record gives it.",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| runs whose ratio of medians reaches {goal:g}x | {s['runs_at_goal']} of {s['runs']} |",
+        f"| rounds at {goal:g}x or more | {s['rounds_at_goal']} of {s['rounds']} |",
+        f"| rounds faster than {peer} | {s['rounds_faster']} of {s['rounds']} |",
+        f"| median ratio of a round | {s['median_round_ratio']:.2f}x |",
+        f"| lowest, highest round | {s['lowest_round_ratio']:.2f}x, "
+        f"{s['highest_round_ratio']:.2f}x |",
+        f"| pooled medians: ours, {peer} | {s['pooled_ours_tok_s']:.1f}, "
+        f"{s['pooled_peer_tok_s']:.1f} tok/s ({s['pooled_ratio']:.2f}x) |",
+        "",
+        f"| record | commit | ratio of medians | rounds: ours / {peer} (ratio) |",
+        "|---|---|---|---|",
+    ]
+    for run in pooled.runs:
+        rounds = ", ".join(
+            f"{o:.0f} / {p:.0f} ({o / p:.2f}x)" for o, p in zip(run.ours, run.peer, strict=True)
+        )
+        lines.append(
+            f"| `{run.name}` | {run.commit[:7]} | {run.ratio_of_medians:.2f}x | {rounds} |"
+        )
+    if pooled.skipped:
+        lines += ["", "Left out:", ""]
+        lines += [f"- `{name}`: {why}" for name, why in pooled.skipped]
+    if plot:
+        lines += ["", f"![ratio by round]({plot})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(pooled: Pooled, path: Path) -> Path:
+    """Each round's ratio by run (oldest first), with the goal and parity lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.7 * len(pooled.runs) + 2), 4))
+    for i, run in enumerate(pooled.runs):
+        ax.scatter([i] * len(run.ratios), run.ratios, color="tab:blue", s=18, zorder=3)
+        ax.scatter([i], [run.ratio_of_medians], marker="_", s=300, color="black", zorder=4)
+    ax.axhline(pooled.goal, color="tab:green", linestyle="--", label=f"goal {pooled.goal:g}x")
+    ax.axhline(1.0, color="gray", linewidth=0.8, label="parity")
+    median = statistics.median(pooled.ratios)
+    ax.axhline(median, color="tab:orange", linewidth=0.8, label=f"median round {median:.2f}x")
+    ax.set_xticks(range(len(pooled.runs)))
+    ax.set_xticklabels([r.name.split("-")[-1] for r in pooled.runs], rotation=45, ha="right")
+    ax.set_ylabel(f"tokenworks / {pooled.peer}, output tok/s")
+    ax.set_title("offline throughput by round (dots) and run (bars: ratio of medians)")
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(paths: list[str | Path], out: str | Path, peer: str, goal: float) -> Path:
+    """pooled-<peer>.md and its plot in `out`, from the records at `paths`."""
+    pooled = pool(load_records(paths), peer, goal)
+    out = Path(out)
+    png = plot(pooled, out / f"pooled-{peer}.png")
+    md = out / f"pooled-{peer}.md"
+    md.write_text(markdown(pooled, png.name))
+    return md
