@@ -113,6 +113,14 @@ def test_the_command_writes_the_table_and_the_plot(tmp_path, capsys):
     assert (out / "pooled-vllm.png").stat().st_size > 10_000
     assert main(["bench", "pool", str(a), "--peer", "llama.cpp", "--out", str(out)]) == 2
     assert "no llama.cpp in it" in capsys.readouterr().err
+    # files that are no records: a clear error, no traceback
+    assert main(["bench", "pool", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
+    assert "missing.json: no such record file" in capsys.readouterr().err
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "half.json").write_text('{"kind": ')
+    for name, why in [("list.json", "holds a JSON list"), ("half.json", "is not a JSON record")]:
+        assert main(["bench", "pool", str(tmp_path / name), "--out", str(out)]) == 2
+        assert why in capsys.readouterr().err
 
 
 def test_the_committed_pooled_report_is_what_its_records_give():

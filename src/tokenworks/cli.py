@@ -173,19 +173,12 @@ def cmd_bench_report(args) -> int:
 
 
 def cmd_bench_pool(args) -> int:
-    from tokenworks.bench.pooled import pool, write_report
+    from tokenworks.bench.pooled import pool, summary_line, write_report
     from tokenworks.bench.report import load_records
 
-    md = write_report(args.records, args.out, args.peer, args.goal)
-    s = pool(load_records(args.records), args.peer, args.goal).summary()
-    print(
-        f"{s['runs']} runs, {s['rounds']} rounds against {args.peer}: median round "
-        f"{s['median_round_ratio']:.2f}x ({s['lowest_round_ratio']:.2f}x to "
-        f"{s['highest_round_ratio']:.2f}x), {s['rounds_at_goal']} of {s['rounds']} rounds and "
-        f"{s['runs_at_goal']} of {s['runs']} runs at {args.goal:g}x or more; pooled medians "
-        f"{s['pooled_ours_tok_s']:.1f} against {s['pooled_peer_tok_s']:.1f} tok/s "
-        f"({s['pooled_ratio']:.2f}x)"
-    )
+    pooled = pool(load_records(args.records), args.peer, args.goal)
+    md = write_report(pooled, args.out)
+    print(summary_line(pooled))
     print(f"report: {md}")
     return 0
 

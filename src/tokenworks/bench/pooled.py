@@ -22,8 +22,6 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokenworks.bench.report import load_records
-
 
 @dataclass
 class Run:
@@ -84,7 +82,7 @@ def workload_key(record: dict) -> str:
     return json.dumps(manifest, sort_keys=True)
 
 
-def _run(record: dict, peer: str) -> Run | str:
+def _run(record: dict, name: str, peer: str) -> Run | str:
     """The record's rounds against the peer, or why it cannot be pooled."""
     if record.get("kind") != "throughput":
         return f"a {record.get('kind')!r} record, not an offline throughput one"
@@ -95,13 +93,15 @@ def _run(record: dict, peer: str) -> Run | str:
         return f"no {peer} in it"
     if result.get("status") != "OK":
         return f"{peer} {result.get('status')}: {result.get('reason', '')}".rstrip(": ")
-    ours = record["results"]["tokenworks"]
+    ours = (record.get("results") or {}).get("tokenworks")
+    if not ours or "output_tok_s" not in ours:
+        return "no tokenworks figure in it"
     ours_rounds = [r["output_tok_s"] for r in ours.get("rounds", [])] or [ours["output_tok_s"]]
     peer_rounds = list(result.get("rounds") or [result["output_tok_s"]])
     if len(ours_rounds) != len(peer_rounds):
         return f"{len(ours_rounds)} rounds of ours against {len(peer_rounds)} of {peer}"
     return Run(
-        name=Path(record["_path"]).stem,
+        name=name,
         commit=(record.get("git") or {}).get("commit") or "",
         created_unix=record.get("created_unix", 0.0),
         ours=ours_rounds,
@@ -116,8 +116,8 @@ def pool(records: list[dict], peer: str = "vllm", goal: float = 1.3) -> Pooled:
         raise ValueError(f"goal {goal}: give the ratio to reach, such as 1.3")
     runs, skipped, workloads = [], [], {}
     for record in records:
-        got = _run(record, peer)
         name = Path(record.get("_path", "?")).stem
+        got = _run(record, name, peer)
         if isinstance(got, str):
             skipped.append((name, got))
             continue
@@ -201,11 +201,22 @@ def plot(pooled: Pooled, path: Path) -> Path:
     return path
 
 
-def write_report(paths: list[str | Path], out: str | Path, peer: str, goal: float) -> Path:
-    """pooled-<peer>.md and its plot in `out`, from the records at `paths`."""
-    pooled = pool(load_records(paths), peer, goal)
+def summary_line(pooled: Pooled) -> str:
+    s = pooled.summary()
+    return (
+        f"{s['runs']} runs, {s['rounds']} rounds against {s['peer']}: median round "
+        f"{s['median_round_ratio']:.2f}x ({s['lowest_round_ratio']:.2f}x to "
+        f"{s['highest_round_ratio']:.2f}x), {s['rounds_at_goal']} of {s['rounds']} rounds and "
+        f"{s['runs_at_goal']} of {s['runs']} runs at {s['goal']:g}x or more; pooled medians "
+        f"{s['pooled_ours_tok_s']:.1f} against {s['pooled_peer_tok_s']:.1f} tok/s "
+        f"({s['pooled_ratio']:.2f}x)"
+    )
+
+
+def write_report(pooled: Pooled, out: str | Path) -> Path:
+    """pooled-<peer>.md and its plot in `out`."""
     out = Path(out)
-    png = plot(pooled, out / f"pooled-{peer}.png")
-    md = out / f"pooled-{peer}.md"
+    png = plot(pooled, out / f"pooled-{pooled.peer}.png")
+    md = out / f"pooled-{pooled.peer}.md"
     md.write_text(markdown(pooled, png.name))
     return md

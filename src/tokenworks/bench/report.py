@@ -20,7 +20,14 @@ NOT_RUN = "NOT_RUN"
 def load_records(paths: list[str | Path]) -> list[dict]:
     records = []
     for p in paths:
-        record = json.loads(Path(p).read_text())
+        try:
+            record = json.loads(Path(p).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"{p}: no such record file") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p} is not a JSON record ({e})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{p} is not a record: it holds a JSON {type(record).__name__}")
         record.setdefault("_path", str(p))
         records.append(record)
     return records
