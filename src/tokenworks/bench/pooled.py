@@ -22,6 +22,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenworks.bench.report import ratio_text
+
 
 @dataclass
 class Run:
@@ -161,7 +163,8 @@ def markdown(pooled: Pooled, plot: str | None = None) -> str:
     ]
     for run in pooled.runs:
         rounds = ", ".join(
-            f"{o:.0f} / {p:.0f} ({o / p:.2f}x)" for o, p in zip(run.ours, run.peer, strict=True)
+            f"{o:.0f} / {p:.0f} ({ratio_text(o, p)})"
+            for o, p in zip(run.ours, run.peer, strict=True)
         )
         lines.append(
             f"| `{run.name}` | {run.commit[:7]} | {run.ratio_of_medians:.2f}x | {rounds} |"
