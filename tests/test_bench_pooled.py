@@ -69,6 +69,9 @@ def test_records_that_cannot_be_pooled_are_left_out_with_the_reason(tmp_path):
         pool(load_records([good]), "sglang", 1.3)
     with pytest.raises(ValueError, match="no llama.cpp in it"):
         pool(load_records([good]), "llama.cpp", 1.3)
+    zero = _record(tmp_path / "zero.json", [900, 950, 1000], [700, 0, 700])
+    with pytest.raises(ValueError, match="zero: a round without a positive output tok/s"):
+        pool(load_records([zero]), "vllm", 1.3)
     with pytest.raises(ValueError, match="goal 0"):
         pool(load_records([good]), "vllm", 0)
 

@@ -102,6 +102,8 @@ def _run(record: dict, name: str, peer: str) -> Run | str:
     peer_rounds = list(result.get("rounds") or [result["output_tok_s"]])
     if len(ours_rounds) != len(peer_rounds):
         return f"{len(ours_rounds)} rounds of ours against {len(peer_rounds)} of {peer}"
+    if not all(isinstance(x, (int, float)) and x > 0 for x in ours_rounds + peer_rounds):
+        return "a round without a positive output tok/s"
     return Run(
         name=name,
         commit=(record.get("git") or {}).get("commit") or "",
