@@ -183,8 +183,19 @@ typedef struct {
 // decode step streams every weight once, and a core alone keeps too few reads in flight.
 #define PREFETCH_BYTES 4096
 
-#if defined(TW_AMX_BUILT)
+// The AMX products' shared runs of panels (see amx_shared); declared for every build, as
+// the decode step passes them on whether or not AMX is compiled in.
 typedef struct tw_run tw_run;
+
+// A row's greedy choice so far, as torch.argmax makes it: the first index of the largest
+// value, or of the first NaN where there is one. index starts past every column.
+typedef struct {
+  float value;
+  int nan;
+  int64_t index;
+} tw_best;
+
+#if defined(TW_AMX_BUILT)
 static void amx_rows(const tw_linear* L, const uint16_t* xb, float* y, int B, int accumulate,
                      tw_run* runs);
 #endif
@@ -653,14 +664,6 @@ static void tiles_16x64(void) {  // all 8 tiles 16 rows of 64 bytes
   __asm__ volatile("" ::: "memory");
   _tile_loadconfig(&cfg);
 }
-
-// A row's greedy choice so far, as torch.argmax makes it: the first index of the largest
-// value, or of the first NaN where there is one. index starts past every column.
-typedef struct {
-  float value;
-  int nan;
-  int64_t index;
-} tw_best;
 
 // a and b, folded as torch.argmax would choose between them (whatever their order).
 static inline void best_merge(tw_best* a, const tw_best* b) {

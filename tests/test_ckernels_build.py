@@ -1,0 +1,51 @@
+"""The C kernels build wherever there is a C compiler, for every x86-64 CPU level.
+
+The other kernel tests skip when the library cannot be built; these make a failed build
+a failure instead. The file once compiled only where the CPU had AMX (a type the decode
+step needs was declared inside the AMX section), so on an AVX-512 CPU without AMX every
+C path was silently off and its tests skipped."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+
+import pytest
+
+from tokenworks.ops import ckernels
+
+CC = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler here")
+@pytest.mark.skipif(
+    bool(os.environ.get("TOKENWORKS_NO_C_KERNELS")), reason="C kernels turned off"
+)
+def test_the_library_builds_and_loads_here():
+    assert ckernels.library() is not None, "see the warning logged by ckernels.library()"
+
+
+# From no vector extensions at all to AVX-512 with BF16 and AMX: each #if branch of
+# decode.c is compiled by one of these.
+LEVELS = ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "cooperlake", "sapphirerapids"]
+
+
+@pytest.mark.skipif(
+    CC is None or platform.machine() not in ("x86_64", "AMD64"),
+    reason="needs a C compiler targeting x86-64",
+)
+@pytest.mark.parametrize("march", LEVELS)
+def test_the_source_compiles_for_every_cpu_level(march, tmp_path):
+    flags = [f if f != "-march=native" else f"-march={march}" for f in ckernels.FLAGS]
+    probe = subprocess.run([CC, f"-march={march}", "-x", "c", "-E", "-"], input="",
+                           capture_output=True, text=True)  # fmt: skip
+    if probe.returncode != 0:
+        pytest.skip(f"{CC} does not know -march={march}")
+    run = subprocess.run(
+        [CC, *flags, "-Werror=implicit-function-declaration", str(ckernels.SOURCE),
+         "-o", str(tmp_path / "decode.so"), "-lm"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
