@@ -20,9 +20,7 @@ CC = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
 @pytest.mark.skipif(CC is None, reason="no C compiler here")
-@pytest.mark.skipif(
-    bool(os.environ.get("TOKENWORKS_NO_C_KERNELS")), reason="C kernels turned off"
-)
+@pytest.mark.skipif(bool(os.environ.get("TOKENWORKS_NO_C_KERNELS")), reason="C kernels turned off")
 def test_the_library_builds_and_loads_here():
     assert ckernels.library() is not None, "see the warning logged by ckernels.library()"
 
