@@ -1,5 +1,6 @@
-"""The C attention for prompt chunks on AMX tiles (ckernels.prefill_attention) against the
-exact answer, torch's attention, and itself cut differently."""
+"""The C attention for prompt chunks (ckernels.prefill_attention), on AMX tiles and with
+AVX-512 BF16 dot products, against the exact answer, torch's attention, and itself cut
+differently."""
 
 from __future__ import annotations
 
@@ -9,7 +10,18 @@ import torch
 from tokenworks.ops import ckernels
 from tokenworks.ops.attention import AttentionMetadata, _one_sequence, attention_over_pool
 
-pytestmark = pytest.mark.skipif(not ckernels.amx_available(), reason="no AMX tiles on this CPU")
+pytestmark = pytest.mark.skipif(
+    not ckernels.prefill_available(), reason="neither AMX nor AVX-512 BF16 on this CPU"
+)
+
+
+@pytest.fixture(params=["amx", "vector"])
+def amx(request) -> bool:
+    """Each test on both paths: the AMX tiles (where they run) and the vector products."""
+    if request.param == "amx" and not ckernels.amx_available():
+        pytest.skip("no AMX tiles on this CPU")
+    return request.param == "amx"
+
 
 H, KVH, D = 9, 3, 64  # SmolLM2-135M's heads: three query heads share each KV head
 SCALE = D**-0.5
@@ -33,13 +45,13 @@ def _exact(q, keys, values, ctx) -> torch.Tensor:
     return (scores.softmax(-1) @ vv).transpose(0, 1).reshape(n, H * D)
 
 
-def _run(q, k_pool, v_pool, seqs) -> torch.Tensor:
+def _run(q, k_pool, v_pool, seqs, amx) -> torch.Tensor:
     out = torch.full((q.shape[0], H * D), float("nan"), dtype=torch.bfloat16)
-    assert ckernels.prefill_attention(q, k_pool, v_pool, seqs, SCALE, out)
+    assert ckernels.prefill_attention(q, k_pool, v_pool, seqs, SCALE, out, amx=amx)
     return out
 
 
-def test_prompt_chunks_are_as_close_to_exact_as_torch():
+def test_prompt_chunks_are_as_close_to_exact_as_torch(amx):
     torch.manual_seed(0)
     k_pool, v_pool = _pool(4096)
     slots = torch.randperm(4096)
@@ -48,7 +60,7 @@ def test_prompt_chunks_are_as_close_to_exact_as_torch():
     for ctx, n in CASES:
         seqs.append((start, n, slots[used : used + ctx + n]))
         start, used = start + n, used + ctx + n
-    out = _run(q, k_pool, v_pool, seqs)
+    out = _run(q, k_pool, v_pool, seqs, amx)
     for (start, n, index), (ctx, _) in zip(seqs, CASES, strict=True):
         keys, values = k_pool[index], v_pool[index]
         exact = _exact(q[start : start + n], keys, values, ctx)
@@ -59,21 +71,22 @@ def test_prompt_chunks_are_as_close_to_exact_as_torch():
         assert ours <= 1.5 * theirs + 1e-3, (ctx, n, ours, theirs)
 
 
-def test_a_row_does_not_depend_on_how_the_prompt_is_cut_or_batched():
+def test_a_row_does_not_depend_on_how_the_prompt_is_cut_or_batched(amx):
     torch.manual_seed(1)
     k_pool, v_pool = _pool(1024)
     slots = torch.randperm(1024)[:150]
     q = torch.randn(150, H, D).bfloat16()
-    whole = _run(q, k_pool, v_pool, [(0, 150, slots)])
+    whole = _run(q, k_pool, v_pool, [(0, 150, slots)], amx)
     for cuts in ([7, 16, 50, 77], [1, 149], [64, 64, 22]):
         ctx = 0
         for n in cuts:  # each chunk alone, its context already in the pool
-            part = _run(q[ctx : ctx + n], k_pool, v_pool, [(0, n, slots[: ctx + n])])
+            part = _run(q[ctx : ctx + n], k_pool, v_pool, [(0, n, slots[: ctx + n])], amx)
             assert torch.equal(part, whole[ctx : ctx + n]), (cuts, ctx, n)
             ctx += n
     other = torch.randn(40, H, D).bfloat16()
     batch = torch.cat([other, q])
-    together = _run(batch, k_pool, v_pool, [(0, 40, torch.arange(900, 940)), (40, 150, slots)])
+    seqs = [(0, 40, torch.arange(900, 940)), (40, 150, slots)]
+    together = _run(batch, k_pool, v_pool, seqs, amx)
     assert torch.equal(together[40:], whole)
 
 

@@ -242,7 +242,7 @@ def library() -> ctypes.CDLL | None:
     lib.tw_prefill_attention.restype = ctypes.c_int
     lib.tw_prefill_attention.argtypes = [
         c_ptr, c_ptr, ctypes.c_int, ctypes.c_int, c_ptr, ctypes.c_int64, *[c_ptr] * 5,
-        ctypes.c_int, ctypes.c_float, c_ptr, ctypes.c_int64, ctypes.c_int,
+        ctypes.c_int, ctypes.c_float, c_ptr, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
     ]  # fmt: skip
     return lib
 
@@ -299,6 +299,19 @@ def amx_product(w: torch.Tensor, bias: torch.Tensor | None = None, packed=None):
     return product
 
 
+@functools.cache
+def prefill_available() -> bool:
+    """Whether prefill_attention runs here: on AMX tiles or AVX-512 BF16 dot products
+    (asked of the library with an empty batch)."""
+    lib = library()
+    if lib is None:
+        return False
+    return lib.tw_prefill_attention(
+        None, None, 1, 1, None, 0, None, None, None, None, None, 0, 1.0, None, 0,
+        int(amx_available()), 1,
+    ) == 0  # fmt: skip
+
+
 def prefill_attention(
     q: torch.Tensor,  # [T, H, D] bfloat16, heads contiguous within a row (RoPE applied)
     k_pool: torch.Tensor,  # [slots, KVH, D] bfloat16, the chunks' own keys already written
@@ -306,16 +319,19 @@ def prefill_attention(
     seqs: list[tuple[int, int, torch.Tensor]],  # (first row, new rows, slots of every key)
     scale: float,
     out: torch.Tensor,  # [T, H * D] bfloat16, contiguous
+    amx: bool | None = None,  # the products on AMX tiles (None: where they run)
 ) -> bool:
-    """Causal attention of prompt chunks on AMX tiles (tw_prefill_attention), into the rows
-    of out that belong to seqs; each sequence's keys are its context then its new rows.
-    False, with nothing written, where the kernel cannot run: no AMX tiles here, a
-    head_dim other than 64, or tensors not laid out as above."""
+    """Causal attention of prompt chunks in C (tw_prefill_attention: on AMX tiles where
+    they run, else with AVX-512 BF16 dot products), into the rows of out that belong to
+    seqs; each sequence's keys are its context then its new rows. False, with nothing
+    written, where the kernel cannot run: no C kernels, a CPU with neither AMX nor
+    AVX-512 BF16, a head_dim other than 64, or tensors not laid out as above."""
+    amx = amx_available() if amx is None else amx and amx_available()
     _, h, d = q.shape
     kvh = k_pool.shape[1]
     if (
         not seqs
-        or not amx_available()
+        or library() is None
         or d != 64
         or h % kvh
         or q.dtype != torch.bfloat16
@@ -336,7 +352,7 @@ def prefill_attention(
     done = library().tw_prefill_attention(
         ptr(k_pool), ptr(v_pool), h, kvh, q.data_ptr(), q.stride(0), ptr(starts), ptr(rows),
         ptr(slots), ptr(slot_start), ptr(keys), len(seqs), scale, ptr(out), out.stride(0),
-        torch.get_num_threads(),
+        int(amx), torch.get_num_threads(),
     )  # fmt: skip
     return done == 0
 
