@@ -20,7 +20,12 @@ RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 MANIFEST = {"kind": "random", "num_requests": 64, "threads": 2, "arrival": "offline"}
 
 
-def _record(path: Path, ours, vllm, *, rounds=None, dirty=False, created=0.0, manifest=None):
+XEON = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "memory_bytes": 25276510208, "gpu": None}
+
+
+def _record(
+    path: Path, ours, vllm, *, rounds=None, dirty=False, created=0.0, manifest=None, hw=None
+):
     """A throughput record as bench throughput writes one: our rounds, the peer's rounds,
     the figures the medians (a single round keeps no rounds list)."""
     results = {"tokenworks": {"output_tok_s": statistics.median(ours)}}
@@ -33,6 +38,7 @@ def _record(path: Path, ours, vllm, *, rounds=None, dirty=False, created=0.0, ma
         "created_unix": created,
         "git": {"commit": "abc1234def", "dirty": dirty},
         "workload": {"manifest": {**(manifest or MANIFEST), "rounds": rounds or len(ours)}},
+        "hardware": hw or XEON,
         "results": results,
         "peers": {"vllm": peer, "sglang": {"status": "NOT_RUN", "reason": "not installed"}},
     }
@@ -85,6 +91,19 @@ def test_rounds_of_one_workload_pool_whatever_their_count_but_workloads_do_not_m
     )
     with pytest.raises(ValueError, match="2 different workloads .*other"):
         pool(load_records([three, other]))
+
+
+def test_records_of_different_machines_do_not_mix(tmp_path):
+    """A ratio measured on one CPU says nothing of another's; a few MB more or less
+    memory is the same kind of machine."""
+    xeon = _record(tmp_path / "xeon.json", [900] * 3, [700] * 3)
+    xeon2 = _record(
+        tmp_path / "xeon2.json", [900] * 3, [700] * 3, hw={**XEON, "memory_bytes": 2.5e10}
+    )
+    assert len(pool(load_records([xeon, xeon2])).runs) == 2
+    epyc = _record(tmp_path / "epyc.json", [500] * 3, [460] * 3, hw={**XEON, "cpu": "AMD EPYC"})
+    with pytest.raises(ValueError, match="2 kinds of machine .*AMD EPYC.*epyc"):
+        pool(load_records([xeon, epyc]))
 
 
 def test_the_committed_records_give_back_their_own_ratios_per_round():

@@ -11,8 +11,10 @@ of the same round (the engines ran minutes apart), and the summary gives
 - over every round: the median ratio, the lowest and highest, how many reach the goal;
 - the pooled medians: our median over all rounds against the peer's, and their ratio.
 
-Records must hold the same workload (their manifests equal but for the round count);
-records from a dirty tree, or where the peer did not run, are left out and listed.
+Records must hold the same workload (their manifests equal but for the round count) and
+come from the same kind of machine (CPU model, core count and GPU, as the record's
+hardware gives them: a ratio on one CPU says nothing of another's); records from a dirty
+tree, or where the peer did not run, are left out and listed.
 """
 
 from __future__ import annotations
@@ -84,6 +86,13 @@ def workload_key(record: dict) -> str:
     return json.dumps(manifest, sort_keys=True)
 
 
+def machine_key(record: dict) -> str:
+    """The kind of machine a record ran on: CPU model, cores and GPU (memory sizes vary
+    by a few MB between machines of one kind)."""
+    hw = record.get("hardware") or {}
+    return f"{hw.get('cpu')}, {hw.get('cores')} cores, GPU {hw.get('gpu')}"
+
+
 def _run(record: dict, name: str, peer: str) -> Run | str:
     """The record's rounds against the peer, or why it cannot be pooled."""
     if record.get("kind") != "throughput":
@@ -118,7 +127,7 @@ def pool(records: list[dict], peer: str = "vllm", goal: float = 1.3) -> Pooled:
     usable records hold more than one workload, or none are usable."""
     if goal <= 0:
         raise ValueError(f"goal {goal}: give the ratio to reach, such as 1.3")
-    runs, skipped, workloads = [], [], {}
+    runs, skipped, workloads, machines = [], [], {}, {}
     for record in records:
         name = Path(record.get("_path", "?")).stem
         got = _run(record, name, peer)
@@ -127,6 +136,7 @@ def pool(records: list[dict], peer: str = "vllm", goal: float = 1.3) -> Pooled:
             continue
         runs.append(got)
         workloads.setdefault(workload_key(record), []).append(name)
+        machines.setdefault(machine_key(record), []).append(name)
     if not runs:
         why = "; ".join(f"{n}: {w}" for n, w in skipped) or "no records given"
         raise ValueError(f"nothing to pool against {peer} ({why})")
@@ -135,6 +145,12 @@ def pool(records: list[dict], peer: str = "vllm", goal: float = 1.3) -> Pooled:
         raise ValueError(
             f"the records hold {len(workloads)} different workloads ({groups}); "
             "pool the records of one workload at a time"
+        )
+    if len(machines) > 1:
+        groups = " | ".join(f"{m}: {', '.join(names)}" for m, names in machines.items())
+        raise ValueError(
+            f"the records come from {len(machines)} kinds of machine ({groups}); "
+            "pool the records of one machine at a time"
         )
     runs.sort(key=lambda r: r.created_unix)
     return Pooled(peer=peer, goal=goal, runs=runs, skipped=skipped)
