@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenworks.bench.pooled import pool, workload_key
+from tokenworks.bench.pooled import machine_key, pool, workload_key
 from tokenworks.bench.report import load_records
 from tokenworks.cli import main
 
@@ -112,14 +112,22 @@ def test_the_committed_records_give_back_their_own_ratios_per_round():
         for r in load_records(sorted(RESULTS.glob("throughput-*.json")))
         if r["results"].get("ratio_per_round", {}).get("vllm") and not r["git"]["dirty"]
     ]
-    assert len(records) >= 8  # sessions 8 to 11 ran the issue's workload with rounds
+    assert len(records) >= 9  # sessions 8 to 12 ran the issue's workload with rounds
     assert len({workload_key(r) for r in records}) == 1  # 3 and 5 rounds: one workload
-    pooled = pool(records, "vllm", 1.3)
-    got = {run.name: run.ratios for run in pooled.runs}
+    machines: dict[str, list] = {}  # the Xeons of sessions 8 to 11, session 12's EPYC
+    for r in records:
+        machines.setdefault(machine_key(r), []).append(r)
+    assert len(machines) >= 2
+    with pytest.raises(ValueError, match="kinds of machine"):
+        pool(records, "vllm", 1.3)
+    got = {}
+    for group in machines.values():
+        pooled = pool(group, "vllm", 1.3)
+        got.update({run.name: run.ratios for run in pooled.runs})
+        assert pooled.runs[0].ratio_of_medians > 0
     for r in records:
         want = r["results"]["ratio_per_round"]["vllm"]
         assert got[Path(r["_path"]).stem] == pytest.approx(want, rel=1e-12)
-        assert pooled.runs[0].ratio_of_medians > 0
 
 
 def test_the_command_writes_the_table_and_the_plot(tmp_path, capsys):
