@@ -31,6 +31,23 @@ def device(request):
     return request.param
 
 
+@pytest.fixture(params=["default", "vector"])
+def packed_products(request):
+    """A test of the packed products (ckernels.amx_product, the whole decode step on packed
+    weights) as this CPU runs them by default: "tiles" (AMX), "vector" (AVX-512 BF16 dot
+    products) or None (neither); and where the default is tiles, once more as "vector"."""
+    from tokenworks.ops import ckernels
+
+    if request.param == "default":
+        tiles, packed = ckernels.amx_available(), ckernels.packed_available()
+        yield "tiles" if tiles else "vector" if packed else None
+        return
+    if not ckernels.amx_available():
+        pytest.skip("the default already ran the vector products, or none run here")
+    with ckernels.vector_products():
+        yield "vector"
+
+
 @pytest.fixture(scope="session")
 def smol_llm():
     from tokenworks import LLM

@@ -80,13 +80,15 @@ def test_residual_norm_matches_torch(width, out_dtype):
     torch.testing.assert_close(h.float(), want.to(out_dtype).float(), rtol=1e-2, atol=1e-5)
 
 
-@pytest.mark.skipif(not ckernels.amx_available(), reason="no AMX tiles on this CPU")
 @pytest.mark.parametrize("rows", [1, 5, 31, 32, 33, 64, 100, 256])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_amx_product_is_as_close_to_exact_as_torch(rows, with_bias):
-    """The AMX product sums in float32 and rounds once to bfloat16, as torch does: its
-    error against the float64 product is torch's, whatever the number of rows (partial
-    32-row blocks read zero-padded copies) and whether there is a bias."""
+def test_amx_product_is_as_close_to_exact_as_torch(rows, with_bias, packed_products):
+    """The packed product (tiles or vector) sums in float32 and rounds once to bfloat16,
+    as torch does: its error against the float64 product is torch's, whatever the number
+    of rows (partial 32-row tile blocks read zero-padded copies, partial 8-row vector
+    blocks stop early) and whether there is a bias."""
+    if packed_products is None:
+        pytest.skip("no packed products on this CPU (AMX or AVX-512 BF16)")
     g = torch.Generator().manual_seed(rows)
     w = torch.randn(96, 160, generator=g).bfloat16()
     bias = torch.randn(96, generator=g).bfloat16() if with_bias else None
@@ -99,11 +101,12 @@ def test_amx_product_is_as_close_to_exact_as_torch(rows, with_bias):
     assert ours <= 1.5 * theirs + 1e-6, (ours, theirs)
 
 
-@pytest.mark.skipif(not ckernels.amx_available(), reason="no AMX tiles on this CPU")
-def test_amx_product_gives_the_same_bits_on_any_number_of_threads():
+def test_amx_product_gives_the_same_bits_on_any_number_of_threads(packed_products):
     """Threads share a product's panels at run time (each its own run, then the others'
     tails): more threads than panels, or threads that find nothing left to take, must
     neither read outside the weights nor change a bit of the result."""
+    if packed_products is None:
+        pytest.skip("no packed products on this CPU (AMX or AVX-512 BF16)")
     g = torch.Generator().manual_seed(0)
     w = torch.randn(96, 160, generator=g).bfloat16()  # 3 panels of 32 columns
     x = torch.randn(70, 160, generator=g).bfloat16()

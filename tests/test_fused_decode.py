@@ -89,7 +89,9 @@ def test_float32_fused_step_equals_the_modules(variant, quantization, max_rows):
 
 @pytest.mark.parametrize("variant", ["gqa", "head-dim-64", "amx-shapes"])
 @pytest.mark.parametrize("max_rows", [8, 0])
-def test_bfloat16_fused_step_is_at_least_as_close_to_float32_as_the_modules(max_rows, variant):
+def test_bfloat16_fused_step_is_at_least_as_close_to_float32_as_the_modules(
+    max_rows, variant, packed_products
+):
     """Activations stay float32 in the kernel, so its error comes from the weights alone
     (run_batched: the products' inputs are bfloat16, as in torch, the rest float32): on
     average over the logits it is no bigger than torch's bfloat16 modules', and its worst
@@ -130,12 +132,14 @@ def test_which_batches_the_kernel_takes():
 
 
 def test_amx_takes_the_whole_step_for_bigger_decode_batches():
+    """Packed weights (AMX tiles, or AVX-512 BF16 dot products without them) take the
+    whole step of bigger decode batches."""
     spec = dataclasses.replace(toy_spec(), **VARIANTS["amx-shapes"])
     model, pool = _model_and_pool(spec, torch.bfloat16)
     kernel = LlamaDecodeKernel.prepare(model, pool)
-    if not ckernels.amx_available():
+    if not ckernels.packed_available():
         assert kernel.amx is None and kernel.max_rows == MAX_ROWS
-        pytest.skip("no AMX tiles on this CPU")
+        pytest.skip("no packed products on this CPU (AMX or AVX-512 BF16)")
     assert kernel.amx is not None and kernel.max_rows == PACK_MAX
     layers, model_c = kernel.amx
     assert model_c.head.dtype == ckernels.AMX and layers[0].down.dtype == ckernels.AMX
@@ -153,12 +157,13 @@ def test_amx_takes_the_whole_step_for_bigger_decode_batches():
     "nan_columns",
     [(), (250,), (5, 250)],  # none; in the second thread's panels only; in both
 )
-def test_greedy_amx_steps_return_the_argmax_of_their_logits(nan_columns):
-    """A greedy whole step on AMX tiles keeps each row's argmax in the head and writes no
-    logits: its choices are torch.argmax's of the logits the same step writes otherwise,
-    ties (the same weights in both threads' panels) and NaN (the first wins) included."""
-    if not ckernels.amx_available():
-        pytest.skip("no AMX tiles on this CPU")
+def test_greedy_amx_steps_return_the_argmax_of_their_logits(nan_columns, packed_products):
+    """A greedy whole step on packed weights keeps each row's argmax in the head and
+    writes no logits: its choices are torch.argmax's of the logits the same step writes
+    otherwise, ties (the same weights in both threads' panels) and NaN (the first wins)
+    included."""
+    if packed_products is None:
+        pytest.skip("no packed products on this CPU (AMX or AVX-512 BF16)")
     spec = dataclasses.replace(toy_spec(), **VARIANTS["amx-shapes"])  # 10 panels of 32
     model, pool = _model_and_pool(spec, torch.bfloat16)
     w = model.lm_head.weight.data

@@ -13,6 +13,7 @@ returns None and callers keep the pure-torch path.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -232,6 +233,10 @@ def library() -> ctypes.CDLL | None:
     lib.tw_argmax_rows.argtypes = [c_ptr, *[ctypes.c_int] * 3, c_ptr, ctypes.c_int]
     lib.tw_amx_init.restype = ctypes.c_int
     lib.tw_amx_init.argtypes = []
+    lib.tw_use_tiles.restype = ctypes.c_int
+    lib.tw_use_tiles.argtypes = [ctypes.c_int]
+    lib.tw_packed_kind.restype = ctypes.c_int
+    lib.tw_packed_kind.argtypes = []
     lib.tw_amx_pack.restype = None
     lib.tw_amx_pack.argtypes = [c_ptr, ctypes.c_int, ctypes.c_int, c_ptr, ctypes.c_int]
     lib.tw_amx_linear.restype = ctypes.c_int
@@ -249,19 +254,45 @@ def library() -> ctypes.CDLL | None:
 
 @functools.cache
 def amx_available() -> bool:
-    """Whether tw_amx_linear runs here: the kernels built with AMX (the CPU has it) and
-    the OS granted the tile state. TOKENWORKS_NO_AMX turns it off (oneDNN's products then)."""
+    """Whether AMX tiles run here: the kernels built with AMX (the CPU has it) and the OS
+    granted the tile state. TOKENWORKS_NO_AMX turns them off (the packed products then run
+    as AVX-512 BF16 dot products)."""
     lib = library()
     if lib is None or os.environ.get("TOKENWORKS_NO_AMX"):
         return False
     return bool(lib.tw_amx_init())
 
 
+@functools.cache
+def packed_available() -> bool:
+    """Whether the packed products run here (amx_pack, amx_product, and the whole decode
+    step of bigger batches on packed weights): on AMX tiles where amx_available(), else as
+    AVX-512 BF16 dot products on the same layout. TOKENWORKS_NO_PACKED turns them off
+    (oneDNN's products then)."""
+    lib = library()
+    if lib is None or os.environ.get("TOKENWORKS_NO_PACKED"):
+        return False
+    amx_available()  # the tiles first, where they run
+    return lib.tw_packed_kind() > 0
+
+
+@contextlib.contextmanager
+def vector_products():
+    """Within it, the packed products run as AVX-512 BF16 dot products even where AMX
+    tiles run: that path, tested and measured on CPUs with both."""
+    lib = library()
+    lib.tw_use_tiles(0)
+    try:
+        yield
+    finally:
+        lib.tw_use_tiles(int(amx_available()))
+
+
 def amx_pack(w: torch.Tensor) -> torch.Tensor | None:
-    """A copy of bfloat16 w [N, K] in the tile layout of tw_amx_pack (N and K multiples of
-    32), or None where the AMX products cannot take it here."""
+    """A copy of bfloat16 w [N, K] in the packed layout of tw_amx_pack (N and K multiples
+    of 32), or None where the packed products cannot take it here."""
     if (
-        not amx_available()
+        not packed_available()
         or w.dtype != torch.bfloat16
         or w.device.type != "cpu"
         or w.dim() != 2
@@ -277,8 +308,9 @@ def amx_pack(w: torch.Tensor) -> torch.Tensor | None:
 
 
 def amx_product(w: torch.Tensor, bias: torch.Tensor | None = None, packed=None):
-    """x -> x @ w.T (+ bias) on AMX tiles, for bfloat16 w [N, K] (packed: amx_pack(w) if
-    already made), or None where that cannot run here. The result is bfloat16, summed in
+    """x -> x @ w.T (+ bias) on packed weights (AMX tiles, or AVX-512 BF16 dot products
+    where there are none), for bfloat16 w [N, K] (packed: amx_pack(w) if already made),
+    or None where that cannot run here. The result is bfloat16, summed in
     float32 and rounded once, as torch's bfloat16 products are."""
     packed = amx_pack(w) if packed is None else packed
     if packed is None:

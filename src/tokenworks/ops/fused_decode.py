@@ -8,12 +8,13 @@ layer's K/V pool. Then `run` takes a batch of the paged engine and returns its l
 - a decode-only batch of up to `max_rows` sequences runs the whole step in one C call
   (`tw_llama_decode`): each weight is read once for every sequence and no torch op runs
   per layer. Up to DOT_ROWS rows multiply with vector dot products on the model's own
-  weights (batch-1 decode); where the CPU has AMX and every product's shape suits it,
-  bigger batches (up to PACK_MAX) multiply on AMX tiles from packed copies of the weights;
-- any other batch (prefill chunks, mixed batches, bigger decode batches without AMX) runs
-  `run_batched` when the weights are dense: the products on AMX tiles (up to PACK_MAX
-  rows), oneDNN's prepacked weights or torch, and C for what lies between the products,
-  three calls a layer.
+  weights (batch-1 decode); where the CPU has AMX or AVX-512 BF16 and every product's
+  shape suits it, bigger batches (up to PACK_MAX) multiply packed copies of the weights,
+  on AMX tiles or with AVX-512 BF16 dot products (ckernels.packed_available);
+- any other batch (prefill chunks, mixed batches, bigger decode batches without packed
+  products) runs `run_batched` when the weights are dense: the products on the packed
+  weights (up to PACK_MAX rows), oneDNN's prepacked weights or torch, and C for what lies
+  between the products, three calls a layer.
 
 Int4/int8 models without a dense copy take the first way only; batch-invariant mode and
 GPUs stay on the torch modules (`prepare` returns None).
@@ -32,7 +33,7 @@ from tokenworks.ops.linear import DenseForLargeBatches, Int4Linear, Int8Linear, 
 from tokenworks.ops.rope import cos_sin_table
 
 MAX_ROWS = 8  # decode batches up to this size run the whole step in C (dot products)
-DOT_ROWS = 4  # with AMX the whole step takes up to PACK_MAX rows; up to this many, dot products
+DOT_ROWS = 4  # packed, the whole step takes up to PACK_MAX rows; up to this many, dot products
 _MODULES = ("qkv", "o_proj", "gate_up", "down")  # a layer's products, as modules
 _PRODUCTS = ("qkv", "o", "gate_up", "down")  # the same, as ck.Layer fields
 PACK_ROWS = 64  # the batch size oneDNN tunes the big batches' packed weights for
@@ -50,9 +51,9 @@ def _f32(t: torch.Tensor | None, keep: list) -> int | None:
 def _linear(layer: nn.Module, keep: list, packs: dict | None = None) -> ck.Linear | None:
     """The C view of a dense or int8 layer, or None for one the kernels cannot take.
 
-    packs: where AMX runs, a dict to hold the tile-packed copies of bfloat16 weights
-    (ckernels.amx_pack, keyed by the weight's address): those layers are multiplied on
-    AMX tiles, in the whole step and in run_batched alike."""
+    packs: where the packed products run (AMX tiles or AVX-512 BF16), a dict to hold the
+    packed copies of bfloat16 weights (ckernels.amx_pack, keyed by the weight's address):
+    those layers are multiplied on them, in the whole step and in run_batched alike."""
     if packs is not None and isinstance(layer, (nn.Linear, MatvecLinear)):
         packed = ck.amx_pack(layer.weight)
         if packed is not None:
@@ -89,9 +90,10 @@ def _dense(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
 
 
 def _product(w: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None = None):
-    """x -> x @ w.T (+ bias): batches of up to PACK_MAX rows through the AMX kernel
-    (ckernels.amx_product, on packed: the weight's tile copy) where the CPU has it, else
-    oneDNN's prepacked weights; bigger batches (prefill) through torch's product."""
+    """x -> x @ w.T (+ bias): batches of up to PACK_MAX rows through the packed kernel
+    (ckernels.amx_product, on packed: the weight's packed copy) where the CPU has AMX or
+    AVX-512 BF16, else oneDNN's prepacked weights; bigger batches (prefill) through
+    torch's product."""
 
     def plain(x):
         return torch.mm(x, w.t()) if bias is None else torch.addmm(bias, x, w.t())
@@ -120,8 +122,8 @@ class LlamaDecodeKernel:
     def __init__(self, lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs):
         self.lib, self.dims, self.keep, self.spec, self.max_rows = lib, dims, keep, spec, max_rows
         self.layers_c, self.model_c = dot  # the C structs on the model's own weights
-        self.amx = amx  # (layers, model) on AMX tile copies, or None
-        self.packs = packs  # weight address -> its AMX tile copy
+        self.amx = amx  # (layers, model) on packed copies (AMX tiles or vector), or None
+        self.packs = packs  # weight address -> its packed copy
         self._scratch: tuple | None = None  # (rows, buffers, ck.Scratch), see _buffers
         self.pool = pool
         self.pool_ptrs = [(k.data_ptr(), v.data_ptr()) for k, v in zip(pool.k, pool.v, strict=True)]
@@ -143,7 +145,7 @@ class LlamaDecodeKernel:
     ) -> LlamaDecodeKernel | None:
         """The kernel for model over pool, or None where it cannot run. max_rows: the
         biggest decode batch the whole-step call takes (None: PACK_MAX when every product
-        runs on AMX tiles, else MAX_ROWS)."""
+        runs on packed weights, else MAX_ROWS)."""
         lib = ck.library()
         spec = getattr(model, "spec", None)
         if lib is None or spec is None or spec.arch != "llama":
@@ -165,7 +167,7 @@ class LlamaDecodeKernel:
         final_norm = _f32(model.norm, keep)
 
         def view(packs: dict | None):
-            """The C structs of every layer and of the model (packs: AMX where it can)."""
+            """The C structs of every layer and of the model (packs: packed where it can)."""
             layers = (ck.Layer * spec.n_layers)()
             for i, layer in enumerate(model.layers):
                 parts = [_linear(getattr(layer, n), keep, packs) for n in _MODULES]
@@ -182,7 +184,7 @@ class LlamaDecodeKernel:
         if dot is None:
             return None
         packs: dict = {}
-        amx = view(packs) if ck.amx_available() else None
+        amx = view(packs) if ck.packed_available() else None
         if amx is not None:
             codes = [amx[1].head.dtype] + [getattr(x, f).dtype for x in amx[0] for f in _PRODUCTS]
             if not all(c == ck.AMX for c in codes):
@@ -252,7 +254,7 @@ class LlamaDecodeKernel:
         """logits [rows, vocab]: of logits_rows (None: every row) of the batch; float32,
         or (float_logits False) whatever dtype the path computes them in. greedy: the
         caller wants only each row's argmax; a whole decode step in C then returns those
-        [rows] (int64, as torch.argmax of the logits; on AMX tiles no logits are written)."""
+        [rows] (int64, as torch.argmax of the logits; on packed weights no logits are written)."""
         n = input_ids.shape[0]
         if not self._whole_step(n, meta):
             return self.run_batched(input_ids, positions, meta, window, logits_rows, float_logits)
@@ -269,11 +271,11 @@ class LlamaDecodeKernel:
         kv, _alive = self._kv(meta, window)
         _, scratch = self._buffers(b)
         x = torch.empty(b, self.spec.hidden_size)
-        # a few rows: dot products on the model's weights; more: AMX tiles (which compute
-        # 32 rows whatever the batch, so below DOT_ROWS they only cost)
+        # a few rows: dot products on the model's weights; more: the packed products (AMX
+        # tiles compute 32 rows whatever the batch, so below DOT_ROWS they only cost)
         amx = self.amx is not None and b > DOT_ROWS
         layers, model_c = self.amx if amx else (self.layers_c, self.model_c)
-        # greedy: each row's argmax, which the head keeps on AMX tiles (writing no logits);
+        # greedy: each row's argmax, which the packed head keeps (writing no logits);
         # on dot products C writes the logits, then takes their argmax
         choices = torch.empty(b, dtype=torch.long) if greedy else None
         logits = None if greedy and amx else torch.empty(b, self.spec.vocab_size)
@@ -314,13 +316,16 @@ class LlamaDecodeKernel:
         """Per layer, the four products (qkv, o, gate_up, down) as callables x -> x @ W.T.
 
         For decode batches the weights are packed once (a copy: the model keeps its own
-        for prefill and small batches): into AMX tiles for ckernels.amx_product where the
-        CPU has them, else into oneDNN's blocked layout. oneDNN's packed products were up
-        to 2.8x faster than torch.mm on the plain weights (the LM head: 7.7 against 2.8 ms
-        for 64 rows here) with bit-identical results; the AMX kernel, which streams each
-        thread's weights as one prefetched run, took a 64-row decode step from 50.9 to
-        46.2 ms (medians of an interleaved A/B on SmolLM2-135M, 2 threads), with results
-        that round differently from torch's only where the float32 sums do.
+        for prefill and small batches): into the packed layout of ckernels.amx_product
+        where the CPU has AMX tiles or AVX-512 BF16, else into oneDNN's blocked layout.
+        oneDNN's packed products were up to 2.8x faster than torch.mm on the plain weights
+        (the LM head: 7.7 against 2.8 ms for 64 rows here) with bit-identical results; the
+        AMX kernel, which streams each thread's weights as one prefetched run, took a
+        64-row decode step from 50.9 to 46.2 ms (medians of an interleaved A/B on
+        SmolLM2-135M, 2 threads), with results that round differently from torch's only
+        where the float32 sums do. Without AMX, the same layout's AVX-512 BF16 products
+        ran 64-row products at 386 to 404 GFLOP/s where oneDNN's ran at 293 to 366 (an
+        AMD EPYC, 2 threads).
         """
         if self._packed is None:
             packs = self.packs
@@ -340,7 +345,7 @@ class LlamaDecodeKernel:
         RMSNorm, RoPE + cache write, SwiGLU; decode-only batches: attention too) in 3
         calls a layer instead of about twenty torch ops; the residual stream stays float32.
         Batches with prefill rows attend through ops/attention.attention_over_pool: prompt
-        chunks in one C call on AMX tiles where it runs, else torch's attention."""
+        chunks in one C call (AMX tiles or AVX-512 BF16) where it runs, else torch's attention."""
         lib, s, threads = self.lib, self.spec, torch.get_num_threads()
         b, act = input_ids.shape[0], self.act_dtype
         code = ck.DTYPE_CODES[act]

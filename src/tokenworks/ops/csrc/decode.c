@@ -33,6 +33,9 @@
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #define TW_AMX_BUILT 1  // AMX tile products (see tw_amx_linear)
 #endif
+#if defined(__AVX512BF16__)
+#define TW_PACKED_BUILT 1  // packed products (tw_amx_linear): on tiles or vector dot products
+#endif
 
 enum { TW_F32 = 0, TW_BF16 = 1, TW_I8 = 2, TW_Q4 = 3, TW_AMX = 4 };  // TW_AMX: see tw_amx_pack
 
@@ -195,7 +198,7 @@ typedef struct {
   int64_t index;
 } tw_best;
 
-#if defined(TW_AMX_BUILT)
+#if defined(TW_PACKED_BUILT)
 static void amx_rows(const tw_linear* L, const uint16_t* xb, float* y, int B, int accumulate,
                      tw_run* runs);
 #endif
@@ -206,7 +209,7 @@ static void amx_rows(const tw_linear* L, const uint16_t* xb, float* y, int B, in
 
 static void linear_rows(const tw_linear* L, const float* x, const uint16_t* xb, float* y, int B,
                         int accumulate, tw_run* runs) {
-#if defined(TW_AMX_BUILT)
+#if defined(TW_PACKED_BUILT)
   if (L->dtype == TW_AMX) {
     amx_rows(L, xb, y, B, accumulate, runs);
     return;
@@ -448,6 +451,13 @@ static inline void ahead_step(tw_ahead* a) {
 }
 
 #if defined(__AVX512BF16__)
+// Two adjacent bfloat16 values as one 32-bit lane repeated 16 times (a dot product pair).
+static inline __m512bh pair_of(const uint16_t* x) {
+  int32_t w;
+  memcpy(&w, x, 4);
+  return (__m512bh)_mm512_set1_epi32(w);
+}
+
 // v[j] holds 16 partial sums of key j's score; returns the 16 scores (lane j = key j).
 // A transpose-and-add tree: 45 instructions for 16 keys, against about 8 a key for
 // separate horizontal sums.
@@ -680,18 +690,41 @@ void tw_paged_attention(const tw_kv* kv, const float* q, float* out, int B, int 
   attention_tasks(kv, q, (int64_t)H * D, out, (int64_t)H * D, B, H, kv_heads, D, scale, threads);
 }
 
-// ------------------------------------------------------------ AMX matrix products ---
+#if defined(TW_PACKED_BUILT)
+// This thread's number and the size of its team (0 and 1 outside a parallel region).
+static void team(int* me, int* nt) {
+  *me = 0;
+  *nt = 1;
+#ifdef _OPENMP
+  *me = omp_get_thread_num();
+  *nt = omp_get_num_threads();
+#endif
+}
+
+// Thread me's share of a product's panels, of a team of nt.
+static void thread_panels(int panels, int me, int nt, int* p0, int* p1) {
+  *p0 = (int)((int64_t)panels * me / nt);
+  *p1 = (int)((int64_t)panels * (me + 1) / nt);
+}
+#endif
+
+// ------------------------------------------------------------- packed matrix products ---
 // Decode batches of tens of rows multiply every weight once per step: the product streams
-// the weights from memory and does 2 * rows flops per weight read. On CPUs with AMX, tile
-// products (TDPBF16PS: [16 x 32] x [32 x 16] bfloat16 pairs into [16 x 16] float32) do the
-// arithmetic with room to spare, so the kernel is about streaming: the weights are packed
-// once so that each thread reads one contiguous run of memory, two 1 KB tiles per step,
-// prefetched 64 KB ahead into the cache next to the core.
+// the weights from memory and does 2 * rows flops per weight read. The weights are packed
+// once so that each thread reads one contiguous run of memory, prefetched 64 KB ahead into
+// the cache next to the core. On CPUs with AMX, tile products (TDPBF16PS: [16 x 32] x
+// [32 x 16] bfloat16 pairs into [16 x 16] float32) do the arithmetic with room to spare;
+// elsewhere (AVX-512 BF16 without AMX, such as AMD's Zen 4) AVX-512 BF16 dot products read
+// the same layout (vec_panels).
 //
 // Packed layout (tw_amx_pack): per panel of 32 output columns (n0 = 32p), per step of 32
 // inputs (k0 = 32s), two tiles for columns n0..n0+15 and n0+16..n0+31, each in the pair
 // ("VNNI") layout the tile product reads: tile[i][c][e] = w[n0 + c][k0 + 2i + e].
 // A panel is K * 64 contiguous bytes; N and K must be multiples of 32.
+
+// 1 once Linux has granted this process the AMX tile state (tw_amx_init): the packed
+// products then run on tiles, else (0) as vector dot products.
+static int tw_tiles = 0;
 
 #if defined(TW_AMX_BUILT)
 typedef struct {
@@ -714,6 +747,9 @@ static void tiles_16x64(void) {  // all 8 tiles 16 rows of 64 bytes
   _tile_loadconfig(&cfg);
 }
 
+#endif
+
+#if defined(TW_PACKED_BUILT)
 // a and b, folded as torch.argmax would choose between them (whatever their order).
 static inline void best_merge(tw_best* a, const tw_best* b) {
   if (a->nan || b->nan) {
@@ -728,7 +764,6 @@ static inline void best_merge(tw_best* a, const tw_best* b) {
 // back by tw_argmax_rows.
 #define TW_ARGMAX 100
 
-#if defined(__AVX512F__)
 // Folds columns col0..col0+31 of a row (v, float32) into its choice b, in any order of
 // panels (a thread may take panels from another's run: see amx_shared).
 static inline void best_of_32(tw_best* b, const float* v, int64_t col0) {
@@ -749,8 +784,39 @@ static inline void best_of_32(tw_best* b, const float* v, int64_t col0) {
   }
   best_merge(b, &here);
 }
+
+// Rows mb.. (rows of them) of panel p's product, c [rows][32] float32, into y: + bias,
+// y (float32) += it with accumulate, or stored in y_dtype; y_dtype TW_ARGMAX: y is
+// tw_best [M], this thread's choices over the panels it multiplied, and no product is
+// written.
+static void panel_out(float (*c)[32], int rows, int mb, int p, int N, const float* bias, void* y,
+                      int y_dtype, int accumulate) {
+  if (y_dtype == TW_ARGMAX) {
+    for (int r = 0; r < rows; ++r) {
+      if (bias)
+        for (int j = 0; j < 32; ++j) c[r][j] += bias[32 * p + j];
+      best_of_32((tw_best*)y + mb + r, c[r], 32 * p);
+    }
+    return;
+  }
+  for (int r = 0; r < rows; ++r)
+    for (int h = 0; h < 2; ++h) {
+      const int64_t o = (int64_t)(mb + r) * N + 32 * p + 16 * h;
+      __m512 v = _mm512_loadu_ps(c[r] + 16 * h);
+      if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 32 * p + 16 * h));
+      if (accumulate) v = _mm512_add_ps(v, _mm512_loadu_ps((const float*)y + o));
+      store16(y, y_dtype, o, v);
+    }
+}
+
+// Panels this many at a time: each group's panels (up to 2 * K * 64 bytes, in L2 once
+// read) are multiplied by every 32 rows before the next group, so the rows' tiles are
+// read from near caches for as many weights as possible.
+#define GROUP_PANELS 2
+
 #endif
 
+#if defined(TW_AMX_BUILT)
 // x [M, K] bfloat16 in tile order: tile (t, s) holds rows 16t..16t+15 by inputs
 // 32s..32s+31 as 1 KB of memory, rows past M zero, M rounded up to 32. A tile load then
 // reads 16 adjacent lines instead of 16 rows K * 2 bytes apart. In interleaved A/B runs of
@@ -772,11 +838,6 @@ static uint16_t* pack_tiles(const uint16_t* x, int M, int K) {
       }
   return a;
 }
-
-// Panels this many at a time: each group's panels (up to 2 * K * 64 bytes, in L2 once
-// read) are multiplied by every 32 rows before the next group, so the rows' tiles are
-// read from near caches for as many weights as possible.
-#define GROUP_PANELS 2
 
 // Panels [p0, p1) of y [M, N] (+)= x [M, K] @ w.T (+ bias), x bfloat16 in pack_tiles'
 // order (xt). 32 rows at a time, 4 accumulator tiles: rows 0-15 and 16-31 by columns 0-15
@@ -814,42 +875,71 @@ static void amx_panels(const uint16_t* xt, int M, int K, const uint16_t* wp, int
         _tile_stored(1, &c[0][16], 128);
         _tile_stored(2, &c[16][0], 128);
         _tile_stored(3, &c[16][16], 128);
-        const int rows = M - mb < 32 ? M - mb : 32;
-        if (y_dtype == TW_ARGMAX) {
-          for (int r = 0; r < rows; ++r) {
-            if (bias)
-              for (int j = 0; j < 32; ++j) c[r][j] += bias[32 * p + j];
-            best_of_32((tw_best*)y + mb + r, c[r], 32 * p);
-          }
-          continue;
-        }
-        for (int r = 0; r < rows; ++r)
-          for (int h = 0; h < 2; ++h) {
-            const int64_t o = (int64_t)(mb + r) * N + 32 * p + 16 * h;
-            __m512 v = _mm512_loadu_ps(c[r] + 16 * h);
-            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 32 * p + 16 * h));
-            if (accumulate) v = _mm512_add_ps(v, _mm512_loadu_ps((const float*)y + o));
-            store16(y, y_dtype, o, v);
-          }
+        panel_out(c, M - mb < 32 ? M - mb : 32, mb, p, N, bias, y, y_dtype, accumulate);
       }
     }
   }
 }
 
-// This thread's number and the size of its team (0 and 1 outside a parallel region).
-static void team(int* me, int* nt) {
-  *me = 0;
-  *nt = 1;
-#ifdef _OPENMP
-  *me = omp_get_thread_num();
-  *nt = omp_get_num_threads();
 #endif
-}
 
-// Thread me's share of a product's panels, of a team of nt.
-static void thread_panels(int panels, int me, int nt, int* p0, int* p1) {
-  *p0 = (int)((int64_t)panels * me / nt);
-  *p1 = (int)((int64_t)panels * (me + 1) / nt);
+#if defined(TW_PACKED_BUILT)
+// Rows of sums vec_panels keeps in registers: VEC_ROWS rows by a panel's 32 columns.
+#define VEC_ROWS 8
+
+// amx_panels without tiles: the same panels, x plain [M, K] bfloat16. A row of a packed
+// tile holds 16 columns' pair of weights (k, k + 1), so one 32-bit broadcast of x's pair
+// against it adds to 16 columns' sums: per pair of inputs, 2 weight rows, VEC_ROWS
+// broadcasts and 2 * VEC_ROWS dot products. A 64-row product of SmolLM2-135M's widths
+// (576 to 3,072 columns) ran at 386 to 404 GFLOP/s on 2 threads of this AMD EPYC, where
+// oneDNN's products of the same shapes ran at 293 to 366.
+static void vec_panels(const uint16_t* x, int M, int K, const uint16_t* wp, int N, int p0, int p1,
+                       const float* bias, void* y, int y_dtype, int accumulate) {
+  const int steps = K / 32;
+  float c[VEC_ROWS][32];
+  for (int g0 = p0; g0 < p1; g0 += GROUP_PANELS) {
+    const int g1 = g0 + GROUP_PANELS < p1 ? g0 + GROUP_PANELS : p1;
+    for (int mb = 0; mb < M; mb += VEC_ROWS) {
+      const int rows = M - mb < VEC_ROWS ? M - mb : VEC_ROWS;
+      for (int p = g0; p < g1; ++p) {
+        const uint16_t* panel = wp + (int64_t)p * K * 32;
+        __m512 acc[VEC_ROWS][2];
+        for (int r = 0; r < VEC_ROWS; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        for (int s = 0; s < steps; ++s) {
+          if (mb == 0)  // 64 KB ahead in this thread's stream of panels, into L2
+            prefetch_l2(panel + (int64_t)(s + 32) * 1024, 2048);
+          const uint16_t* tile = panel + s * 1024;
+          const uint16_t* xs = x + (int64_t)mb * K + 32 * s;
+          if (rows == VEC_ROWS) {  // the common case, unrolled over rows
+            for (int i = 0; i < 16; ++i) {
+              const __m512bh w0 = (__m512bh)_mm512_load_si512(tile + i * 32);
+              const __m512bh w1 = (__m512bh)_mm512_load_si512(tile + 512 + i * 32);
+              for (int r = 0; r < VEC_ROWS; ++r) {
+                const __m512bh xv = pair_of(xs + (int64_t)r * K + 2 * i);
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xv, w0);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);
+              }
+            }
+          } else {
+            for (int i = 0; i < 16; ++i) {
+              const __m512bh w0 = (__m512bh)_mm512_load_si512(tile + i * 32);
+              const __m512bh w1 = (__m512bh)_mm512_load_si512(tile + 512 + i * 32);
+              for (int r = 0; r < rows; ++r) {
+                const __m512bh xv = pair_of(xs + (int64_t)r * K + 2 * i);
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xv, w0);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);
+              }
+            }
+          }
+        }
+        for (int r = 0; r < rows; ++r) {
+          _mm512_storeu_ps(c[r], acc[r][0]);
+          _mm512_storeu_ps(c[r] + 16, acc[r][1]);
+        }
+        panel_out(c, rows, mb, p, N, bias, y, y_dtype, accumulate);
+      }
+    }
+  }
 }
 
 // Sharing a product's panels among the threads of a parallel region. Each thread owns a
@@ -890,30 +980,62 @@ static int take_panels(tw_run* r, int front, int want, int* a, int* b) {
   }
 }
 
-// amx_panels over all N / 32 panels of the product, shared as above; call from every
-// thread of the parallel region (which then needs a barrier before reading y).
+// The product over all N / 32 panels, shared as above (on tiles where tw_tiles, which the
+// caller has then configured, else vec_panels); call from every thread of the parallel
+// region (which then needs a barrier before reading y).
 static void amx_shared(const uint16_t* x, int M, int K, const uint16_t* wp, int N,
                        const float* bias, void* y, int y_dtype, int accumulate, tw_run* runs) {
   int me, nt, p0, p1, a, b;
   team(&me, &nt);
   thread_panels(N / 32, me, nt, &p0, &p1);
   atomic_store(&runs[me].word, (uint64_t)p0 << 32 | (uint32_t)p1);
-  uint16_t* xt = pack_tiles(x, M, K);
-  while (take_panels(&runs[me], 1, GROUP_PANELS, &a, &b))
-    amx_panels(xt, M, K, wp, N, a, b, bias, y, y_dtype, accumulate);
-  for (int v = 1; v < nt; ++v)
-    while (take_panels(&runs[(me + v) % nt], 0, GROUP_PANELS, &a, &b))
-      amx_panels(xt, M, K, wp, N, a, b, bias, y, y_dtype, accumulate);
+  const uint16_t* xp = x;  // x as the panels read it: in tile order for tiles
+#if defined(TW_AMX_BUILT)
+  uint16_t* xt = tw_tiles ? pack_tiles(x, M, K) : NULL;
+  if (xt) xp = xt;
+#endif
+  for (int v = 0; v < nt; ++v) {  // its own run from the front, then the others' backs
+    tw_run* r = &runs[(me + v) % nt];
+    while (take_panels(r, v == 0, GROUP_PANELS, &a, &b)) {
+#if defined(TW_AMX_BUILT)
+      if (tw_tiles) {
+        amx_panels(xp, M, K, wp, N, a, b, bias, y, y_dtype, accumulate);
+        continue;
+      }
+#endif
+      vec_panels(xp, M, K, wp, N, a, b, bias, y, y_dtype, accumulate);
+    }
+  }
+#if defined(TW_AMX_BUILT)
   free(xt);
+#endif
 }
-
 #endif
 
-// 1 where the AMX products can run: compiled in, and Linux grants this process the tile
+static int tw_tiles_granted = 0;
+
+// 1 where the AMX tiles can run: compiled in, and Linux grants this process the tile
 // state (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, as oneDNN asks too).
 int tw_amx_init(void) {
 #if defined(TW_AMX_BUILT) && defined(SYS_arch_prctl)
-  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  if (!tw_tiles_granted) tw_tiles_granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#endif
+  tw_tiles = tw_tiles_granted;
+  return tw_tiles;
+}
+
+// The packed products on tiles (on: where tw_amx_init granted them) or as vector dot
+// products (0); returns which. For tests and measurements of the vector path on AMX CPUs.
+int tw_use_tiles(int on) {
+  tw_tiles = on && tw_tiles_granted;
+  return tw_tiles;
+}
+
+// How the packed products run here: 2 on AMX tiles, 1 as AVX-512 BF16 dot products, 0 not
+// at all (the library was built for a CPU without AVX-512 BF16). Call after tw_amx_init.
+int tw_packed_kind(void) {
+#if defined(TW_PACKED_BUILT)
+  return tw_tiles ? 2 : 1;
 #else
   return 0;
 #endif
@@ -936,16 +1058,20 @@ void tw_amx_pack(const uint16_t* w, int N, int K, uint16_t* out, int threads) {
 
 // y [M, N] = x [M, K] @ w.T (+ bias [N] float32), x bfloat16 [M, K], w packed by
 // tw_amx_pack; y in y_dtype (float32, or bfloat16 rounded to nearest even). Threads take
-// contiguous runs of panels. Returns 0, or -1 where the library was built without AMX.
+// contiguous runs of panels. Returns 0, or -1 where the library has no packed products.
 int tw_amx_linear(const uint16_t* x, int M, int K, const uint16_t* wp, int N, const float* bias,
                   void* y, int y_dtype, int threads) {
-#if defined(TW_AMX_BUILT)
+#if defined(TW_PACKED_BUILT)
   tw_run* runs = new_runs(threads);
 #pragma omp parallel num_threads(threads)
   {
-    tiles_16x64();
+#if defined(TW_AMX_BUILT)
+    if (tw_tiles) tiles_16x64();
+#endif
     amx_shared(x, M, K, wp, N, bias, y, y_dtype, 0, runs);
-    _tile_release();
+#if defined(TW_AMX_BUILT)
+    if (tw_tiles) _tile_release();
+#endif
   }
   free(runs);
   return 0;
@@ -955,7 +1081,7 @@ int tw_amx_linear(const uint16_t* x, int M, int K, const uint16_t* wp, int N, co
 #endif
 }
 
-#if defined(TW_AMX_BUILT)
+#if defined(TW_PACKED_BUILT)
 // linear_rows for TW_AMX weights, inside the decode step's parallel region: xb holds the
 // input rows in bfloat16 (stride k).
 static void amx_rows(const tw_linear* L, const uint16_t* xb, float* y, int B, int accumulate,
@@ -1038,7 +1164,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
   const int I = d->intermediate;
   const int q_size = H * D, kv_size = KVH * D, nqkv = q_size + 2 * kv_size;
   for (int b = 0; b < B; ++b) row_to_f32(m->embed, m->embed_dtype, ids[b], hid, x + b * hid);
-  int amx = m->head.dtype == TW_AMX;  // any AMX weights: the tiles are configured
+  int amx = m->head.dtype == TW_AMX;  // any packed weights: shared runs, tiles where they run
   for (int li = 0; li < n_layers; ++li) {
     const tw_layer* L = &layers[li];
     amx |= L->qkv.dtype == TW_AMX || L->o.dtype == TW_AMX || L->gate_up.dtype == TW_AMX ||
@@ -1047,8 +1173,8 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
   (void)amx;
   // argmax with an AMX head: every thread's choices over its own panels, [threads][B]
   tw_best* bests = NULL;
-  tw_run* runs = NULL;  // the AMX products' shared runs of panels (amx_shared)
-#if defined(TW_AMX_BUILT)
+  tw_run* runs = NULL;  // the packed products' shared runs of panels (amx_shared)
+#if defined(TW_PACKED_BUILT)
   if (amx) runs = new_runs(threads);
   if (argmax && m->head.dtype == TW_AMX) {
     bests = (tw_best*)malloc(sizeof(tw_best) * (size_t)threads * B);
@@ -1058,7 +1184,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
 #pragma omp parallel num_threads(threads)
   {
 #if defined(TW_AMX_BUILT)
-    if (amx) tiles_16x64();
+    if (amx && tw_tiles) tiles_16x64();
 #endif
     for (int li = 0; li < n_layers; ++li) {
       const tw_layer* L = &layers[li];
@@ -1096,7 +1222,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
 #pragma omp for schedule(static)
     for (int b = 0; b < B; ++b)
       rms_norm_row(x + b * hid, m->final_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
-#if defined(TW_AMX_BUILT)
+#if defined(TW_PACKED_BUILT)
     if (bests) {
       int me, nt;
       team(&me, &nt);
@@ -1113,7 +1239,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
 #endif
       linear_rows(&m->head, s->h, s->hb, logits, B, 0, runs);
 #if defined(TW_AMX_BUILT)
-    if (amx) _tile_release();
+    if (amx && tw_tiles) _tile_release();
 #endif
   }
   const int from_logits = argmax && !bests;  // no AMX head: the choices from the logits
@@ -1268,13 +1394,6 @@ typedef struct {
 // The first n of 16 lanes (none for n <= 0, all for n >= 16).
 static inline __mmask16 first_lanes(int64_t n) {
   return n <= 0 ? 0 : n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
-}
-
-// Two adjacent bfloat16 values as one 32-bit lane repeated 16 times (a dot product pair).
-static inline __m512bh pair_of(const uint16_t* x) {
-  int32_t w;
-  memcpy(&w, x, 4);
-  return (__m512bh)_mm512_set1_epi32(w);
 }
 
 // S [16][nk] (row stride nk) = qb [16][64] x K^T over keys [0, nk), 4 rows at a time.
