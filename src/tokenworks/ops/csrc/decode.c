@@ -887,6 +887,22 @@ static void amx_panels(const uint16_t* xt, int M, int K, const uint16_t* wp, int
 // Rows of sums vec_panels keeps in registers: VEC_ROWS rows by a panel's 32 columns.
 #define VEC_ROWS 8
 
+// One packed step (32 inputs) of a panel for `rows` rows of x (xs: their first input of
+// the step, rows K apart) into acc [rows][2] (columns 0-15, 16-31).
+static inline __attribute__((always_inline)) void vec_step(const uint16_t* tile,
+                                                           const uint16_t* xs, int K, int rows,
+                                                           __m512 (*acc)[2]) {
+  for (int i = 0; i < 16; ++i) {
+    const __m512bh w0 = (__m512bh)_mm512_load_si512(tile + i * 32);
+    const __m512bh w1 = (__m512bh)_mm512_load_si512(tile + 512 + i * 32);
+    for (int r = 0; r < rows; ++r) {
+      const __m512bh xv = pair_of(xs + (int64_t)r * K + 2 * i);
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xv, w0);
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);
+    }
+  }
+}
+
 // amx_panels without tiles: the same panels, x plain [M, K] bfloat16. A row of a packed
 // tile holds 16 columns' pair of weights (k, k + 1), so one 32-bit broadcast of x's pair
 // against it adds to 16 columns' sums: per pair of inputs, 2 weight rows, VEC_ROWS
@@ -910,27 +926,10 @@ static void vec_panels(const uint16_t* x, int M, int K, const uint16_t* wp, int 
             prefetch_l2(panel + (int64_t)(s + 32) * 1024, 2048);
           const uint16_t* tile = panel + s * 1024;
           const uint16_t* xs = x + (int64_t)mb * K + 32 * s;
-          if (rows == VEC_ROWS) {  // the common case, unrolled over rows
-            for (int i = 0; i < 16; ++i) {
-              const __m512bh w0 = (__m512bh)_mm512_load_si512(tile + i * 32);
-              const __m512bh w1 = (__m512bh)_mm512_load_si512(tile + 512 + i * 32);
-              for (int r = 0; r < VEC_ROWS; ++r) {
-                const __m512bh xv = pair_of(xs + (int64_t)r * K + 2 * i);
-                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xv, w0);
-                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);
-              }
-            }
-          } else {
-            for (int i = 0; i < 16; ++i) {
-              const __m512bh w0 = (__m512bh)_mm512_load_si512(tile + i * 32);
-              const __m512bh w1 = (__m512bh)_mm512_load_si512(tile + 512 + i * 32);
-              for (int r = 0; r < rows; ++r) {
-                const __m512bh xv = pair_of(xs + (int64_t)r * K + 2 * i);
-                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xv, w0);
-                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xv, w1);
-              }
-            }
-          }
+          if (rows == VEC_ROWS)  // the common case: a constant count, unrolled
+            vec_step(tile, xs, K, VEC_ROWS, acc);
+          else
+            vec_step(tile, xs, K, rows, acc);
         }
         for (int r = 0; r < rows; ++r) {
           _mm512_storeu_ps(c[r], acc[r][0]);
