@@ -585,8 +585,8 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
     ahead.v = (const char*)kv->v_pool;
     ahead.slots = window_slots(kv, next_b, &ahead.n);
     ahead.at = 0;
-    const int64_t calls = 2 * (int64_t)(h1 - h0) * ((n + 15) / 16);
-    ahead.per = ahead.n / calls + 1;
+    const int64_t calls = 2 * (int64_t)(h1 - h0) * ((n + 15) / 16);  // ahead_step's
+    ahead.per = calls > 0 ? ahead.n / calls + 1 : ahead.n;
     ahead.row_bytes = (int64_t)kv_heads * D * esz;
     ap = &ahead;
   }
