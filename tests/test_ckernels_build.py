@@ -1,29 +1,20 @@
-"""The C kernels build wherever there is a C compiler, for every x86-64 CPU level.
+"""The C kernels' source compiles for every x86-64 CPU level, whatever CPU runs the tests.
 
-The other kernel tests skip when the library cannot be built; these make a failed build
-a failure instead. The file once compiled only where the CPU had AMX (a type the decode
-step needs was declared inside the AMX section), so on an AVX-512 CPU without AMX every
-C path was silently off and its tests skipped."""
+The file once compiled only where the CPU had AMX (a type the decode step needs was
+declared inside the AMX section), so on an AVX-512 CPU without AMX every C path was
+silently off. test_paged_kernel's test_the_kernel_builds_here fails where the build fails
+on this machine; this compiles the other CPUs' branches too."""
 
 from __future__ import annotations
 
-import os
 import platform
-import shutil
 import subprocess
 
 import pytest
 
 from tokenworks.ops import ckernels
 
-CC = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-@pytest.mark.skipif(CC is None, reason="no C compiler here")
-@pytest.mark.skipif(bool(os.environ.get("TOKENWORKS_NO_C_KERNELS")), reason="C kernels turned off")
-def test_the_library_builds_and_loads_here():
-    assert ckernels.library() is not None, "see the warning logged by ckernels.library()"
-
+CC = ckernels.compiler()
 
 # From no vector extensions at all to AVX-512 with BF16 and AMX: each #if branch of
 # decode.c is compiled by one of these.

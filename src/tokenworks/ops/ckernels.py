@@ -154,12 +154,17 @@ def _build(cc: str) -> Path:
     return target
 
 
+def compiler() -> str | None:
+    """The C compiler the kernels are built with: $CC, else cc, else gcc (None: none)."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None where they cannot be built here (the reason is logged)."""
     if os.environ.get("TOKENWORKS_NO_C_KERNELS"):
         return None
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = compiler()
     if cc is None:
         log.warning("no C compiler (cc, gcc or $CC): the C decode kernels are off")
         return None
