@@ -186,8 +186,8 @@ typedef struct {
 // decode step streams every weight once, and a core alone keeps too few reads in flight.
 #define PREFETCH_BYTES 4096
 
-// The AMX products' shared runs of panels (see amx_shared); declared for every build, as
-// the decode step passes them on whether or not AMX is compiled in.
+// The packed products' shared runs of panels (see amx_shared); declared for every build,
+// as the decode step passes them on whether or not the packed products are compiled in.
 typedef struct tw_run tw_run;
 
 // A row's greedy choice so far, as torch.argmax makes it: the first index of the largest
@@ -573,23 +573,29 @@ static int64_t* window_slots(const tw_kv* kv, int b, int64_t* n) {
 // scaled) -> out, same shape. For each KV head: scores over the whole context, softmax,
 // then the weighted sum of values. Each key and value row is read once for all the query
 // heads that share it (GQA). next_b >= 0: the sequence to ask for while this one computes
-// (tw_ahead; bfloat16 K/V and head_dim 64, the vector paths).
+// (tw_ahead).
 static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, int D,
                    float scale, const float* q, float* out, int next_b) {
   int64_t n;
   const int64_t esz = kv->kv_dtype == TW_F32 ? 4 : 2;
   int64_t* slots = window_slots(kv, b, &n);
   tw_ahead ahead, *ap = NULL;
-  if (next_b >= 0) {  // the next sequence's K and V, spread over this one's passes
+#if defined(__AVX512BF16__)
+  // the next sequence's K and V, spread over this one's passes: only where both passes
+  // are the vector ones that ask for them (bfloat16, head_dim 64, up to 4 query heads)
+  if (next_b >= 0 && kv->kv_dtype == TW_BF16 && D == 64 && G <= 4) {
     ahead.k = (const char*)kv->k_pool;
     ahead.v = (const char*)kv->v_pool;
     ahead.slots = window_slots(kv, next_b, &ahead.n);
     ahead.at = 0;
-    const int64_t calls = 2 * (int64_t)(h1 - h0) * ((n + 15) / 16);  // ahead_step's
+    const int64_t calls = 2 * (int64_t)(h1 - h0) * ((n + 15) / 16);  // ahead_steps to come
     ahead.per = calls > 0 ? ahead.n / calls + 1 : ahead.n;
     ahead.row_bytes = (int64_t)kv_heads * D * esz;
     ap = &ahead;
   }
+#else
+  (void)next_b;
+#endif
   for (int64_t j = 0; j < PREFETCH_KEYS && j < n; ++j)  // the first head's first keys
     prefetch_span((const char*)kv->k_pool + (slots[j] * kv_heads + h0) * D * esz, D * esz);
   float* scores = (float*)malloc(sizeof(float) * (size_t)(G * n));
