@@ -912,37 +912,48 @@ static inline __attribute__((always_inline)) void vec_step(const uint16_t* tile,
 // amx_panels without tiles: the same panels, x plain [M, K] bfloat16. A row of a packed
 // tile holds 16 columns' pair of weights (k, k + 1), so one 32-bit broadcast of x's pair
 // against it adds to 16 columns' sums: per pair of inputs, 2 weight rows, VEC_ROWS
-// broadcasts and 2 * VEC_ROWS dot products. A 64-row product of SmolLM2-135M's widths
-// (576 to 3,072 columns) ran at 386 to 404 GFLOP/s on 2 threads of this AMD EPYC, where
-// oneDNN's products of the same shapes ran at 293 to 366.
+// broadcasts and 2 * VEC_ROWS dot products. A panel at a time, its rows VEC_ROWS at a
+// time: the panel (K * 64 bytes) comes from L2 for each block of rows after the first.
+//
+// The weights come from memory (a model's are bigger than L3), and the next panel is
+// asked for into L1 while this one computes, a slice with each step of each block of rows,
+// so that it has all arrived when its turn comes and the requests never bunch up. Asking
+// for 64 KB ahead in one burst during the first block of rows only, as before, a 64-row
+// product of SmolLM2-135M's widths with the weights in memory ran at 353 to 391 GFLOP/s
+// on 2 threads of this AMD EPYC; spread, at 390 to 427 (medians of 9 interleaved runs of
+// 30 products; with the weights in cache, 456). (oneDNN's products of the same shapes:
+// 293 to 366.)
 static void vec_panels(const uint16_t* x, int M, int K, const uint16_t* wp, int N, int p0, int p1,
                        const float* bias, void* y, int y_dtype, int accumulate) {
   const int steps = K / 32;
+  const int64_t panel_bytes = (int64_t)K * 64;
+  const int64_t calls = (int64_t)((M + VEC_ROWS - 1) / VEC_ROWS) * steps;  // a panel's steps
+  const int64_t per = ((panel_bytes + calls - 1) / calls + 63) / 64 * 64;  // bytes asked a step
+  const char* end = (const char*)(wp + (int64_t)N * K);
   float c[VEC_ROWS][32];
-  for (int g0 = p0; g0 < p1; g0 += GROUP_PANELS) {
-    const int g1 = g0 + GROUP_PANELS < p1 ? g0 + GROUP_PANELS : p1;
+  for (int p = p0; p < p1; ++p) {
+    const uint16_t* panel = wp + (int64_t)p * K * 32;
+    const char* ask = (const char*)panel + panel_bytes;  // the next panel's next line
+    const char* stop = ask + panel_bytes < end ? ask + panel_bytes : end;
     for (int mb = 0; mb < M; mb += VEC_ROWS) {
       const int rows = M - mb < VEC_ROWS ? M - mb : VEC_ROWS;
-      for (int p = g0; p < g1; ++p) {
-        const uint16_t* panel = wp + (int64_t)p * K * 32;
-        __m512 acc[VEC_ROWS][2];
-        for (int r = 0; r < VEC_ROWS; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-        for (int s = 0; s < steps; ++s) {
-          if (mb == 0)  // 64 KB ahead in this thread's stream of panels, into L2
-            prefetch_l2(panel + (int64_t)(s + 32) * 1024, 2048);
-          const uint16_t* tile = panel + s * 1024;
-          const uint16_t* xs = x + (int64_t)mb * K + 32 * s;
-          if (rows == VEC_ROWS)  // the common case: a constant count, unrolled
-            vec_step(tile, xs, K, VEC_ROWS, acc);
-          else
-            vec_step(tile, xs, K, rows, acc);
-        }
-        for (int r = 0; r < rows; ++r) {
-          _mm512_storeu_ps(c[r], acc[r][0]);
-          _mm512_storeu_ps(c[r] + 16, acc[r][1]);
-        }
-        panel_out(c, rows, mb, p, N, bias, y, y_dtype, accumulate);
+      __m512 acc[VEC_ROWS][2];
+      for (int r = 0; r < VEC_ROWS; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+      for (int s = 0; s < steps; ++s) {
+        for (const char* e = ask + per < stop ? ask + per : stop; ask < e; ask += 64)
+          __builtin_prefetch(ask, 0, 3);
+        const uint16_t* tile = panel + s * 1024;
+        const uint16_t* xs = x + (int64_t)mb * K + 32 * s;
+        if (rows == VEC_ROWS)  // the common case: a constant count, unrolled
+          vec_step(tile, xs, K, VEC_ROWS, acc);
+        else
+          vec_step(tile, xs, K, rows, acc);
       }
+      for (int r = 0; r < rows; ++r) {
+        _mm512_storeu_ps(c[r], acc[r][0]);
+        _mm512_storeu_ps(c[r] + 16, acc[r][1]);
+      }
+      panel_out(c, rows, mb, p, N, bias, y, y_dtype, accumulate);
     }
   }
 }
