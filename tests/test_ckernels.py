@@ -80,7 +80,7 @@ def test_residual_norm_matches_torch(width, out_dtype):
     torch.testing.assert_close(h.float(), want.to(out_dtype).float(), rtol=1e-2, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 31, 32, 33, 64, 100, 256])
+@pytest.mark.parametrize("rows", [1, 5, 31, 32, 33, 64, 100, 256, 2050])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_amx_product_is_as_close_to_exact_as_torch(rows, with_bias, packed_products):
     """The packed product (tiles or vector) sums in float32 and rounds once to bfloat16,

@@ -12,7 +12,7 @@ from tokenworks.models import build_model
 from tokenworks.models.toy import toy_spec, toy_weights
 from tokenworks.ops import ckernels
 from tokenworks.ops.attention import AttentionMetadata
-from tokenworks.ops.fused_decode import MAX_ROWS, PACK_MAX, LlamaDecodeKernel
+from tokenworks.ops.fused_decode import MAX_ROWS, PACK_MAX, LlamaDecodeKernel, _product
 
 pytestmark = pytest.mark.skipif(
     ckernels.library() is None, reason="the C kernels cannot be built here"
@@ -151,6 +151,25 @@ def test_amx_takes_the_whole_step_for_bigger_decode_batches():
     model2, pool2 = _model_and_pool(toy, torch.bfloat16)
     kernel2 = LlamaDecodeKernel.prepare(model2, pool2)
     assert kernel2.amx is None and kernel2.max_rows == MAX_ROWS and kernel2.packs
+
+
+def test_prefill_sized_products_are_packed_only_without_tiles(packed_products, monkeypatch):
+    """More than PACK_MAX rows (a prefill chunk) multiply the packed weights where the
+    packed products are vector dot products, and torch's product where they run on AMX
+    tiles; both give the product."""
+    if packed_products is None:
+        pytest.skip("no packed products on this CPU (AMX or AVX-512 BF16)")
+    lib, rows_seen = ckernels.library(), []
+    real = lib.tw_amx_linear
+    monkeypatch.setattr(lib, "tw_amx_linear", lambda *a: rows_seen.append(a[1]) or real(*a))
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 160, generator=g).bfloat16()
+    product = _product(w, None, ckernels.amx_pack(w))
+    x = torch.randn(PACK_MAX + 44, 160, generator=g).bfloat16()
+    torch.testing.assert_close(product(x), torch.nn.functional.linear(x, w))
+    assert rows_seen == ([] if packed_products == "tiles" else [PACK_MAX + 44])
+    product(x[:64])
+    assert rows_seen[-1] == 64  # up to PACK_MAX rows: packed either way
 
 
 @pytest.mark.parametrize(

@@ -281,6 +281,12 @@ def packed_available() -> bool:
     return lib.tw_packed_kind() > 0
 
 
+def tiles_on() -> bool:
+    """Whether the packed products run on AMX tiles now (not within vector_products)."""
+    lib = library()
+    return lib is not None and lib.tw_packed_kind() == 2
+
+
 @contextlib.contextmanager
 def vector_products():
     """Within it, the packed products run as AVX-512 BF16 dot products even where AMX

@@ -13,8 +13,9 @@ layer's K/V pool. Then `run` takes a batch of the paged engine and returns its l
   on AMX tiles or with AVX-512 BF16 dot products (ckernels.packed_available);
 - any other batch (prefill chunks, mixed batches, bigger decode batches without packed
   products) runs `run_batched` when the weights are dense: the products on the packed
-  weights (up to PACK_MAX rows), oneDNN's prepacked weights or torch, and C for what lies
-  between the products, three calls a layer.
+  weights (on AMX tiles up to PACK_MAX rows, as dot products any number), oneDNN's
+  prepacked weights or torch, and C for what lies between the products, three calls a
+  layer.
 
 Int4/int8 models without a dense copy take the first way only; batch-invariant mode and
 GPUs stay on the torch modules (`prepare` returns None).
@@ -37,7 +38,11 @@ DOT_ROWS = 4  # packed, the whole step takes up to PACK_MAX rows; up to this man
 _MODULES = ("qkv", "o_proj", "gate_up", "down")  # a layer's products, as modules
 _PRODUCTS = ("qkv", "o", "gate_up", "down")  # the same, as ck.Layer fields
 PACK_ROWS = 64  # the batch size oneDNN tunes the big batches' packed weights for
-PACK_MAX = 256  # more rows than this (prefill) multiply the plain weights: packing no longer pays
+# More rows than this (prefill) multiply the plain weights where the packed products run on
+# AMX tiles (oneDNN is as fast there and the packing no longer pays). Without tiles they take
+# every batch: on an AMD EPYC (AVX-512 BF16, 2 threads) the 4 prefill steps of 64 prompts of
+# 128 tokens took 4.77 s against 4.96 with oneDNN's products (medians of 5 interleaved runs).
+PACK_MAX = 256
 
 
 def _f32(t: torch.Tensor | None, keep: list) -> int | None:
@@ -90,17 +95,17 @@ def _dense(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
 
 
 def _product(w: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None = None):
-    """x -> x @ w.T (+ bias): batches of up to PACK_MAX rows through the packed kernel
-    (ckernels.amx_product, on packed: the weight's packed copy) where the CPU has AMX or
-    AVX-512 BF16, else oneDNN's prepacked weights; bigger batches (prefill) through
-    torch's product."""
+    """x -> x @ w.T (+ bias) through the packed kernel (ckernels.amx_product, on packed:
+    the weight's packed copy) where the CPU has AMX or AVX-512 BF16, on tiles for batches
+    of up to PACK_MAX rows; else oneDNN's prepacked weights for those; bigger batches
+    (prefill) on tiles or without packed products through torch's product."""
 
     def plain(x):
         return torch.mm(x, w.t()) if bias is None else torch.addmm(bias, x, w.t())
 
     amx = ck.amx_product(w, bias, packed) if packed is not None else None
     if amx is not None:
-        return lambda x: amx(x) if x.shape[0] <= PACK_MAX else plain(x)
+        return lambda x: amx(x) if x.shape[0] <= PACK_MAX or not ck.tiles_on() else plain(x)
     if (
         w.device.type == "cpu"
         and w.dtype == torch.bfloat16
