@@ -101,6 +101,41 @@ def test_amx_product_is_as_close_to_exact_as_torch(rows, with_bias, packed_produ
     assert ours <= 1.5 * theirs + 1e-6, (ours, theirs)
 
 
+@pytest.mark.parametrize("rows", [1, 7, 64, 300])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_glu_product_is_swiglu_of_the_gate_and_up_products(rows, with_bias, packed_products):
+    """amx_product(glu=True) of a gate_up weight [2I, K] (gate rows, then up rows) gives
+    silu(gate) * up [M, I] from the float32 sums, rounded once: as close to the float64
+    SwiGLU as torch's bfloat16 products and SwiGLU are, column for column (the packed
+    copy interleaves gate and up 16 columns at a time; the output must not)."""
+    if packed_products is None:
+        pytest.skip("no packed products on this CPU (AMX or AVX-512 BF16)")
+    g = torch.Generator().manual_seed(rows)
+    inter, k = 96, 160
+    w = torch.randn(2 * inter, k, generator=g).bfloat16()
+    bias = torch.randn(2 * inter, generator=g).bfloat16() if with_bias else None
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    got = ckernels.amx_product(w, bias, glu=True)(x)
+    gu = x.double() @ w.double().t() + (0 if bias is None else bias.double())
+    want = F.silu(gu[:, :inter]) * gu[:, inter:]
+    gu_t = F.linear(x, w, bias)
+    theirs = (F.silu(gu_t[:, :inter]) * gu_t[:, inter:]).double()
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, inter)
+    ours_err = (got.double() - want).abs().max().item()
+    theirs_err = (theirs - want).abs().max().item()
+    assert ours_err <= 1.5 * theirs_err + 1e-6, (ours_err, theirs_err)
+    packed = ckernels.amx_pack(w, glu=True)
+    assert torch.equal(ckernels.amx_product(w, bias, packed, glu=True)(x), got)
+
+
+def test_glu_order_interleaves_gate_and_up_16_at_a_time():
+    rows = torch.arange(64)  # gate 0-31, up 32-63
+    want = [*range(0, 16), *range(32, 48), *range(16, 32), *range(48, 64)]
+    assert ckernels.glu_order(rows).tolist() == want
+    w = torch.arange(64 * 3).view(64, 3)
+    assert torch.equal(ckernels.glu_order(w), w[want])
+
+
 def test_amx_product_gives_the_same_bits_on_any_number_of_threads(packed_products):
     """Threads share a product's panels at run time (each its own run, then the others'
     tails): more threads than panels, or threads that find nothing left to take, must

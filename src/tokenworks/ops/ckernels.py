@@ -34,6 +34,8 @@ SOURCE = Path(__file__).parent / "csrc" / "decode.c"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 F32, BF16, I8, Q4, AMX = 0, 1, 2, 3, 4  # Q4: ops/linear.q4_blocks; AMX: amx_pack's layout
+AMX_GLU = 5  # a gate_up weight in amx_pack(glu=True)'s layout: its product ends in SwiGLU
+GLU = 101  # tw_amx_linear's y_dtype for those: y is silu(gate) * up (decode.c's TW_GLU)
 DTYPE_CODES = {torch.float32: F32, torch.bfloat16: BF16, torch.int8: I8}
 
 c_ptr = ctypes.c_void_p
@@ -299,9 +301,18 @@ def vector_products():
         lib.tw_use_tiles(int(amx_available()))
 
 
-def amx_pack(w: torch.Tensor) -> torch.Tensor | None:
+def glu_order(t: torch.Tensor) -> torch.Tensor:
+    """The rows (or entries) of a gate_up weight (or bias), gate rows then up rows, in the
+    order amx_pack(glu=True) packs them: gate 0-15, up 0-15, gate 16-31, up 16-31, ..."""
+    n = t.shape[0]
+    return t.reshape(2, n // 32, 16, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+
+def amx_pack(w: torch.Tensor, glu: bool = False) -> torch.Tensor | None:
     """A copy of bfloat16 w [N, K] in the packed layout of tw_amx_pack (N and K multiples
-    of 32), or None where the packed products cannot take it here."""
+    of 32), or None where the packed products cannot take it here. glu: w is a gate_up
+    weight (gate rows, then up rows), packed in glu_order for products that end in SwiGLU
+    (amx_product(glu=True))."""
     if (
         not packed_available()
         or w.dtype != torch.bfloat16
@@ -312,30 +323,33 @@ def amx_pack(w: torch.Tensor) -> torch.Tensor | None:
     ):
         return None
     n, k = w.shape
-    w = w.detach().contiguous()
+    w = glu_order(w.detach()).contiguous() if glu else w.detach().contiguous()
     packed = torch.empty(n * k, dtype=torch.bfloat16)
     library().tw_amx_pack(ptr(w), n, k, ptr(packed), torch.get_num_threads())
     return packed
 
 
-def amx_product(w: torch.Tensor, bias: torch.Tensor | None = None, packed=None):
+def amx_product(w: torch.Tensor, bias: torch.Tensor | None = None, packed=None, glu: bool = False):
     """x -> x @ w.T (+ bias) on packed weights (AMX tiles, or AVX-512 BF16 dot products
-    where there are none), for bfloat16 w [N, K] (packed: amx_pack(w) if already made),
-    or None where that cannot run here. The result is bfloat16, summed in
-    float32 and rounded once, as torch's bfloat16 products are."""
-    packed = amx_pack(w) if packed is None else packed
+    where there are none), for bfloat16 w [N, K] (packed: amx_pack(w, glu) if already
+    made), or None where that cannot run here. The result is bfloat16, summed in float32
+    and rounded once, as torch's bfloat16 products are. glu: w is a gate_up weight [2I, K]
+    and the result is SwiGLU's, silu(gate) * up [M, I], from the float32 sums."""
+    packed = amx_pack(w, glu) if packed is None else packed
     if packed is None:
         return None
     lib = library()
     n, k = w.shape
-    b = None if bias is None else bias.detach().float().contiguous()
+    b = None if bias is None else bias.detach().float()
+    b = None if b is None else (glu_order(b) if glu else b).contiguous()
     pw, pb = ptr(packed), ptr(b)  # kept alive by the closure below
+    width, y_dtype = (n // 2, GLU) if glu else (n, BF16)
 
     def product(x: torch.Tensor) -> torch.Tensor:  # x: bfloat16 [M, K] on the CPU
         x = x if x.is_contiguous() else x.contiguous()
-        y = torch.empty(x.shape[0], n, dtype=torch.bfloat16)
+        y = torch.empty(x.shape[0], width, dtype=torch.bfloat16)
         threads = torch.get_num_threads()
-        lib.tw_amx_linear(x.data_ptr(), x.shape[0], k, pw, n, pb, y.data_ptr(), BF16, threads)
+        lib.tw_amx_linear(x.data_ptr(), x.shape[0], k, pw, n, pb, y.data_ptr(), y_dtype, threads)
         return y
 
     product.keep = (packed, b)

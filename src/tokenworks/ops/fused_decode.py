@@ -53,19 +53,26 @@ def _f32(t: torch.Tensor | None, keep: list) -> int | None:
     return ck.ptr(t)
 
 
-def _linear(layer: nn.Module, keep: list, packs: dict | None = None) -> ck.Linear | None:
+def _linear(
+    layer: nn.Module, keep: list, packs: dict | None = None, glu: bool = False
+) -> ck.Linear | None:
     """The C view of a dense or int8 layer, or None for one the kernels cannot take.
 
     packs: where the packed products run (AMX tiles or AVX-512 BF16), a dict to hold the
     packed copies of bfloat16 weights (ckernels.amx_pack, keyed by the weight's address):
-    those layers are multiplied on them, in the whole step and in run_batched alike."""
+    those layers are multiplied on them, in the whole step and in run_batched alike.
+    glu: the layer is gate_up, packed for products that end in SwiGLU (ck.AMX_GLU)."""
     if packs is not None and isinstance(layer, (nn.Linear, MatvecLinear)):
-        packed = ck.amx_pack(layer.weight)
+        packed = ck.amx_pack(layer.weight, glu)
         if packed is not None:
             packs[layer.weight.data_ptr()] = packed
             keep.append(packed)
             n, k = layer.out_features, layer.in_features
-            return ck.Linear(ck.ptr(packed), None, _f32(layer.bias, keep), ck.AMX, n, k)
+            bias = None if layer.bias is None else layer.bias.detach().float()
+            if glu and bias is not None:
+                bias = ck.glu_order(bias)
+            code = ck.AMX_GLU if glu else ck.AMX
+            return ck.Linear(ck.ptr(packed), None, _f32(bias, keep), code, n, k)
     if isinstance(layer, DenseForLargeBatches):
         layer = layer.quantized
     n, k = layer.out_features, layer.in_features
@@ -94,15 +101,42 @@ def _dense(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     return None
 
 
-def _product(w: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None = None):
+def _swiglu(gu: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a gate_up product's output [M, 2I] (gate, then up): [M, I]."""
+    out = torch.empty(gu.shape[0], gu.shape[1] // 2, dtype=gu.dtype)
+    ck.library().tw_swiglu(
+        gu.data_ptr(), out.data_ptr(), ck.DTYPE_CODES[gu.dtype], gu.shape[0], out.shape[1],
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+def _product(
+    w: torch.Tensor,
+    bias: torch.Tensor | None,
+    packed: torch.Tensor | None = None,
+    glu: bool = False,
+):
     """x -> x @ w.T (+ bias) through the packed kernel (ckernels.amx_product, on packed:
     the weight's packed copy) where the CPU has AMX or AVX-512 BF16, on tiles for batches
     of up to PACK_MAX rows; else oneDNN's prepacked weights for those; bigger batches
-    (prefill) on tiles or without packed products through torch's product."""
+    (prefill) on tiles or without packed products through torch's product.
+
+    glu: w is a gate_up weight (packed: its amx_pack(glu=True) copy) and the callable
+    returns SwiGLU's output, silu(gate) * up [M, I]: the packed product computes it in its
+    epilogue, the others' output goes through tw_swiglu."""
 
     def plain(x):
         return torch.mm(x, w.t()) if bias is None else torch.addmm(bias, x, w.t())
 
+    if glu:  # the same products, then SwiGLU where the packed one did not do it
+        amx = ck.amx_product(w, bias, packed, glu=True) if packed is not None else None
+        if amx is None:
+            inner = _product(w, bias)
+            return lambda x: _swiglu(inner(x))
+        return lambda x: (
+            amx(x) if x.shape[0] <= PACK_MAX or not ck.tiles_on() else _swiglu(plain(x))
+        )
     amx = ck.amx_product(w, bias, packed) if packed is not None else None
     if amx is not None:
         return lambda x: amx(x) if x.shape[0] <= PACK_MAX or not ck.tiles_on() else plain(x)
@@ -175,7 +209,7 @@ class LlamaDecodeKernel:
             """The C structs of every layer and of the model (packs: packed where it can)."""
             layers = (ck.Layer * spec.n_layers)()
             for i, layer in enumerate(model.layers):
-                parts = [_linear(getattr(layer, n), keep, packs) for n in _MODULES]
+                parts = [_linear(getattr(layer, n), keep, packs, n == "gate_up") for n in _MODULES]
                 if any(p is None for p in parts):
                     return None
                 layers[i] = ck.Layer(*norms[i], *parts, ck.ptr(pool.k[i]), ck.ptr(pool.v[i]))
@@ -192,7 +226,7 @@ class LlamaDecodeKernel:
         amx = view(packs) if ck.packed_available() else None
         if amx is not None:
             codes = [amx[1].head.dtype] + [getattr(x, f).dtype for x in amx[0] for f in _PRODUCTS]
-            if not all(c == ck.AMX for c in codes):
+            if not all(c in (ck.AMX, ck.AMX_GLU) for c in codes):
                 amx = None  # the packed weights still serve run_batched's products
         dims = ck.Dims(
             spec.hidden_size,
@@ -318,7 +352,8 @@ class LlamaDecodeKernel:
         return out.contiguous()
 
     def _products(self) -> list:
-        """Per layer, the four products (qkv, o, gate_up, down) as callables x -> x @ W.T.
+        """Per layer, the four products (qkv, o, gate_up, down) as callables x -> x @ W.T,
+        gate_up's followed by SwiGLU (x -> silu(x @ Wg.T) * (x @ Wu.T)).
 
         For decode batches the weights are packed once (a copy: the model keeps its own
         for prefill and small batches): into the packed layout of ckernels.amx_product
@@ -335,7 +370,10 @@ class LlamaDecodeKernel:
         if self._packed is None:
             packs = self.packs
             self._packed = [
-                [_product(w, bias, packs.get(w.data_ptr())) for w, bias in row]
+                [
+                    _product(w, bias, packs.get(w.data_ptr()), glu=name == "gate_up")
+                    for name, (w, bias) in zip(_MODULES, row, strict=True)
+                ]
                 for row in self.dense
             ]
             w, bias = self.dense_head
@@ -360,13 +398,12 @@ class LlamaDecodeKernel:
         x = self.embed.index_select(0, input_ids).float().contiguous()  # [B, hidden]
         h = torch.empty(b, s.hidden_size, dtype=act)
         attn = torch.empty(b, s.q_size, dtype=act)
-        mlp_in = torch.empty(b, s.intermediate_size, dtype=act)
-        px, ph, pattn, pmlp = (t.data_ptr() for t in (x, h, attn, mlp_in))
-        hid, inter, eps = s.hidden_size, s.intermediate_size, s.norm_eps
+        px, ph, pattn = (t.data_ptr() for t in (x, h, attn))
+        hid, eps = s.hidden_size, s.norm_eps
         kv, _alive = self._kv(meta, window) if decode_only else (None, None)
         dims, cos, sin = ctypes.byref(self.dims), self.model_c.cos, self.model_c.sin
         p_delta = None
-        for i, (f_qkv, f_o, f_gu, f_down) in enumerate(self._products()):
+        for i, (f_qkv, f_o, f_mlp, f_down) in enumerate(self._products()):
             layer = self.layers_c[i]
             lib.tw_residual_norm(
                 px, p_delta, code, layer.input_norm, eps, ph, code, b, hid, threads
@@ -385,9 +422,7 @@ class LlamaDecodeKernel:
             lib.tw_residual_norm(
                 px, proj.data_ptr(), code, layer.post_norm, eps, ph, code, b, hid, threads
             )
-            gu = f_gu(h)
-            lib.tw_swiglu(gu.data_ptr(), pmlp, code, b, inter, threads)
-            delta = f_down(mlp_in)
+            delta = f_down(f_mlp(h))
             p_delta = delta.data_ptr()
         lib.tw_residual_norm(
             px, p_delta, code, self.model_c.final_norm, eps, ph, code, b, hid, threads

@@ -37,7 +37,8 @@
 #define TW_PACKED_BUILT 1  // packed products (tw_amx_linear): on tiles or vector dot products
 #endif
 
-enum { TW_F32 = 0, TW_BF16 = 1, TW_I8 = 2, TW_Q4 = 3, TW_AMX = 4 };  // TW_AMX: see tw_amx_pack
+enum { TW_F32 = 0, TW_BF16 = 1, TW_I8 = 2, TW_Q4 = 3, TW_AMX = 4, TW_AMX_GLU = 5 };
+// TW_AMX: see tw_amx_pack; TW_AMX_GLU: a gate_up weight packed for TW_GLU (see panel_out)
 
 // TW_Q4 weights: each row is K/32 blocks of 20 bytes, the layout of GGUF's Q4_1 with
 // bfloat16 in place of float16: scale d and minimum m, then 16 bytes whose low nibbles are
@@ -770,6 +771,14 @@ static inline void best_merge(tw_best* a, const tw_best* b) {
 // back by tw_argmax_rows.
 #define TW_ARGMAX 100
 
+// amx_panels' y_dtype for a gate_up product that ends in SwiGLU: the weight [2I, K] (gate
+// rows, then up rows) was packed with its rows reordered so that each panel holds gate
+// columns 16p..16p+15, then up columns 16p..16p+15 (ckernels.amx_pack(glu=True)); y is
+// bfloat16 [M, I], columns 16p..16p+15 of each row silu(gate) * up, from the float32 sums
+// and rounded once. The [M, 2I] gate and up sums are never written: for 64 rows they were
+// 786 KB written and read back, and a pass over them, each layer.
+#define TW_GLU 101
+
 // Folds columns col0..col0+31 of a row (v, float32) into its choice b, in any order of
 // panels (a thread may take panels from another's run: see amx_shared).
 static inline void best_of_32(tw_best* b, const float* v, int64_t col0) {
@@ -794,9 +803,20 @@ static inline void best_of_32(tw_best* b, const float* v, int64_t col0) {
 // Rows mb.. (rows of them) of panel p's product, c [rows][32] float32, into y: + bias,
 // y (float32) += it with accumulate, or stored in y_dtype; y_dtype TW_ARGMAX: y is
 // tw_best [M], this thread's choices over the panels it multiplied, and no product is
-// written.
+// written; TW_GLU: y is SwiGLU's output (see there).
 static void panel_out(float (*c)[32], int rows, int mb, int p, int N, const float* bias, void* y,
                       int y_dtype, int accumulate) {
+  if (y_dtype == TW_GLU) {
+    for (int r = 0; r < rows; ++r) {
+      __m512 g = _mm512_loadu_ps(c[r]), u = _mm512_loadu_ps(c[r] + 16);
+      if (bias) {
+        g = _mm512_add_ps(g, _mm512_loadu_ps(bias + 32 * p));
+        u = _mm512_add_ps(u, _mm512_loadu_ps(bias + 32 * p + 16));
+      }
+      store16(y, TW_BF16, (int64_t)(mb + r) * (N / 2) + 16 * p, silu_mul16(g, u));
+    }
+    return;
+  }
   if (y_dtype == TW_ARGMAX) {
     for (int r = 0; r < rows; ++r) {
       if (bias)
@@ -1184,7 +1204,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
   for (int li = 0; li < n_layers; ++li) {
     const tw_layer* L = &layers[li];
     amx |= L->qkv.dtype == TW_AMX || L->o.dtype == TW_AMX || L->gate_up.dtype == TW_AMX ||
-           L->down.dtype == TW_AMX;
+           L->gate_up.dtype == TW_AMX_GLU || L->down.dtype == TW_AMX;
   }
   (void)amx;
   // argmax with an AMX head: every thread's choices over its own panels, [threads][B]
@@ -1223,17 +1243,28 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b)
         rms_norm_row(x + b * hid, L->post_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
-      linear_rows(&L->gate_up, s->h, s->hb, s->gu, B, 0, runs);
-      const int chunks = (I + 127) / 128;
+      uint16_t* act_b = s->hb;  // SwiGLU's output in bfloat16, the down product's input
+#if defined(TW_PACKED_BUILT)
+      if (L->gate_up.dtype == TW_AMX_GLU) {  // SwiGLU in the product (TW_GLU), into the
+        act_b = (uint16_t*)s->act;           // float32 rows' room: hb is its input
+        amx_shared(s->hb, B, L->gate_up.k, (const uint16_t*)L->gate_up.w, L->gate_up.n,
+                   L->gate_up.bias, act_b, TW_GLU, 0, runs);
+#pragma omp barrier
+      } else
+#endif
+      {
+        linear_rows(&L->gate_up, s->h, s->hb, s->gu, B, 0, runs);
+        const int chunks = (I + 127) / 128;
 #pragma omp for schedule(static)
-      for (int c = 0; c < B * chunks; ++c) {  // SwiGLU: silu(gate) * up, 128 at a time
-        const int b = c / chunks, j = (c % chunks) * 128, len = I - j < 128 ? I - j : 128;
-        const float* g = s->gu + (int64_t)b * 2 * I + j;
-        float* a = s->act + (int64_t)b * I + j;
-        silu_mul(g, g + I, a, len);
-        round_row(a, s->hb + (int64_t)b * I + j, len);
+        for (int c = 0; c < B * chunks; ++c) {  // SwiGLU: silu(gate) * up, 128 at a time
+          const int b = c / chunks, j = (c % chunks) * 128, len = I - j < 128 ? I - j : 128;
+          const float* g = s->gu + (int64_t)b * 2 * I + j;
+          float* a = s->act + (int64_t)b * I + j;
+          silu_mul(g, g + I, a, len);
+          round_row(a, s->hb + (int64_t)b * I + j, len);
+        }
       }
-      linear_rows(&L->down, s->act, s->hb, x, B, 1, runs);  // x += down(act)
+      linear_rows(&L->down, s->act, act_b, x, B, 1, runs);  // x += down(act)
     }
 #pragma omp for schedule(static)
     for (int b = 0; b < B; ++b)
