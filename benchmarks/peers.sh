@@ -6,8 +6,17 @@ PEERS=${PEERS:-peers}
 mkdir -p "$PEERS"
 # llama.cpp through llama-cpp-python: compiled here (~7 min on 2 cores) for this CPU.
 python3.11 -m venv "$PEERS/llamacpp"
-# AMX tiles fault (SIGILL) in these VMs, so build for AVX-512 without AMX.
-CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" "$PEERS/llamacpp/bin/pip" install --no-cache-dir llama-cpp-python numpy
+# Built for the instruction sets this CPU reports, without AMX (its tiles faulted, SIGILL,
+# in llama.cpp on the Xeon VMs). Not GGML_NATIVE: a fixed list of sets, each on only where
+# /proc/cpuinfo has it (an AMD EPYC has AVX-512 VNNI but not the VEX AVX-VNNI, and a
+# build that assumed it died of SIGILL there).
+has() { grep -qw "$1" /proc/cpuinfo && echo ON || echo OFF; }
+GGML_CPU="-DGGML_NATIVE=OFF -DGGML_AVX=$(has avx) -DGGML_AVX2=$(has avx2) -DGGML_FMA=$(has fma)
+  -DGGML_F16C=$(has f16c) -DGGML_AVX_VNNI=$(has avx_vnni) -DGGML_AVX512=$(has avx512f)
+  -DGGML_AVX512_VBMI=$(has avx512vbmi) -DGGML_AVX512_VNNI=$(has avx512_vnni)
+  -DGGML_AVX512_BF16=$(has avx512_bf16) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
+  -DGGML_AMX_BF16=OFF"
+CMAKE_ARGS="$GGML_CPU" "$PEERS/llamacpp/bin/pip" install --no-cache-dir llama-cpp-python numpy
 # llama.cpp's own batched server (parallel slots), built from the sources vendored in the
 # same llama-cpp-python sdist (~20 min on 2 cores), so both peers are one llama.cpp version.
 LCPP_SRC=$(mktemp -d)
@@ -15,10 +24,7 @@ LCPP_SRC=$(mktemp -d)
 tar xzf "$LCPP_SRC"/llama_cpp_python-*.tar.gz -C "$LCPP_SRC"
 (cd "$LCPP_SRC"/llama_cpp_python-*/vendor/llama.cpp &&
   cmake -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
-    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-    -DGGML_AVX_VNNI=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON \
-    -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF &&
+    -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF $GGML_CPU &&
   cmake --build build --target llama-server -j"$(nproc)")
 cp "$LCPP_SRC"/llama_cpp_python-*/vendor/llama.cpp/build/bin/llama-server "$PEERS/llamacpp/bin/"
 rm -rf "$LCPP_SRC"
