@@ -562,66 +562,6 @@ static inline __attribute__((always_inline)) void weighted_values64(
 }
 #endif
 
-#if defined(__AVX512BF16__)
-// weighted_values64 for bfloat16 values as dot products over pairs of keys: the rows of
-// keys l and l + 1 interleaved (unpacklo/hi_epi16: 32-bit lanes of (v_l[d], v_l+1[d]))
-// against a broadcast pair of their probabilities, rounded to bfloat16 (p: [G][n] float32,
-// softmax's). Per pair of keys and G = 3: 4 loads, 4 unpacks, 3 broadcasts and 12 dot
-// products, where converting each value to float32 for its FMAs took 8 conversions and 24
-// FMAs; the probabilities are rounded as in the prompt chunks' attention
-// (tw_prefill_attention) and torch's bfloat16 attention. The unpacks work within 128-bit
-// lanes, so sum c's lane 4i + j holds d = 32 (c / 2) + 8i + 4 (c % 2) + j, put in order
-// at the end.
-static inline __attribute__((always_inline)) void weighted_values64_pairs(
-    const uint16_t* v_pool, const int64_t* slots, int64_t n, int kv_heads, int h,
-    const float* scores, int G, float* out, const char* next_k, tw_ahead* ahead,
-    uint32_t* pairs) {
-  const int64_t np = (n + 1) / 2;  // pairs of keys; an odd last key pairs with p = 0
-  for (int g = 0; g < G; ++g) {
-    const float* p = scores + g * n;
-    uint16_t* pb = (uint16_t*)(pairs + g * np);
-    int64_t l = 0;
-    for (; l + 32 <= n; l += 32)
-      _mm512_storeu_si512(pb + l, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(p + l + 16),
-                                                               _mm512_loadu_ps(p + l)));
-    for (; l < n; ++l) pb[l] = f32_to_bf16(p[l]);
-    if (n % 2) pb[n] = 0;
-  }
-  __m512 acc[4][4];
-  for (int g = 0; g < G; ++g)
-    for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < np; ++i) {
-    const int64_t l = 2 * i;
-    if (i % 8 == 0) ahead_step(ahead);
-    for (int64_t j = l + PREFETCH_KEYS; j < l + PREFETCH_KEYS + 2; ++j) {  // as the FMA pass
-      if (j < n)
-        prefetch_span(v_pool + (slots[j] * kv_heads + h) * 64, 128);
-      else if (next_k && j - n < n)
-        prefetch_span(next_k + slots[j - n] * kv_heads * 128, 128);
-    }
-    const uint16_t* r0 = v_pool + (slots[l] * kv_heads + h) * 64;
-    const uint16_t* r1 = l + 1 < n ? v_pool + (slots[l + 1] * kv_heads + h) * 64 : r0;
-    const __m512i a0 = _mm512_loadu_si512(r0), a1 = _mm512_loadu_si512(r0 + 32);
-    const __m512i b0 = _mm512_loadu_si512(r1), b1 = _mm512_loadu_si512(r1 + 32);
-    const __m512bh u[4] = {(__m512bh)_mm512_unpacklo_epi16(a0, b0),
-                           (__m512bh)_mm512_unpackhi_epi16(a0, b0),
-                           (__m512bh)_mm512_unpacklo_epi16(a1, b1),
-                           (__m512bh)_mm512_unpackhi_epi16(a1, b1)};
-    for (int g = 0; g < G; ++g) {
-      const __m512bh w = (__m512bh)_mm512_set1_epi32((int)pairs[g * np + i]);
-      for (int c = 0; c < 4; ++c) acc[g][c] = _mm512_dpbf16_ps(acc[g][c], w, u[c]);
-    }
-  }
-  for (int g = 0; g < G; ++g) {
-    float t[4][16];
-    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(t[c], acc[g][c]);
-    for (int c = 0; c < 4; ++c)
-      for (int k = 0; k < 16; ++k)
-        out[g * 64 + 32 * (c / 2) + 8 * (k / 4) + 4 * (c % 2) + k % 4] = t[c][k];
-  }
-}
-#endif
-
 // The pool slots of the keys sequence b attends to (its window's, where it has one): n.
 static int64_t* window_slots(const tw_kv* kv, int b, int64_t* n) {
   const int64_t L = kv->context_lens[b];
@@ -660,7 +600,6 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
   for (int64_t j = 0; j < PREFETCH_KEYS && j < n; ++j)  // the first head's first keys
     prefetch_span((const char*)kv->k_pool + (slots[j] * kv_heads + h0) * D * esz, D * esz);
   float* scores = (float*)malloc(sizeof(float) * (size_t)(G * n));
-  uint32_t* pairs = (uint32_t*)malloc(sizeof(uint32_t) * (size_t)(G * ((n + 1) / 2) + 16));
   float* qs = (float*)malloc(sizeof(float) * (size_t)(G * D));
   uint16_t* qb = (uint16_t*)malloc(sizeof(uint16_t) * (size_t)(G * D));
   float row[256];
@@ -688,16 +627,6 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
       const void* vp = kv->v_pool;
       const int dt = kv->kv_dtype;
       const char* nk = h + 1 < h1 ? (const char*)kv->k_pool + (int64_t)(h + 1) * D * esz : NULL;
-#if defined(__AVX512BF16__)
-      if (dt == TW_BF16) {
-        const uint16_t* v16 = (const uint16_t*)vp;
-        if (G == 1) weighted_values64_pairs(v16, slots, n, kv_heads, h, scores, 1, oh, nk, ap, pairs);
-        if (G == 2) weighted_values64_pairs(v16, slots, n, kv_heads, h, scores, 2, oh, nk, ap, pairs);
-        if (G == 3) weighted_values64_pairs(v16, slots, n, kv_heads, h, scores, 3, oh, nk, ap, pairs);
-        if (G == 4) weighted_values64_pairs(v16, slots, n, kv_heads, h, scores, 4, oh, nk, ap, pairs);
-        continue;
-      }
-#endif
       if (G == 1) weighted_values64(vp, dt, slots, n, kv_heads, h, scores, 1, oh, nk, ap);
       if (G == 2) weighted_values64(vp, dt, slots, n, kv_heads, h, scores, 2, oh, nk, ap);
       if (G == 3) weighted_values64(vp, dt, slots, n, kv_heads, h, scores, 3, oh, nk, ap);
@@ -737,7 +666,6 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
   }
   free(qb);
   free(qs);
-  free(pairs);
   free(scores);
   free(slots);
   if (ap) free((void*)ahead.slots);
