@@ -1243,7 +1243,9 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b)
         rms_norm_row(x + b * hid, L->post_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
-      uint16_t* act_b = s->hb;  // SwiGLU's output in bfloat16, the down product's input
+      // SwiGLU's output in bfloat16, the down product's input. (gate_up is TW_AMX_GLU only
+      // where every product is packed, so down reads act_b, never the float32 act.)
+      uint16_t* act_b = s->hb;
 #if defined(TW_PACKED_BUILT)
       if (L->gate_up.dtype == TW_AMX_GLU) {  // SwiGLU in the product (TW_GLU), into the
         act_b = (uint16_t*)s->act;           // float32 rows' room: hb is its input
