@@ -308,6 +308,14 @@ def glu_order(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(2, n // 32, 16, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
 
 
+def packed_bias(bias: torch.Tensor | None, glu: bool = False) -> torch.Tensor | None:
+    """A packed product's bias: float32, contiguous, in glu_order for glu products."""
+    if bias is None:
+        return None
+    b = bias.detach().float()
+    return (glu_order(b) if glu else b).contiguous()
+
+
 def amx_pack(w: torch.Tensor, glu: bool = False) -> torch.Tensor | None:
     """A copy of bfloat16 w [N, K] in the packed layout of tw_amx_pack (N and K multiples
     of 32), or None where the packed products cannot take it here. glu: w is a gate_up
@@ -340,8 +348,7 @@ def amx_product(w: torch.Tensor, bias: torch.Tensor | None = None, packed=None, 
         return None
     lib = library()
     n, k = w.shape
-    b = None if bias is None else bias.detach().float()
-    b = None if b is None else (glu_order(b) if glu else b).contiguous()
+    b = packed_bias(bias, glu)
     pw, pb = ptr(packed), ptr(b)  # kept alive by the closure below
     width, y_dtype = (n // 2, GLU) if glu else (n, BF16)
 

@@ -68,11 +68,11 @@ def _linear(
             packs[layer.weight.data_ptr()] = packed
             keep.append(packed)
             n, k = layer.out_features, layer.in_features
-            bias = None if layer.bias is None else layer.bias.detach().float()
-            if glu and bias is not None:
-                bias = ck.glu_order(bias)
+            bias = ck.packed_bias(layer.bias, glu)
+            if bias is not None:
+                keep.append(bias)
             code = ck.AMX_GLU if glu else ck.AMX
-            return ck.Linear(ck.ptr(packed), None, _f32(bias, keep), code, n, k)
+            return ck.Linear(ck.ptr(packed), None, ck.ptr(bias), code, n, k)
     if isinstance(layer, DenseForLargeBatches):
         layer = layer.quantized
     n, k = layer.out_features, layer.in_features

@@ -200,8 +200,8 @@ typedef struct {
 } tw_best;
 
 #if defined(TW_PACKED_BUILT)
-static void amx_rows(const tw_linear* L, const uint16_t* xb, float* y, int B, int accumulate,
-                     tw_run* runs);
+static void amx_rows(const tw_linear* L, const uint16_t* xb, void* y, int y_dtype, int B,
+                     int accumulate, tw_run* runs);
 #endif
 
 // y[b, j] (+)= W[j] . x[b] for b < B: the output rows are shared among the threads (call
@@ -212,7 +212,7 @@ static void linear_rows(const tw_linear* L, const float* x, const uint16_t* xb, 
                         int accumulate, tw_run* runs) {
 #if defined(TW_PACKED_BUILT)
   if (L->dtype == TW_AMX) {
-    amx_rows(L, xb, y, B, accumulate, runs);
+    amx_rows(L, xb, y, TW_F32, B, accumulate, runs);
     return;
   }
 #endif
@@ -718,8 +718,8 @@ static void thread_panels(int panels, int me, int nt, int* p0, int* p1) {
 // ------------------------------------------------------------- packed matrix products ---
 // Decode batches of tens of rows multiply every weight once per step: the product streams
 // the weights from memory and does 2 * rows flops per weight read. The weights are packed
-// once so that each thread reads one contiguous run of memory, prefetched 64 KB ahead into
-// the cache next to the core. On CPUs with AMX, tile products (TDPBF16PS: [16 x 32] x
+// once so that each thread reads one contiguous run of memory, asked for ahead into the
+// caches next to the core (64 KB ahead on tiles, the next panel in vec_panels). On CPUs with AMX, tile products (TDPBF16PS: [16 x 32] x
 // [32 x 16] bfloat16 pairs into [16 x 16] float32) do the arithmetic with room to spare;
 // elsewhere (AVX-512 BF16 without AMX, such as AMD's Zen 4) AVX-512 BF16 dot products read
 // the same layout (vec_panels).
@@ -1118,11 +1118,11 @@ int tw_amx_linear(const uint16_t* x, int M, int K, const uint16_t* wp, int N, co
 }
 
 #if defined(TW_PACKED_BUILT)
-// linear_rows for TW_AMX weights, inside the decode step's parallel region: xb holds the
-// input rows in bfloat16 (stride k).
-static void amx_rows(const tw_linear* L, const uint16_t* xb, float* y, int B, int accumulate,
-                     tw_run* runs) {
-  amx_shared(xb, B, L->k, (const uint16_t*)L->w, L->n, L->bias, y, TW_F32, accumulate, runs);
+// linear_rows for packed weights, inside the decode step's parallel region: xb holds the
+// input rows in bfloat16 (stride k); y in y_dtype (TW_F32, or TW_GLU for TW_AMX_GLU).
+static void amx_rows(const tw_linear* L, const uint16_t* xb, void* y, int y_dtype, int B,
+                     int accumulate, tw_run* runs) {
+  amx_shared(xb, B, L->k, (const uint16_t*)L->w, L->n, L->bias, y, y_dtype, accumulate, runs);
 #pragma omp barrier
 }
 #endif
@@ -1249,9 +1249,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
 #if defined(TW_PACKED_BUILT)
       if (L->gate_up.dtype == TW_AMX_GLU) {  // SwiGLU in the product (TW_GLU), into the
         act_b = (uint16_t*)s->act;           // float32 rows' room: hb is its input
-        amx_shared(s->hb, B, L->gate_up.k, (const uint16_t*)L->gate_up.w, L->gate_up.n,
-                   L->gate_up.bias, act_b, TW_GLU, 0, runs);
-#pragma omp barrier
+        amx_rows(&L->gate_up, s->hb, act_b, TW_GLU, B, 0, runs);
       } else
 #endif
       {
