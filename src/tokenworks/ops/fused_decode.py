@@ -428,6 +428,9 @@ class LlamaDecodeKernel:
             px, p_delta, code, self.model_c.final_norm, eps, ph, code, b, hid, threads
         )
         if logits_rows is not None and logits_rows.numel() != b:
+            if logits_rows.numel() == 0:  # mid-prompt chunks only: no row samples
+                dtype = torch.float32 if float_logits else act
+                return torch.empty(0, s.vocab_size, dtype=dtype)
             h = h.index_select(0, logits_rows)
         logits = self._head(h)
         return logits.float() if float_logits else logits

@@ -693,6 +693,7 @@ static void attention_tasks(const tw_kv* kv, const float* q, int64_t q_stride, f
 // q [B, H, D] float32 -> out [B, H, D] float32, one decode query per sequence.
 void tw_paged_attention(const tw_kv* kv, const float* q, float* out, int B, int H, int kv_heads,
                         int D, float scale, int threads) {
+  if (B <= 0) return;
 #pragma omp parallel num_threads(threads)
   attention_tasks(kv, q, (int64_t)H * D, out, (int64_t)H * D, B, H, kv_heads, D, scale, threads);
 }
@@ -945,6 +946,7 @@ static inline __attribute__((always_inline)) void vec_step(const uint16_t* tile,
 // 293 to 366.)
 static void vec_panels(const uint16_t* x, int M, int K, const uint16_t* wp, int N, int p0, int p1,
                        const float* bias, void* y, int y_dtype, int accumulate) {
+  if (M <= 0 || K <= 0) return;  // no rows: nothing to sum (and no steps to share prefetch)
   const int steps = K / 32;
   const int64_t panel_bytes = (int64_t)K * 64;
   const int64_t calls = (int64_t)((M + VEC_ROWS - 1) / VEC_ROWS) * steps;  // a panel's steps
@@ -1098,6 +1100,7 @@ void tw_amx_pack(const uint16_t* w, int N, int K, uint16_t* out, int threads) {
 int tw_amx_linear(const uint16_t* x, int M, int K, const uint16_t* wp, int N, const float* bias,
                   void* y, int y_dtype, int threads) {
 #if defined(TW_PACKED_BUILT)
+  if (M <= 0 || N <= 0) return 0;  // an empty product (a prompt chunk that samples nothing)
   tw_run* runs = new_runs(threads);
 #pragma omp parallel num_threads(threads)
   {
@@ -1196,6 +1199,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
                      const tw_kv* kv_in, const int64_t* ids, const int64_t* positions,
                      const int64_t* slots, int B, float* x, const tw_scratch* s, float* logits,
                      int64_t* argmax, int threads) {
+  if (B <= 0) return;
   const int H = d->n_heads, KVH = d->n_kv_heads, D = d->head_dim, hid = d->hidden;
   const int I = d->intermediate;
   const int q_size = H * D, kv_size = KVH * D, nqkv = q_size + 2 * kv_size;
@@ -1372,6 +1376,7 @@ void tw_swiglu(const void* gu, void* act, int dtype, int B, int I, int threads) 
 void tw_rope_attend(const tw_dims* d, const tw_kv* kv, const void* qkv, void* out, int dtype,
                     const int64_t* positions, const int64_t* slots, const float* cos,
                     const float* sin, int B, int threads) {
+  if (B <= 0) return;
   const int H = d->n_heads, KVH = d->n_kv_heads, D = d->head_dim;
   const int q_size = H * D, kv_size = KVH * D, nqkv = q_size + 2 * kv_size;
   float* qf = (float*)malloc(sizeof(float) * (size_t)B * nqkv);
@@ -1626,6 +1631,7 @@ int tw_prefill_attention(const void* k_pool, const void* v_pool, int H, int kv_h
   if (amx) return -1;
 #endif
 #if defined(__AVX512BF16__)
+  if (S <= 0) return 0;
   const int G = H / kv_heads;
   int64_t longest = 0;
   for (int s = 0; s < S; ++s) longest = keys[s] > longest ? keys[s] : longest;
