@@ -79,7 +79,8 @@ def toy_llm():
     return LLM("toy", dtype="float32", max_num_seqs=4)
 
 
-def start_server(loaded, names=("smollm2-135m",), api_key=None, max_body_bytes=None, **engine_kw):
+def start_server(loaded, names=("smollm2-135m",), api_keys=(), limits=None, state_kw=None,
+                 **engine_kw):  # fmt: skip
     """A real HTTP server on 127.0.0.1 over its own engine (the weights are shared)."""
     from tokenworks.config import EngineConfig
     from tokenworks.engine.engine import LLMEngine
@@ -88,9 +89,8 @@ def start_server(loaded, names=("smollm2-135m",), api_key=None, max_body_bytes=N
 
     kw = dict(dtype="float32", threads=2, max_num_seqs=8, kv_cache_memory=0.25) | engine_kw
     engine = LLMEngine(EngineConfig(model="smollm2-135m", **kw), loaded)
-    state = make_state(engine, list(names))
-    extra = {"max_body_bytes": max_body_bytes} if max_body_bytes else {}
-    srv = ServerThread(build_app(state, api_key=api_key, **extra)).start()
+    state = make_state(engine, list(names), limits=limits, api_keys=api_keys, **(state_kw or {}))
+    srv = ServerThread(build_app(state)).start()
     srv.state = state
     srv.engine = engine
     return srv

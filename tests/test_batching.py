@@ -171,11 +171,12 @@ def test_the_waiting_queue_is_bounded_and_oversized_requests_are_refused(toy_llm
         dtype="float32",
         loaded=toy_llm.engine.loaded,
         max_waiting=3,
+        max_num_seqs=1,
         kv_cache_memory=64 * toy_llm.engine.kv_bytes_per_token / 1024**3,
         block_size=16,
     )
     eng = llm.engine
-    for _ in range(3):
+    for _ in range(4):  # one takes the free running slot, three wait for it
         eng.add_request(prompt_token_ids=[5, 6, 7], params=GREEDY)
     with pytest.raises(QueueFullError, match="queue is full"):
         eng.add_request(prompt_token_ids=[5, 6, 7], params=GREEDY)

@@ -27,8 +27,14 @@ def wait_for(condition, timeout=20.0):
 @pytest.fixture(scope="module")
 def tiny_server(smol_loaded):
     """One running slot, one waiting slot, an API key and a 64 KiB body limit."""
+    from tokenworks.serve.limits import ServerLimits
+
     srv = start_server(
-        smol_loaded, api_key=KEY, max_body_bytes=64 * 1024, max_num_seqs=1, max_waiting=1
+        smol_loaded,
+        api_keys=(KEY,),
+        limits=ServerLimits(max_body_bytes=64 * 1024),
+        max_num_seqs=1,
+        max_waiting=1,
     )
     yield srv
     srv.stop()

@@ -10,6 +10,7 @@ import sys
 
 from tokenworks.config import add_engine_arguments, engine_kwargs
 from tokenworks.models.catalogue import DEFAULT_MODEL
+from tokenworks.serve.limits import add_limit_arguments
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -279,7 +280,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: local only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require this key (Bearer or x-api-key)")
+    p.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="require this key (Authorization: Bearer KEY or x-api-key: KEY) on every "
+        "endpoint but /health and /metrics; repeatable, one key per tenant: each key's "
+        "requests get their own prefix-cache salt, so tenants never share cached blocks",
+    )
+    p.add_argument(
+        "--metrics-require-key", action="store_true", help="guard /metrics with the key too"
+    )
+    p.add_argument(
+        "--shared-prefix-cache",
+        action="store_true",
+        help="with several --api-key: let tenants share cached prompt blocks (faster for "
+        "common prefixes, but one tenant can then time another's prompts)",
+    )
     p.add_argument(
         "--served-model-name",
         action="append",
@@ -293,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="cancel a request that has not finished after S seconds (504)",
     )
-    p.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body, MiB")
+    add_limit_arguments(p)
     p.add_argument("--log-level", default="info")
     p.set_defaults(fn=cmd_serve)
 

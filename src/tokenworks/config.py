@@ -49,7 +49,8 @@ class EngineConfig:
     max_num_seqs: int = 64  # sequences running at once
     max_num_batched_tokens: int = 2048  # tokens per forward pass (the per-step budget)
     enable_chunked_prefill: bool = True  # split long prompts across steps beside decodes
-    max_waiting: int = 4096  # queued requests beyond this are refused (admission control)
+    # requests waiting for a running slot (all max_num_seqs taken) beyond this are refused
+    max_waiting: int = 4096
     scheduling_policy: str = "fcfs"  # or "priority": lower SamplingParams.priority first
     batch_invariant: bool = False  # a sequence's numerics never depend on its batch
     # one forward pass at the token budget when the engine starts (LLMEngine.warm_up)
@@ -73,9 +74,11 @@ class EngineConfig:
                 f"{self.quantization} weight-only quantization uses torch's CPU kernels; "
                 "on CUDA run without --quantization"
             )
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.max_waiting < 0:
+            raise ValueError("max_waiting must be >= 0 (0: refuse whatever finds no free slot)")
         if self.dense_from_rows is not None and (
             self.quantization is None or self.dense_from_rows < 1
         ):
@@ -160,7 +163,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
         "--max-waiting",
         type=int,
         default=4096,
-        help="requests that may wait for a slot; more are refused (HTTP 429/529)",
+        help="requests that may wait for a running slot once all max-num-seqs are taken; "
+        "more are refused (HTTP 429/529); 0 refuses whatever finds no free slot",
     )
     g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
     g.add_argument(

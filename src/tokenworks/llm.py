@@ -58,6 +58,7 @@ class LLM:
                 now = sum(s.group_finished for s in seqs)
                 bar.update(now - done)
                 done = now
+        self.engine.take_failures()  # their outputs say so: finish_reason "error"
         return [s.to_output() for s in seqs]
 
     def chat(

@@ -11,7 +11,8 @@ engine; they post commands that the engine thread applies between steps:
   go back to the pool at once.
 
 If a forward pass raises, LLMEngine aborts the requests it touched; their streams get a
-`RequestFailedError` and everyone else carries on.
+`RequestFailedError` and everyone else carries on. If sampling raises for one request
+(LLMEngine.failures), that request alone fails, and the step's others go on.
 
 An optional observer (duck-typed; serve/metrics.py has one) hears about every step and
 every finished request, in the engine thread.
@@ -44,6 +45,12 @@ class RequestCancelledError(RuntimeError):
 
 class DeadlineExceededError(TimeoutError):
     """The request did not finish before its deadline; it was cancelled."""
+
+
+class ReaderTooSlowError(RuntimeError):
+    """The stream's reader fell too far behind (max_backlog tokens undelivered, or none
+    taken for max_stall_s while some waited): the request was cancelled and its blocks
+    freed, so one slow client never grows the server's memory without end."""
 
 
 @dataclass
@@ -98,6 +105,11 @@ class _Stream:
     t_submit: float = field(default_factory=time.monotonic)
     t_first: float | None = None
     t_last: float | None = None
+    # the backlog: tokens pushed (written by the engine thread only) against tokens the
+    # reader took (written by the reader only), and when the reader last took any
+    pushed: int = 0
+    taken: int = 0
+    t_taken: float = field(default_factory=time.monotonic)
 
     def push(self, item: RequestUpdate | BaseException | None) -> bool:
         """Hand an item to the reader's event loop; False if that loop is gone."""
@@ -109,8 +121,18 @@ class _Stream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, observer: Any = None, idle_wait_s: float = 0.5):
+    def __init__(
+        self,
+        engine: LLMEngine,
+        observer: Any = None,
+        idle_wait_s: float = 0.5,
+        max_backlog: int | None = None,
+        max_stall_s: float | None = None,
+    ):
+        """max_backlog (tokens) and max_stall_s (seconds): how far a stream's reader may
+        fall behind before its request is cancelled (None: no bound)."""
         self.engine = engine
+        self.max_backlog, self.max_stall_s = max_backlog, max_stall_s
         self.observer = observer
         self._idle_wait_s = idle_wait_s
         self._commands: deque[tuple] = deque()
@@ -219,6 +241,7 @@ class AsyncEngine:
                 log.exception("a forward pass failed; failing the requests it touched")
                 self._fail_orphans(e)
                 continue
+            self._fail_alone(self.engine.take_failures())
             try:
                 self._emit(sampled)
                 if self.observer is not None and self.engine.stats:
@@ -296,9 +319,36 @@ class AsyncEngine:
             if update.finished:  # count it before the reader can see the end
                 del self._streams[request_id]
                 self._finished(stream, now)
+            stream.pushed += sum(len(d.token_ids) for d in deltas)
             if not stream.push(update) and not update.finished:
                 self._streams.pop(request_id, None)  # its reader's loop is gone
                 self.engine.abort_request(request_id)
+            elif not update.finished:
+                self._check_backlog(stream, now)
+
+    def _check_backlog(self, stream: _Stream, now: float) -> None:
+        """Cancel the request of a reader too far behind (see ReaderTooSlowError)."""
+        backlog = stream.pushed - stream.taken
+        too_many = self.max_backlog is not None and backlog > self.max_backlog
+        stalled = (
+            self.max_stall_s is not None and backlog > 0 and now - stream.t_taken > self.max_stall_s
+        )
+        if not (too_many or stalled):
+            return
+        why = (
+            f"{backlog} output tokens were waiting for it (at most {self.max_backlog})"
+            if too_many
+            else f"it took none of its output for {now - stream.t_taken:.0f} s "
+            f"(at most {self.max_stall_s:g})"
+        )
+        log.warning("request %s: the client fell behind (%s); cancelled", stream.request_id, why)
+        self._streams.pop(stream.request_id, None)
+        self.engine.abort_request(stream.request_id)
+        stream.push(
+            ReaderTooSlowError(
+                f"the client read its stream too slowly: {why}; the request was cancelled"
+            )
+        )
 
     def _finished(self, stream: _Stream, now: float) -> None:
         if self.observer is None:
@@ -316,6 +366,14 @@ class AsyncEngine:
                 now - t0,
             )
         )
+
+    def _fail_alone(self, failures: dict[str, str]) -> None:
+        """Requests whose sampling raised this step (the step's others went on)."""
+        for request_id, why in failures.items():
+            self.errors += 1
+            stream = self._streams.pop(request_id, None)
+            if stream is not None:
+                stream.push(RequestFailedError(f"the engine failed for this request: {why}"))
 
     def _fail_orphans(self, error: Exception) -> None:
         orphans = [r for r in self._streams if r not in self.engine.requests]
@@ -353,6 +411,8 @@ class RequestStream:
         if isinstance(item, BaseException):
             self.done = True  # the engine already dropped it
             raise item
+        self._stream.taken += sum(len(d.token_ids) for d in item.deltas)
+        self._stream.t_taken = time.monotonic()
         self.done = item.finished
         return item
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import os
 import time
 from collections import deque
@@ -40,6 +41,7 @@ from tokenworks.ops.ckernels import argmax_rows
 from tokenworks.ops.fused_decode import LlamaDecodeKernel
 from tokenworks.tokenizer import TokenizerWrapper
 
+log = logging.getLogger("tokenworks.engine")
 GiB = 1024**3
 _NO_HISTORY = torch.empty(0, dtype=torch.long)  # what sample_one gets without penalties
 
@@ -134,6 +136,9 @@ class LLMEngine:
         self._ids = itertools.count()
         self._arrivals = itertools.count()
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id (group heads)
+        # requests that failed alone (sampling or a grammar raised for them) since the
+        # last take_failures(): request id -> why; their sequences finish with "error"
+        self.failures: dict[str, str] = {}
         self._start_counts()
         if config.warmup:
             self.warm_up()
@@ -323,14 +328,50 @@ class LLMEngine:
             if guided or logits.device.type != "cpu" or not plain:
                 logits = logits.float().cpu()  # float32 for the sampler and the grammar masks
             if guided:  # structured output: forbid what each grammar does not allow
-                self.grammars.mask_rows(logits, guided)
+                self._mask(logits, guided, sampling)
             # Plain greedy rows (no penalties, no logprobs) take one argmax over the batch (in
             # the logits' own dtype: bfloat16 to float32 is exact: the choice is the same).
             argmax = argmax_rows(logits)
         sampled: list[Sequence] = []
         for r, (seq, top) in enumerate(zip(sampling, argmax, strict=True)):
-            sampled += self._sample(seq, logits, r, top)
-        return sampled
+            if seq.finished:  # its grammar failed above
+                continue
+            try:
+                sampled += self._sample(seq, logits, r, top)
+            except Exception as e:
+                self._fail_request(seq, e)
+        failed = {rid for rid in self.failures}
+        return [s for s in sampled if s.request_id not in failed]
+
+    def _mask(self, logits: torch.Tensor, guided: list, sampling: list[Sequence]) -> None:
+        """The grammar masks of the guided rows; a row whose matcher raises fails its own
+        request (the others keep their masks)."""
+        try:
+            self.grammars.mask_rows(logits, guided)
+            return
+        except Exception:
+            pass
+        for r, matcher in guided:  # again one at a time, to find the one that raised
+            try:
+                self.grammars.mask_rows(logits, [(r, matcher)])
+            except Exception as e:
+                self._fail_request(sampling[r], e)
+
+    def _fail_request(self, seq: Sequence, error: Exception) -> None:
+        """Sampling for seq raised: its request alone ends, with finish reason "error" and
+        the reason in `failures`; its blocks go back to the pool."""
+        log.exception("request %s failed while sampling; the others carry on", seq.request_id)
+        self.failures[seq.request_id] = f"{type(error).__name__}: {error}"
+        for s in seq.group:
+            if not s.finished:
+                s.finish(FinishReason.ERROR)
+            self.scheduler.remove(s)
+        self.requests.pop(seq.request_id, None)
+
+    def take_failures(self) -> dict[str, str]:
+        """The requests that failed alone since the last call (id -> why), and forget them."""
+        failed, self.failures = self.failures, {}
+        return failed
 
     def _fail(self, out: SchedulerOutput) -> None:
         """The step raised (forward pass or sampling): abort the requests it touched, free

@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
+# A temperature below this samples as greedy (vLLM's _SAMPLING_EPS): dividing logits by
+# 1e-45 gives infinities, and no distribution is left to draw from.
+MIN_TEMPERATURE = 1e-5
+# repetition_penalty divides (or multiplies) logits: outside this range a logit of a few
+# tens leaves float32's range, and the draw has nothing finite to sample from
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+MAX_SEED = 2**63 - 1  # torch.Generator takes 64 bits; siblings of n > 1 add their index
 
 
 class FinishReason(enum.StrEnum):
     STOP = "stop"  # an end-of-sequence token, a stop token id or a stop string
     LENGTH = "length"  # max_tokens reached, or the model's context is full
     ABORT = "abort"  # cancelled by the caller
+    ERROR = "error"  # the engine failed for this request alone (the others carry on)
 
 
 class SamplingError(ValueError):
@@ -103,14 +112,23 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if isinstance(self.temperature, int | float) and 0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = 0.0  # greedy
+        lo, hi = REPETITION_PENALTY_RANGE
         checks = [
             (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens must be >= 1"),
             (isinstance(self.n, int) and 1 <= self.n <= 128, "n must be an integer in [1, 128]"),
-            (self.temperature >= 0, "temperature must be >= 0 (0 means greedy)"),
+            (
+                math.isfinite(self.temperature) and self.temperature >= 0,
+                "temperature must be a finite number >= 0 (0 means greedy)",
+            ),
             (isinstance(self.top_k, int), "top_k must be an integer (0 or -1 disables it)"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
-            (self.repetition_penalty > 0, "repetition_penalty must be > 0 (1 disables it)"),
+            (
+                lo <= self.repetition_penalty <= hi,
+                f"repetition_penalty must be in [{lo}, {hi:g}] (1 disables it)",
+            ),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
             (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
             (
@@ -121,6 +139,10 @@ class SamplingParams:
             (
                 all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
                 "stop_token_ids must be non-negative integers",
+            ),
+            (
+                self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED),
+                "seed must be an integer in [0, 2**63 - 1]",
             ),
         ]
         for ok, message in checks:
@@ -139,7 +161,8 @@ class SamplingParams:
             f"top_p={self.top_p}, min_p={self.min_p}, "
             f"repetition_penalty={self.repetition_penalty}, "
             f"frequency_penalty={self.frequency_penalty}, "
-            f"presence_penalty={self.presence_penalty}, logprobs={self.logprobs}, n={self.n}"
+            f"presence_penalty={self.presence_penalty}, logprobs={self.logprobs}, n={self.n}, "
+            f"seed={self.seed}"
         )
 
     @property

@@ -14,8 +14,10 @@ back to the front of the waiting queue to be recomputed later (its cached prefix
 often survive in the prefix cache). Because a preempted sequence keeps its arrival order,
 it is admitted again before anything that came after it: no starvation.
 
-Admission control: the waiting queue is bounded (`QueueFullError`), and a request that
-could never fit in the pool even alone is refused up front (`RequestTooLargeError`).
+Admission control: requests waiting for a running slot are bounded (`max_waiting`,
+`QueueFullError`; arrivals that a free slot will take next step do not count), and a
+request that could never fit in the pool even alone is refused up front
+(`RequestTooLargeError`).
 """
 
 from __future__ import annotations
@@ -87,11 +89,20 @@ class Scheduler:
                 f"n={n}) but the whole pool has {self.blocks.num_blocks}; lower max_tokens or "
                 "n, shorten the prompt, or give the engine more KV memory (kv_cache_memory)"
             )
-        if len(self.waiting) >= self.config.max_waiting:
+        if self.queued_beyond_slots() >= self.config.max_waiting:
             raise QueueFullError(
-                f"the waiting queue is full ({self.config.max_waiting} requests); retry later"
+                f"the waiting queue is full ({self.config.max_waiting} requests wait for a "
+                f"running slot, all {self.config.max_num_seqs} are taken); retry later"
             )
         bisect.insort(self.waiting, seq, key=self._key)
+
+    def queued_beyond_slots(self) -> int:
+        """Waiting requests that the next step cannot admit even with every free running
+        slot taken: what max_waiting bounds. Arrivals that free slots will take at once
+        are not waiting for one (so a burst into an idle engine is never refused, and the
+        warm-up's requests never count)."""
+        free = max(0, self.config.max_num_seqs - len(self.running))
+        return max(0, len(self.waiting) - free)
 
     def add_running(self, seq: Sequence) -> None:
         """A forked sibling joins the running set directly (its blocks are shared)."""

@@ -90,7 +90,7 @@ class Sequence:
     def spawn(self, index: int) -> Sequence:
         """A sibling for parallel sampling, made right after the prompt: same prompt, own
         random stream (seed + index when the request has a seed), no output yet."""
-        seed = self.params.seed + index if self.params.seed is not None else None
+        seed = (self.params.seed + index) % 2**64 if self.params.seed is not None else None
         child = Sequence(
             self.request_id,
             self.prompt,
@@ -116,7 +116,8 @@ class Sequence:
     def group_finished(self) -> bool:
         done = all(s.finished for s in self.group)
         # siblings are spawned when the first token is sampled; an abort can come before
-        return done and (len(self.group) == self.params.n or self.group[0].finish_reason == "abort")
+        early = self.group[0].finish_reason in ("abort", "error")
+        return done and (len(self.group) == self.params.n or early)
 
     @property
     def all_ids(self) -> list[int]:

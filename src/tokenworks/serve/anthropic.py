@@ -26,6 +26,7 @@ from tokenworks.serve.common import (
     sse,
     stream_error,
     submit,
+    tenant_salt,
 )
 from tokenworks.serve.errors import bad_request
 from tokenworks.serve.protocol import AnthropicMessagesRequest
@@ -124,6 +125,8 @@ def _stop_reason(finish: str | None, stop_reason, has_calls: bool) -> tuple[str,
 async def messages(body: AnthropicMessagesRequest, request: Request):
     state: ServerState = request.app.state.tokenworks
     state.check_model(body.model)
+    state.limits.check_stop(list(body.stop_sequences or []), "stop_sequences")
+    state.limits.check_tools(body.tools)
     tool_list = tools.anthropic_tools(body.tools)
     mode, name = tools.anthropic_choice(body.tool_choice, tool_list)
     offered, constraint = tools.resolve(
@@ -154,6 +157,7 @@ async def messages(body: AnthropicMessagesRequest, request: Request):
         anthropic=True,
         request_id=rid,
         deadline=state.deadline(body.deadline),
+        cache_salt=tenant_salt(state, request, None),
     )
     message_id = "msg_" + secrets.token_hex(12)
     parse = bool(offered)

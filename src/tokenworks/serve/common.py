@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -14,12 +15,14 @@ from fastapi import Request
 from tokenworks.engine.async_engine import (
     AsyncEngine,
     DeadlineExceededError,
+    ReaderTooSlowError,
     RequestFailedError,
     RequestUpdate,
 )
 from tokenworks.engine.request import SamplingError, SamplingParams
 from tokenworks.engine.scheduler import QueueFullError
 from tokenworks.serve.errors import APIError, bad_request
+from tokenworks.serve.limits import ServerLimits
 from tokenworks.serve.metrics import ServerMetrics
 from tokenworks.serve.tools import Tool, prepare_messages
 from tokenworks.tokenizer.chat import ChatTemplateError
@@ -33,6 +36,14 @@ class ServerState:
     request_timeout: float | None = None  # seconds; a request's own deadline may be shorter
     retry_after_s: int = 1
     created: int = field(default_factory=lambda: int(time.time()))
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    # API keys; with any, every endpoint but /health (and /metrics unless
+    # metrics_require_key) needs one, and with tenant_salts each key's requests get a
+    # prefix-cache salt of their own: tenants never share cached blocks, so one cannot
+    # tell from its time to first token what another has sent
+    api_keys: tuple[str, ...] = ()
+    metrics_require_key: bool = False
+    tenant_salts: bool = True
 
     @property
     def tokenizer(self):
@@ -69,25 +80,55 @@ def sampling_params(param_names: dict[str, str] | None = None, **kw) -> Sampling
         raise bad_request(message, names.get(field_name, field_name)) from e
 
 
-def clamp_max_tokens(state: ServerState, requested: int | None, prompt_len: int) -> int:
-    """max_tokens, or what is left of the context when the request does not say."""
+def clamp_max_tokens(
+    state: ServerState,
+    requested: int | None,
+    prompt_len: int,
+    field_name: str = "max_tokens",
+    prompt_field: str = "messages",
+) -> int:
+    """max_tokens, or what is left of the context when the request does not say; the
+    prompt plus max_tokens must fit the context (a 400 naming field_name, as vLLM does)."""
     room = state.max_model_len - prompt_len
     if room < 1:
         raise bad_request(
             f"the prompt has {prompt_len} tokens but the context holds {state.max_model_len} "
             "(prompt plus at least one new token); shorten the prompt",
-            "messages",
+            prompt_field,
         )
     if requested is None:  # what is left of the context, or of the whole KV pool if less
         blocks = state.engine.engine.blocks
         return max(1, min(room, blocks.num_blocks * blocks.block_size - prompt_len))
+    if requested > room:
+        raise bad_request(
+            f"{field_name} is {requested}, but the context holds {state.max_model_len} tokens "
+            f"and the prompt takes {prompt_len}: at most {room} new tokens fit; lower "
+            f"{field_name} or shorten the prompt",
+            field_name,
+        )
     return requested
+
+
+def tenant_salt(state: ServerState, request: Request, salt: str | None) -> str | None:
+    """The prefix-cache salt of a request: its own cache_salt, under its API key's when
+    keys are configured and tenant_salts is on (the key itself never leaves this
+    function: the salt is a hash of it)."""
+    key = getattr(request.state, "api_key", None)
+    if not (state.tenant_salts and key):
+        return salt
+    tenant = hashlib.sha256(b"tokenworks-tenant\0" + key.encode()).hexdigest()[:16]
+    return tenant if salt is None else f"{tenant}:{salt}"
+
+
+# what render_chat passes the template itself: a request's chat_template_kwargs may not
+CHAT_TEMPLATE_RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
 
 
 def render_chat(state: ServerState, messages: list[dict], tools: list[Tool], **kwargs) -> str:
     tokenizer = state.tokenizer
     if tokenizer.chat is None:
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
+    state.limits.check_messages(messages)
     prepared, extra = prepare_messages(messages, tools, tokenizer.chat.source)
     try:
         return tokenizer.apply_chat_template(prepared, **extra, **kwargs)
@@ -122,6 +163,8 @@ def stream_error(e: BaseException) -> APIError:
         return APIError(504, str(e), code="deadline_exceeded")
     if isinstance(e, RequestFailedError):
         return APIError(500, str(e), code="engine_failure")
+    if isinstance(e, ReaderTooSlowError):
+        return APIError(408, str(e), code="reader_too_slow")
     return APIError(500, f"internal error: {e}")
 
 

@@ -14,6 +14,7 @@ _TYPES = {
     400: ("invalid_request_error", "invalid_request_error"),
     401: ("authentication_error", "authentication_error"),
     404: ("not_found_error", "not_found_error"),
+    408: ("timeout_error", "timeout_error"),  # a stream's reader fell too far behind
     413: ("invalid_request_error", "request_too_large"),
     429: ("rate_limit_error", "rate_limit_error"),
     500: ("server_error", "api_error"),

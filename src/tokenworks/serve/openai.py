@@ -16,6 +16,7 @@ from fastapi.responses import StreamingResponse
 from tokenworks.engine.request import TokenLogprob
 from tokenworks.serve import structured, tools
 from tokenworks.serve.common import (
+    CHAT_TEMPLATE_RESERVED,
     ServerState,
     abort_on_disconnect,
     clamp_max_tokens,
@@ -27,6 +28,7 @@ from tokenworks.serve.common import (
     sse,
     stream_error,
     submit,
+    tenant_salt,
 )
 from tokenworks.serve.errors import bad_request
 from tokenworks.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -36,6 +38,14 @@ router = APIRouter()
 
 def _state(request: Request) -> ServerState:
     return request.app.state.tokenworks
+
+
+def _check_limits(state: ServerState, body, logprobs: int | None, logprobs_field: str) -> None:
+    """The server's bounds on what the request asks (serve/limits.py)."""
+    limits = state.limits
+    limits.check_stop([body.stop] if isinstance(body.stop, str) else list(body.stop or []))
+    limits.check_n(body.n)
+    limits.check_logprobs(logprobs, logprobs_field)
 
 
 def _common_params(body, max_tokens: int, logprobs: int | None, constraint) -> dict:
@@ -123,13 +133,14 @@ async def completions(body: CompletionRequest, request: Request):
         raise bad_request("best_of must equal n here (no server-side ranking)", "best_of")
     if body.echo and body.logprobs is not None:
         raise bad_request("echo with logprobs needs prompt logprobs, not supported", "echo")
+    _check_limits(state, body, body.logprobs, "logprobs")
     prompts = _prompts(state, body.prompt)
     constraint = structured.from_openai(body)
     deadline = state.deadline(body.deadline)
     streams, ids = [], []
     try:
         for p in prompts:
-            max_tokens = clamp_max_tokens(state, body.max_tokens, len(p))
+            max_tokens = clamp_max_tokens(state, body.max_tokens, len(p), prompt_field="prompt")
             params = sampling_params(**_common_params(body, max_tokens, body.logprobs, constraint))
             rid = state.engine.new_request_id("cmpl")
             streams.append(
@@ -140,7 +151,7 @@ async def completions(body: CompletionRequest, request: Request):
                     request_id=rid,
                     deadline=deadline,
                     priority=body.priority,
-                    cache_salt=body.cache_salt,
+                    cache_salt=tenant_salt(state, request, body.cache_salt),
                 )
             )
             ids.append(rid)
@@ -195,6 +206,7 @@ def _prompts(state: ServerState, prompt) -> list[list[int]]:
         raise bad_request("prompt is empty", "prompt")
     if all(isinstance(t, int) for t in prompt):
         prompt = [prompt]
+    state.limits.check_prompts(len(prompt))
     out = []
     for p in prompt:
         ids = state.tokenizer.encode(p) if isinstance(p, str) else list(p)
@@ -297,9 +309,31 @@ def _text_of(content, where: str) -> str:
     raise bad_request(f"{where}.content must be a string or a list of text parts", "messages")
 
 
-def _messages(raw: list[dict]) -> list[dict]:
+def _tool_calls(calls, where: str) -> list[dict]:
+    """An assistant message's tool_calls: a list of {"function": {"name", "arguments"}}."""
+    if not isinstance(calls, list):
+        raise bad_request(f"{where}.tool_calls must be a list of tool calls", "messages")
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(
+                f'{where}.tool_calls[{j}] must be {{"type": "function", "function": '
+                '{"name": ..., "arguments": ...}}',
+                "messages",
+            )
+        if not isinstance(fn.get("arguments", "{}"), str | dict):
+            raise bad_request(
+                f"{where}.tool_calls[{j}].function.arguments must be a JSON string", "messages"
+            )
+    return calls
+
+
+def chat_messages(raw: list) -> list[dict]:
+    """OpenAI chat messages, checked, in the shape the chat template is fed."""
     out = []
     for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise bad_request(f"messages[{i}] must be an object with a role", "messages")
         role = m.get("role")
         if role not in ("system", "developer", "user", "assistant", "tool"):
             raise bad_request(
@@ -310,9 +344,10 @@ def _messages(raw: list[dict]) -> list[dict]:
         msg = {"role": "system" if role == "developer" else role}
         msg["content"] = _text_of(m.get("content"), f"messages[{i}]")
         if role == "assistant" and m.get("tool_calls"):
-            msg["tool_calls"] = m["tool_calls"]
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], f"messages[{i}]")
         if role == "tool":
-            msg["tool_call_id"] = m.get("tool_call_id")
+            call_id = m.get("tool_call_id")
+            msg["tool_call_id"] = call_id if isinstance(call_id, str) else None
         out.append(msg)
     return out
 
@@ -335,6 +370,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     state.check_model(body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    _check_limits(state, body, body.top_logprobs, "top_logprobs")
+    state.limits.check_tools(body.tools)
+    reserved = sorted(set(body.chat_template_kwargs or {}) & set(CHAT_TEMPLATE_RESERVED))
+    if reserved:
+        raise bad_request(
+            f"chat_template_kwargs may not set {', '.join(reserved)}: the request's own "
+            "fields (messages, tools, add_generation_prompt) do",
+            "chat_template_kwargs",
+        )
     tool_list = tools.openai_tools(body.tools)
     mode, name = tools.openai_choice(body.tool_choice, tool_list)
     offered, constraint = tools.resolve(
@@ -346,14 +390,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     )
     prompt = render_chat(
         state,
-        _messages(body.messages),
+        chat_messages(body.messages),
         offered,
         add_generation_prompt=body.add_generation_prompt,
         **(body.chat_template_kwargs or {}),
     )
     prompt_ids = state.tokenizer.encode(prompt)
     requested = body.max_completion_tokens or body.max_tokens
-    max_tokens = clamp_max_tokens(state, requested, len(prompt_ids))
+    field_name = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+    max_tokens = clamp_max_tokens(state, requested, len(prompt_ids), field_name)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(
         {"logprobs": "top_logprobs"},
@@ -367,7 +412,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         request_id=rid,
         deadline=state.deadline(body.deadline),
         priority=body.priority,
-        cache_salt=body.cache_salt,
+        cache_salt=tenant_salt(state, request, body.cache_salt),
     )
     response_id = "chatcmpl-" + secrets.token_hex(12)
     parse = bool(offered)

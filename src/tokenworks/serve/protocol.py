@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tokenworks.engine.request import MAX_SEED
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -40,14 +42,14 @@ class _SamplingFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     user: str | None = None
     # extensions
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0, le=1)
-    repetition_penalty: float | None = Field(default=None, gt=0)
+    repetition_penalty: float | None = Field(default=None, ge=0.01, le=100)
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
@@ -102,7 +104,7 @@ class AnthropicMessagesRequest(_Body):
     output_config: dict[str, Any] | None = None
     output_format: dict[str, Any] | None = None  # the structured-outputs beta's spelling
     # extensions
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     deadline: float | None = Field(default=None, gt=0)
 
 

@@ -10,8 +10,9 @@ import time
 from tokenworks.config import EngineConfig
 from tokenworks.engine.async_engine import AsyncEngine
 from tokenworks.engine.engine import LLMEngine
-from tokenworks.serve.app import MiB, build_app
+from tokenworks.serve.app import build_app
 from tokenworks.serve.common import ServerState
+from tokenworks.serve.limits import ServerLimits, limits_from_args
 from tokenworks.serve.metrics import ServerMetrics
 
 
@@ -19,10 +20,28 @@ def make_state(
     engine: LLMEngine,
     names: list[str],
     request_timeout: float | None = None,
+    limits: ServerLimits | None = None,
+    api_keys: tuple[str, ...] | list[str] = (),
+    metrics_require_key: bool = False,
+    tenant_salts: bool = True,
 ) -> ServerState:
     metrics = ServerMetrics(names[0])
+    limits = limits or ServerLimits()
+    front = AsyncEngine(
+        engine,
+        observer=metrics,
+        max_backlog=limits.max_stream_backlog,
+        max_stall_s=limits.max_stream_stall_s,
+    )
     return ServerState(
-        AsyncEngine(engine, observer=metrics), names, metrics, request_timeout=request_timeout
+        front,
+        names,
+        metrics,
+        request_timeout=request_timeout,
+        limits=limits,
+        api_keys=tuple(api_keys),
+        metrics_require_key=metrics_require_key,
+        tenant_salts=tenant_salts,
     )
 
 
@@ -33,8 +52,16 @@ def run_server(args, engine_kwargs: dict) -> None:
     config = EngineConfig(model=args.model, **engine_kwargs)
     engine = LLMEngine(config)
     names = [args.model, *args.served_model_name]
-    state = make_state(engine, names, args.request_timeout)
-    app = build_app(state, api_key=args.api_key, max_body_bytes=int(args.max_body_mb * MiB))
+    state = make_state(
+        engine,
+        names,
+        args.request_timeout,
+        limits_from_args(args),
+        api_keys=args.api_key or (),
+        metrics_require_key=args.metrics_require_key,
+        tenant_salts=not args.shared_prefix_cache,
+    )
+    app = build_app(state)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         logging.getLogger("tokenworks.serve").warning(
             "serving on %s without --api-key: anyone who can reach it can use it", args.host

@@ -65,7 +65,7 @@ def openai_tools(tools: list[dict] | None) -> list[Tool]:
     out = []
     for i, t in enumerate(tools or []):
         fn = t.get("function") if isinstance(t, dict) else None
-        if t.get("type", "function") != "function" or not isinstance(fn, dict):
+        if not isinstance(fn, dict) or t.get("type", "function") != "function":
             raise bad_request(
                 f'tools[{i}] must be {{"type": "function", "function": {{"name", ...}}}}', "tools"
             )

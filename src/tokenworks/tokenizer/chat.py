@@ -64,6 +64,11 @@ class ChatTemplate:
             raise
         except TemplateError as e:
             raise ChatTemplateError(f"the chat template failed to render: {e}") from e
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError) as e:
+            # a template doing string or list work on a value a client shaped otherwise
+            raise ChatTemplateError(
+                f"the chat template failed to render: {type(e).__name__}: {e}"
+            ) from e
 
 
 def validate_messages(messages: list[dict]) -> None:
