@@ -140,3 +140,93 @@ def test_refusals_deadlines_and_failures(front):
     while engine.requests and time.monotonic() - t0 < 10:
         time.sleep(0.01)
     engine.blocks.check()
+
+
+def test_a_reader_that_falls_behind_is_cut_off_and_its_blocks_freed(toy_llm):
+    """A stream nobody reads holds at most max_backlog undelivered tokens: then its
+    request is cancelled (blocks back in the pool) and the stream ends with the reason,
+    while a stream read as it comes finishes."""
+    from tokenworks.engine.async_engine import ReaderTooSlowError
+
+    engine = LLMEngine(
+        EngineConfig(model="toy", dtype="float32", max_num_seqs=4), toy_llm.engine.loaded
+    )
+    front = AsyncEngine(engine, max_backlog=8)
+    front.start()
+
+    async def main():
+        ignored = await front.submit(greedy(400), [5, 6, 7])
+        read = [u async for u in front.generate(greedy(60), [8, 9])]
+        while engine.requests:
+            await asyncio.sleep(0.01)
+        got = 0
+        with pytest.raises(ReaderTooSlowError, match="too slowly"):
+            async for u in ignored:
+                got += sum(len(d.token_ids) for d in u.deltas)
+        return read, got
+
+    try:
+        read, got = asyncio.run(main())
+    finally:
+        front.shutdown()
+    assert sum(len(d.token_ids) for u in read for d in u.deltas) == 60
+    assert 8 < got < 400
+    assert engine.blocks.usage == 0
+    engine.blocks.check()
+
+
+def test_a_request_whose_sampling_raises_fails_alone(toy_llm, monkeypatch):
+    """Sampling that raises for one request (here: an injected fault for seed 4242) fails
+    that request only; the other requests of the same steps run to the end."""
+    import tokenworks.engine.engine as engine_module
+
+    real = engine_module.sample_one
+
+    def poisoned(logits, params, *a):
+        if params.seed == 4242:
+            raise RuntimeError("injected sampling fault")
+        return real(logits, params, *a)
+
+    monkeypatch.setattr(engine_module, "sample_one", poisoned)
+    engine = LLMEngine(
+        EngineConfig(model="toy", dtype="float32", max_num_seqs=9), toy_llm.engine.loaded
+    )
+    front = AsyncEngine(engine)
+    front.start()
+
+    async def one(seed, prompt):
+        params = SamplingParams(max_tokens=20, temperature=0.8, seed=seed, ignore_eos=True)
+        try:
+            return sum(
+                len(d.token_ids)
+                for u in [u async for u in front.generate(params, prompt)]
+                for d in u.deltas
+            )
+        except RequestFailedError as e:
+            return str(e)
+
+    async def main():
+        return await asyncio.gather(*(one(4242 if i == 3 else i, [5 + i, 6]) for i in range(9)))
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        front.shutdown()
+    assert "injected sampling fault" in got[3]
+    assert got[:3] + got[4:] == [20] * 8
+    assert front.errors == 1 and not engine.requests and engine.blocks.usage == 0
+
+
+def test_max_waiting_zero_takes_bursts_into_free_slots(toy_llm):
+    """max_waiting bounds requests waiting for a running slot: with 0, an engine with its
+    warm-up on starts, and a burst no bigger than the free slots is taken whole."""
+    engine = LLMEngine(
+        EngineConfig(model="toy", dtype="float32", max_num_seqs=8, max_waiting=0, warmup=True),
+        toy_llm.engine.loaded,
+    )
+    for i in range(8):
+        engine.add_request(prompt_token_ids=[5, i + 1], params=greedy(3))
+    with pytest.raises(QueueFullError):
+        engine.add_request(prompt_token_ids=[5, 6], params=greedy(3))
+    while engine.has_unfinished():
+        engine.step()

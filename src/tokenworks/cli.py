@@ -143,6 +143,15 @@ def cmd_bench_serve(args) -> int:
     return 0
 
 
+def cmd_bench_soak(args) -> int:
+    from tokenworks.bench.soak import run_soak
+
+    if args.base_url and args.pid is None:
+        raise SystemExit("--base-url needs --pid: the process whose memory and files to watch")
+    run_soak(args)
+    return 0
+
+
 def cmd_bench_peers(args) -> int:
     from tokenworks.bench.peer_engines import PEER_NAMES
     from tokenworks.bench.peer_runs import BENCHES, run_peers
@@ -379,6 +388,22 @@ def build_parser() -> argparse.ArgumentParser:
     _sweep_args(p, rates=[], concurrencies=[])
     p.add_argument("--out", default="benchmarks/results", help="directory for the record")
     p.set_defaults(fn=cmd_bench_serve)
+
+    p = bsub.add_parser(
+        "soak", help="many mixed requests (streamed, cancelled, invalid) against a server, "
+        "sampling its RSS, open files and KV blocks"
+    )  # fmt: skip
+    add_engine_arguments(p)
+    p.add_argument("--requests", type=int, default=10_000)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sample-s", type=float, default=0.5, help="seconds between samples")
+    p.add_argument("--base-url", default=None, help="soak this server instead of ours")
+    p.add_argument("--pid", type=int, default=None, help="with --base-url: its process id")
+    p.add_argument("--served-model", default="default", help="with --base-url: its model name")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--out", default="benchmarks/results", help="directory for the record")
+    p.set_defaults(fn=cmd_bench_soak)
 
     p = bsub.add_parser(
         "peers", help="latency, offline and serving benchmarks on us and every installed peer"

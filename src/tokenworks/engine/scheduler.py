@@ -89,20 +89,20 @@ class Scheduler:
                 f"n={n}) but the whole pool has {self.blocks.num_blocks}; lower max_tokens or "
                 "n, shorten the prompt, or give the engine more KV memory (kv_cache_memory)"
             )
-        if self.queued_beyond_slots() >= self.config.max_waiting:
+        if self.queued_beyond_slots(arriving=1) > self.config.max_waiting:
             raise QueueFullError(
-                f"the waiting queue is full ({self.config.max_waiting} requests wait for a "
-                f"running slot, all {self.config.max_num_seqs} are taken); retry later"
+                f"the waiting queue is full: all {self.config.max_num_seqs} running slots are "
+                f"spoken for and {self.config.max_waiting} requests may wait; retry later"
             )
         bisect.insort(self.waiting, seq, key=self._key)
 
-    def queued_beyond_slots(self) -> int:
-        """Waiting requests that the next step cannot admit even with every free running
-        slot taken: what max_waiting bounds. Arrivals that free slots will take at once
-        are not waiting for one (so a burst into an idle engine is never refused, and the
-        warm-up's requests never count)."""
+    def queued_beyond_slots(self, arriving: int = 0) -> int:
+        """Waiting requests (with `arriving` more) that the next step could not admit even
+        with every free running slot taken: what max_waiting bounds. Arrivals that free
+        slots will take at once are not waiting for one (so a burst into an idle engine is
+        never refused, and the warm-up's requests never count)."""
         free = max(0, self.config.max_num_seqs - len(self.running))
-        return max(0, len(self.waiting) - free)
+        return max(0, len(self.waiting) + arriving - free)
 
     def add_running(self, seq: Sequence) -> None:
         """A forked sibling joins the running set directly (its blocks are shared)."""
