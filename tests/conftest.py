@@ -49,15 +49,21 @@ def packed_products(request):
 
 
 @pytest.fixture(scope="session")
-def smol_llm():
-    from tokenworks import LLM
+def smol_loaded():
+    """The default model's weights, read once and shared by every engine of the tests."""
+    from tokenworks.models import load
 
-    return LLM("smollm2-135m", dtype="float32", threads=2, max_num_seqs=16, kv_cache_memory=0.5)
+    return load("smollm2-135m")
 
 
 @pytest.fixture(scope="session")
-def smol_loaded(smol_llm):
-    return smol_llm.engine.loaded
+def smol_llm(smol_loaded):
+    from tokenworks import LLM
+
+    return LLM(
+        "smollm2-135m", dtype="float32", loaded=smol_loaded, threads=2, max_num_seqs=16,
+        kv_cache_memory=0.5,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -75,8 +81,9 @@ def hf_smol(smol_loaded):
 @pytest.fixture(scope="session")
 def toy_llm():
     from tokenworks import LLM
+    from tokenworks.models import load
 
-    return LLM("toy", dtype="float32", max_num_seqs=4)
+    return LLM("toy", dtype="float32", loaded=load("toy"), max_num_seqs=4)
 
 
 def start_server(loaded, names=("smollm2-135m",), api_keys=(), limits=None, state_kw=None,

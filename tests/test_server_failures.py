@@ -245,3 +245,42 @@ def test_the_serve_command(smol_loaded):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_default_server_idles_under_1_gb_and_says_what_it_runs(smol_loaded):
+    """`tokenworks serve` with its defaults (bfloat16, the KV pool sized by default) and
+    --max-waiting 0: it starts, logs what it loads, holds under 1 GB idle (the pool's pages
+    are taken only as they are written) and serves."""
+    import subprocess
+    import sys
+
+    from tokenworks.serve.server import _free_port
+
+    port = _free_port("127.0.0.1")
+    cmd = [sys.executable, "-m", "tokenworks.cli", "serve", "--port", str(port),
+           "--max-waiting", "0", "--api-key", KEY, "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up():
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                return httpx.get(url + "/health").status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, timeout=120)
+        status = open(f"/proc/{proc.pid}/status").read()
+        rss = int(next(x for x in status.splitlines() if x.startswith("VmRSS")).split()[1]) * 1024
+        assert rss < 1e9, f"idle RSS {rss / 1e6:.0f} MB"
+        oai = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+        r = oai.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
+        assert r.usage.completion_tokens == 3
+        assert httpx.post(url + "/tokenize", json={"prompt": "hi"}).status_code == 401
+    finally:
+        proc.terminate()
+        log = proc.communicate(timeout=30)[0]
+    for said in ("model smollm2-135m", "dtype bfloat16", "kernels:", "KV ", "context 8192",
+                 "threads", "warming up", "ready"):  # fmt: skip
+        assert said in log, (said, log)

@@ -64,26 +64,45 @@ def cmd_chat(args) -> int:
     messages: list[dict] = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
-    print("chat with the model; an empty line or Ctrl-D ends it, /reset forgets the conversation")
+    print(
+        "chat with the model; Ctrl-C stops an answer, an empty line or Ctrl-D ends the chat, "
+        "/reset forgets the conversation"
+    )
     while True:
         try:
             line = input("> ")
         except EOFError:
             print()
             return 0
+        except KeyboardInterrupt:
+            print("\n(an empty line or Ctrl-D ends the chat)")
+            continue
         if not line.strip():
             return 0
         if line.strip() == "/reset":
             messages = messages[:1] if args.system else []
             continue
         messages.append({"role": "user", "content": line})
-        reply = []
-        for piece in llm.stream(llm.render_chat(messages), params):
-            reply.append(piece)
+        reply = "".join(_answer(llm, llm.render_chat(messages), params))
+        messages.append({"role": "assistant", "content": reply})
+
+
+def _answer(llm, prompt: str, params):
+    """Stream one answer to stdout, yielding its pieces; Ctrl-C stops it between two
+    engine steps (the engine is never interrupted mid-step) and keeps what was said."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        for piece in llm.stream(prompt, params, cancel=stop.is_set):
             sys.stdout.write(piece)
             sys.stdout.flush()
-        print()
-        messages.append({"role": "assistant", "content": "".join(reply)})
+            yield piece
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    print(" [stopped]" if stop.is_set() else "")
 
 
 def cmd_serve(args) -> int:
@@ -475,6 +494,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import logging
+
+    # what the engine loads and how it runs, on stderr (the server sets its own format)
+    logging.basicConfig(
+        level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
     from tokenworks.models.catalogue import ChecksumError, ModelNotFoundError
     from tokenworks.models.loader import ModelLoadError
 

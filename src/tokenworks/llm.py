@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from tqdm import tqdm
 
@@ -75,11 +75,19 @@ class LLM:
     def render_chat(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
-    def stream(self, prompt: str, params: SamplingParams | None = None) -> Iterator[str]:
-        """Yield text pieces of one completion as they are generated."""
+    def stream(
+        self,
+        prompt: str,
+        params: SamplingParams | None = None,
+        cancel: Callable[[], bool] | None = None,
+    ) -> Iterator[str]:
+        """Yield text pieces of one completion as they are generated. cancel: asked after
+        every step; when it says True the request is aborted and the stream ends."""
         seq = self.engine.add_request(prompt=prompt, params=params)
         try:
             while not seq.group_finished:
+                if cancel is not None and cancel():
+                    return
                 self.engine.step()
                 piece = seq.take_stream_text()
                 if piece:

@@ -10,6 +10,7 @@ so a waiting request can join on the very next step (continuous batching).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenworks.config import EngineConfig
-from tokenworks.engine.host_memory import keep_freed_memory
+from tokenworks.engine.host_memory import keep_freed_memory, release_freed_memory
 from tokenworks.engine.kv_cache import BlockManager, KVPool, kv_bytes_per_token
 from tokenworks.engine.request import FinishReason, SamplingParams
 from tokenworks.engine.runner import ModelRunner
@@ -85,8 +86,8 @@ class LLMEngine:
             torch.set_num_threads(config.threads)
         if config.device == "cpu":
             keep_freed_memory()  # each step's buffers reuse the last step's pages
+        own = loaded is None  # weights this engine read itself are dropped once built
         loaded = loaded or load(config.model)
-        self.loaded = loaded
         self.spec = loaded.spec
         self.tokenizer = TokenizerWrapper.from_loaded(loaded)
         self.model = build_model(
@@ -98,6 +99,12 @@ class LLMEngine:
             config.batch_invariant,
             config.dense_from_rows,
         )
+        # what records and tokenizers need of the model; the float32 weights it was built
+        # from go (the model holds its own copy; a caller's `loaded` is the caller's)
+        self.loaded = dataclasses.replace(loaded, weights={}) if own else loaded
+        del loaded
+        if own and config.device == "cpu":
+            release_freed_memory()
         self.max_model_len = min(
             config.max_model_len or self.spec.max_position, self.spec.max_position
         )
@@ -140,8 +147,37 @@ class LLMEngine:
         # last take_failures(): request id -> why; their sequences finish with "error"
         self.failures: dict[str, str] = {}
         self._start_counts()
+        log.info("%s", self.describe())
         if config.warmup:
+            t0 = time.perf_counter()
+            log.info("warming up: one forward pass at the step budget, before any request")
             self.warm_up()
+            log.info("ready (warm-up %.1f s)", time.perf_counter() - t0)
+
+    def kernels(self) -> str:
+        """Which code computes this engine's batches, in words."""
+        if not self.runner.decode_kernel:
+            return "torch modules"
+        from tokenworks.ops import ckernels
+
+        kernel = getattr(self.model, "decode_kernel", None)
+        if kernel is None or not kernel.packs:
+            return "C kernels (dot products), torch's products for big batches"
+        where = "AMX tiles" if ckernels.tiles_on() else "AVX-512 BF16 dot products"
+        return f"C kernels, packed products on {where}"
+
+    def describe(self) -> str:
+        """What the engine runs, as a user would want it said at start."""
+        c, blocks = self.config, self.blocks
+        gib = self.pool.nbytes / GiB
+        return (
+            f"model {self.loaded.model_id} ({self.loaded.file_path}); dtype "
+            f"{c.resolved_dtype}, quantization {c.quantization or 'none'}, kernels: "
+            f"{self.kernels()}; KV {blocks.num_blocks} blocks of {blocks.block_size} tokens "
+            f"({gib:.2f} GiB, {blocks.num_blocks * blocks.block_size} tokens, pages touched "
+            f"as used); context {self.max_model_len}; up to {c.max_num_seqs} sequences, "
+            f"{c.max_num_batched_tokens} tokens a step; {torch.get_num_threads()} threads"
+        )
 
     def _start_counts(self) -> None:
         """Step stats and totals from zero (at start, and again after the warm-up)."""
@@ -186,6 +222,7 @@ class LLMEngine:
             self.step()
         self.blocks.reset_prefix_cache()
         self.blocks.reset_counts()
+        self.pool.discard()  # the filler's K/V: nobody reads it, and it held resident pages
         self._start_counts()
 
     def _use_decode_kernel(self) -> bool:

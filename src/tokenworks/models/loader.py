@@ -13,15 +13,19 @@ No pickle is ever loaded: GGUF and safetensors only.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from tokenworks.models import catalogue
 from tokenworks.models.spec import ModelSpec, RopeScaling
+
+log = logging.getLogger(__name__)
 
 
 class ModelLoadError(ValueError):
@@ -47,15 +51,12 @@ def load(model: str) -> LoadedModel:
         return load_toy()
     if model in catalogue.CATALOGUE:
         entry = catalogue.lookup(model)
-        path = catalogue.pull(model)
-        loaded = load_gguf(path, model_id=model)
-        loaded.file_sha256 = entry.sha256
-        return loaded
+        return load_gguf_once(catalogue.pull(model), model, entry.sha256)
     path = Path(model).expanduser()
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelLoadError(f"{path} is a file but not a .gguf; pass a .gguf or a directory")
-        return load_gguf(path, model_id=model)
+        return load_gguf_once(path, model)
     if path.is_dir():
         return load_hf_dir(path, model_id=model)
     if re.fullmatch(r"[\w.-]+/[\w.-]+", model) and not model.startswith((".", "/")):
@@ -101,6 +102,24 @@ _GGUF_LLAMA_BLOCK = {
 }
 
 
+def load_gguf_once(path: Path, model_id: str, sha256: str | None = None) -> LoadedModel:
+    """load_gguf, from its converted copy where one was kept (models/converted.py)."""
+    from tokenworks.models import converted
+
+    if not converted.enabled():
+        loaded = load_gguf(path, model_id=model_id)
+        loaded.file_sha256 = sha256
+        return loaded
+    key = converted.key_for(Path(path), sha256)
+    loaded = converted.load_converted(key, model_id, str(path), sha256)
+    if loaded is None:
+        log.info("reading %s (once: a converted copy is kept for later loads)", path)
+        loaded = load_gguf(path, model_id=model_id)
+        loaded.file_sha256 = sha256
+        converted.save_converted(key, loaded)
+    return loaded
+
+
 def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
     import gguf
 
@@ -129,7 +148,7 @@ def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
 
     weights: dict[str, torch.Tensor] = {}
     rope_freqs = None
-    for t in reader.tensors:
+    for t in tqdm(reader.tensors, desc=f"dequantise {path.name}", unit="tensor", leave=False):
         expected = (
             int(np.prod(t.shape))
             * gguf.GGML_QUANT_SIZES[t.tensor_type][1]

@@ -7,8 +7,6 @@ Every refusal says what to change; nothing a client sends may turn into a 500.
 
 from __future__ import annotations
 
-from fastapi.responses import JSONResponse
-
 # status -> (OpenAI type, Anthropic type)
 _TYPES = {
     400: ("invalid_request_error", "invalid_request_error"),
@@ -47,7 +45,9 @@ class APIError(Exception):
         kind = _TYPES.get(self.status, _TYPES[500])[1]
         return {"type": "error", "error": {"type": kind, "message": self.message}}
 
-    def response(self, anthropic: bool = False) -> JSONResponse:
+    def response(self, anthropic: bool = False):
+        from fastapi.responses import JSONResponse  # here: the CLI reads limits without fastapi
+
         headers = {"Retry-After": str(self.retry_after)} if self.retry_after else None
         body = self.anthropic_body() if anthropic else self.openai_body()
         return JSONResponse(body, status_code=self.status, headers=headers)
