@@ -496,10 +496,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import logging
 
-    # what the engine loads and how it runs, on stderr (the server sets its own format)
+    # what the engine loads and how it runs, on stderr; other libraries' warnings only
     logging.basicConfig(
-        level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    logging.getLogger("tokenworks").setLevel(logging.INFO)
     from tokenworks.models.catalogue import ChecksumError, ModelNotFoundError
     from tokenworks.models.loader import ModelLoadError
 

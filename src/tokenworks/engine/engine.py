@@ -38,7 +38,7 @@ from tokenworks.engine.structured import GrammarCompiler
 from tokenworks.models import build_model, load
 from tokenworks.models.loader import LoadedModel
 from tokenworks.ops import paged_kernel
-from tokenworks.ops.ckernels import argmax_rows
+from tokenworks.ops.ckernels import argmax_rows, tiles_on
 from tokenworks.ops.fused_decode import LlamaDecodeKernel
 from tokenworks.tokenizer import TokenizerWrapper
 
@@ -158,12 +158,10 @@ class LLMEngine:
         """Which code computes this engine's batches, in words."""
         if not self.runner.decode_kernel:
             return "torch modules"
-        from tokenworks.ops import ckernels
-
         kernel = getattr(self.model, "decode_kernel", None)
         if kernel is None or not kernel.packs:
             return "C kernels (dot products), torch's products for big batches"
-        where = "AMX tiles" if ckernels.tiles_on() else "AVX-512 BF16 dot products"
+        where = "AMX tiles" if tiles_on() else "AVX-512 BF16 dot products"
         return f"C kernels, packed products on {where}"
 
     def describe(self) -> str:
@@ -377,8 +375,7 @@ class LLMEngine:
                 sampled += self._sample(seq, logits, r, top)
             except Exception as e:
                 self._fail_request(seq, e)
-        failed = {rid for rid in self.failures}
-        return [s for s in sampled if s.request_id not in failed]
+        return [s for s in sampled if s.request_id not in self.failures]
 
     def _mask(self, logits: torch.Tensor, guided: list, sampling: list[Sequence]) -> None:
         """The grammar masks of the guided rows; a row whose matcher raises fails its own
