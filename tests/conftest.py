@@ -108,3 +108,22 @@ def smol_server(smol_loaded):
     srv = start_server(smol_loaded, names=("smollm2-135m", "smol"))
     yield srv
     srv.stop()
+
+
+POISON_SEED = 4242  # the seed whose sampling the poisoned_sampling fixture makes raise
+
+
+@pytest.fixture
+def poisoned_sampling(monkeypatch):
+    """The engine's sampler raises for requests with seed POISON_SEED (an injected fault),
+    and samples as usual for every other."""
+    import tokenworks.engine.engine as engine_module
+
+    real = engine_module.sample_one
+
+    def poisoned(logits, params, *args):
+        if params.seed == POISON_SEED:
+            raise RuntimeError("injected sampling fault")
+        return real(logits, params, *args)
+
+    monkeypatch.setattr(engine_module, "sample_one", poisoned)

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+from conftest import POISON_SEED
 
 from tokenworks import SamplingParams
 from tokenworks.config import EngineConfig
@@ -175,19 +176,9 @@ def test_a_reader_that_falls_behind_is_cut_off_and_its_blocks_freed(toy_llm):
     engine.blocks.check()
 
 
-def test_a_request_whose_sampling_raises_fails_alone(toy_llm, monkeypatch):
-    """Sampling that raises for one request (here: an injected fault for seed 4242) fails
+def test_a_request_whose_sampling_raises_fails_alone(toy_llm, poisoned_sampling):
+    """Sampling that raises for one request (here: an injected fault for POISON_SEED) fails
     that request only; the other requests of the same steps run to the end."""
-    import tokenworks.engine.engine as engine_module
-
-    real = engine_module.sample_one
-
-    def poisoned(logits, params, *a):
-        if params.seed == 4242:
-            raise RuntimeError("injected sampling fault")
-        return real(logits, params, *a)
-
-    monkeypatch.setattr(engine_module, "sample_one", poisoned)
     engine = LLMEngine(
         EngineConfig(model="toy", dtype="float32", max_num_seqs=9), toy_llm.engine.loaded
     )
@@ -206,7 +197,9 @@ def test_a_request_whose_sampling_raises_fails_alone(toy_llm, monkeypatch):
             return str(e)
 
     async def main():
-        return await asyncio.gather(*(one(4242 if i == 3 else i, [5 + i, 6]) for i in range(9)))
+        return await asyncio.gather(
+            *(one(POISON_SEED if i == 3 else i, [5 + i, 6]) for i in range(9))
+        )
 
     try:
         got = asyncio.run(main())

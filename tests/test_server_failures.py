@@ -197,6 +197,19 @@ def test_engine_failure_fails_its_requests_only(tiny_server):
     tiny_server.engine.blocks.check()
 
 
+def _wait_up(proc, url: str) -> None:
+    """Until a `tokenworks serve` subprocess answers /health (its output if it dies)."""
+
+    def up():
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            return httpx.get(url + "/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, timeout=120)
+
+
 def test_the_serve_command(smol_loaded):
     """`tokenworks serve` as a user runs it: its own process, 127.0.0.1, an API key."""
     import subprocess
@@ -231,14 +244,7 @@ def test_the_serve_command(smol_loaded):
     try:
         url = f"http://127.0.0.1:{port}"
 
-        def up():
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                return httpx.get(url + "/health").status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, timeout=120)
+        _wait_up(proc, url)
         oai = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=120)
         r = oai.completions.create(model="smol", prompt="Hello", max_tokens=3, temperature=0)
         assert r.usage.completion_tokens == 3
@@ -263,14 +269,7 @@ def test_the_default_server_idles_under_1_gb_and_says_what_it_runs(smol_loaded):
     try:
         url = f"http://127.0.0.1:{port}"
 
-        def up():
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                return httpx.get(url + "/health").status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(up, timeout=120)
+        _wait_up(proc, url)
         status = open(f"/proc/{proc.pid}/status").read()
         rss = int(next(x for x in status.splitlines() if x.startswith("VmRSS")).split()[1]) * 1024
         assert rss < 1e9, f"idle RSS {rss / 1e6:.0f} MB"

@@ -11,7 +11,7 @@ import json
 
 import httpx
 import pytest
-from conftest import start_server
+from conftest import POISON_SEED, start_server
 
 from tokenworks.serve.limits import ServerLimits
 
@@ -159,23 +159,15 @@ def test_one_request_never_fails_another(guarded):
     assert guarded.engine.requests == {} and guarded.engine.blocks.usage == 0
 
 
-def test_a_request_whose_sampling_fails_gets_a_500_and_the_others_finish(guarded, monkeypatch):
-    import tokenworks.engine.engine as engine_module
-
-    real = engine_module.sample_one
-
-    def poisoned(logits, params, *a):
-        if params.seed == 4242:
-            raise RuntimeError("injected sampling fault")
-        return real(logits, params, *a)
-
-    monkeypatch.setattr(engine_module, "sample_one", poisoned)
+def test_a_request_whose_sampling_fails_gets_a_500_and_the_others_finish(
+    guarded, poisoned_sampling
+):
     url = guarded.url + "/v1/chat/completions"
 
     async def main():
         async with httpx.AsyncClient(timeout=120) as http:
-            bodies = [_chat(max_tokens=12, temperature=0.9, seed=s) for s in (1, 2, 4242, 3)]
-            claude = {"model": MODEL, "max_tokens": 8, "messages": USER, "seed": 4242}
+            bodies = [_chat(max_tokens=12, temperature=0.9, seed=s) for s in (1, 2, POISON_SEED, 3)]
+            claude = {"model": MODEL, "max_tokens": 8, "messages": USER, "seed": POISON_SEED}
             calls = [http.post(url, json=b, headers=A) for b in bodies]
             calls.append(http.post(guarded.url + "/v1/messages", json=claude, headers=A))
             return await asyncio.gather(*calls)
