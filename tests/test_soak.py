@@ -22,7 +22,9 @@ def test_500_mixed_requests_leave_nothing_behind(smol_loaded):
         engine = srv.engine
         soak(srv.url, "smollm2-135m", requests=60, concurrency=8, seed=1, progress=False)
         free_before = engine.blocks.num_free
-        result = soak(srv.url, "smollm2-135m", requests=500, concurrency=8, progress=False)
+        result = soak(
+            srv.url, "smollm2-135m", requests=500, concurrency=8, progress=False, engine=engine
+        )
     finally:
         srv.stop()
     statuses = result.by_status
@@ -35,3 +37,4 @@ def test_500_mixed_requests_leave_nothing_behind(smol_loaded):
     assert s["kv_usage_end"] == 0
     assert s["open_files_end"] <= s["open_files_start"]
     assert s["rss_growth_bytes"] < 50 * MB, s
+    assert s["rss_growth_beyond_kv_bytes"] < 50 * MB, s

@@ -3,9 +3,11 @@
 Requests, drawn from a seed: streamed completions, non-streamed chats, streams the client
 leaves after a few chunks, and bodies the server must refuse. Meanwhile the server's RSS,
 open files and KV usage are sampled; a server that keeps nothing a finished request held
-ends with its block pool as it started, its open files as they were, and RSS within a
-few tens of MB of where it began. The record holds every sample, and a plot shows them
-over time.
+ends with its block pool as it started and its open files as they were. Its RSS grows
+only as the KV pool's pages are first written (they stay, holding the prefix cache, up to
+the pool's size): for our server in this process each sample also says how many bytes of
+the pool have been touched, and what grows beyond those is what the soak looks for. The
+record holds every sample, and a plot shows them over time.
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ class SoakResult:
     by_kind: dict[str, int]
     by_status: dict[str, int]
     seconds: float
-    samples: list[dict] = field(default_factory=list)  # t, rss_bytes, open_files, kv_usage
+    # t, rss_bytes, open_files, kv_usage, and for our engine kv_touched_bytes (the pool's
+    # bytes in blocks handed out at least once) and kv_cached_blocks
+    samples: list[dict] = field(default_factory=list)
 
     def summary(self) -> dict:
         first, last = self.samples[0], self.samples[-1]
-        return {
+        out = {
             "rss_start_bytes": first["rss_bytes"],
             "rss_end_bytes": last["rss_bytes"],
             "rss_growth_bytes": last["rss_bytes"] - first["rss_bytes"],
@@ -52,6 +56,11 @@ class SoakResult:
             "open_files_end": last["open_files"],
             "kv_usage_end": last["kv_usage"],
         }
+        if "kv_touched_bytes" in last:
+            kv = last["kv_touched_bytes"] - first["kv_touched_bytes"]
+            out["kv_touched_growth_bytes"] = kv
+            out["rss_growth_beyond_kv_bytes"] = out["rss_growth_bytes"] - kv
+        return out
 
 
 def process_sample(pid: int) -> dict:
@@ -61,6 +70,14 @@ def process_sample(pid: int) -> dict:
         if line.startswith("VmRSS:"):
             rss = int(line.split()[1]) * 1024
     return {"rss_bytes": rss, "open_files": len(os.listdir(f"/proc/{pid}/fd"))}
+
+
+def engine_sample(engine) -> dict:
+    """What our engine's KV pool holds: bytes of blocks ever handed out, cached blocks."""
+    blocks = engine.blocks
+    per_block = engine.pool.nbytes // blocks.num_blocks
+    cached = len(blocks.prefix.evictable) if blocks.prefix is not None else 0
+    return {"kv_touched_bytes": blocks.touched * per_block, "kv_cached_blocks": cached}
 
 
 def _kv_usage(metrics_text: str) -> float | None:
@@ -102,18 +119,22 @@ async def _one(http: httpx.AsyncClient, model: str, kind: str, seed: int) -> int
         return r.status_code
 
 
-async def _soak(url, model, plan, concurrency, pid, sample_s, api_key, progress) -> SoakResult:
+async def _soak(url, model, plan, concurrency, pid, sample_s, api_key, progress, engine):
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=concurrency)
     by_status: dict[str, int] = {}
     samples: list[dict] = []
     t0 = time.monotonic()
+
+    def record(kv_usage: float | None) -> None:
+        here = {"t": time.monotonic() - t0, **process_sample(pid), "kv_usage": kv_usage}
+        samples.append(here | (engine_sample(engine) if engine is not None else {}))
+
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=300, limits=limits) as http:
 
         async def sample():
             metrics = await http.get("/metrics")
-            usage = _kv_usage(metrics.text) if metrics.status_code == 200 else None
-            samples.append({"t": time.monotonic() - t0, **process_sample(pid), "kv_usage": usage})
+            record(_kv_usage(metrics.text) if metrics.status_code == 200 else None)
 
         async def sampler():
             while True:
@@ -145,8 +166,7 @@ async def _soak(url, model, plan, concurrency, pid, sample_s, api_key, progress)
     async with httpx.AsyncClient(base_url=url, headers={**headers, "connection": "close"}) as h:
         metrics = await h.get("/metrics")
     await asyncio.sleep(0.2)
-    usage = _kv_usage(metrics.text) if metrics.status_code == 200 else None
-    samples.append({"t": time.monotonic() - t0, **process_sample(pid), "kv_usage": usage})
+    record(_kv_usage(metrics.text) if metrics.status_code == 200 else None)
     kinds = {k: sum(1 for x, _ in plan if x == k) for k in KINDS}
     return SoakResult(len(plan), kinds, by_status, time.monotonic() - t0, samples)
 
@@ -161,12 +181,15 @@ def soak(
     sample_s: float = 0.5,
     api_key: str | None = None,
     progress: bool = True,
+    engine=None,
 ) -> SoakResult:
     """Send `requests` mixed requests (at most `concurrency` at once) to the server at
-    url, sampling process pid (default: this one, for a server in this process)."""
+    url, sampling process pid (default: this one, for a server in this process) and, given
+    our LLMEngine behind it, its KV pool."""
     plan = _plan(requests, seed)
     pid = os.getpid() if pid is None else pid
-    return asyncio.run(_soak(url, model, plan, concurrency, pid, sample_s, api_key, progress))
+    run = _soak(url, model, plan, concurrency, pid, sample_s, api_key, progress, engine)
+    return asyncio.run(run)
 
 
 def plot(result: SoakResult, path: Path) -> Path:
@@ -177,8 +200,12 @@ def plot(result: SoakResult, path: Path) -> Path:
 
     t = [s["t"] for s in result.samples]
     fig, axes = plt.subplots(3, 1, figsize=(8, 7), sharex=True)
-    axes[0].plot(t, [s["rss_bytes"] / 2**20 for s in result.samples])
-    axes[0].set_ylabel("RSS (MiB)")
+    axes[0].plot(t, [s["rss_bytes"] / 2**20 for s in result.samples], label="RSS")
+    if "kv_touched_bytes" in result.samples[0]:
+        beyond = [(s["rss_bytes"] - s["kv_touched_bytes"]) / 2**20 for s in result.samples]
+        axes[0].plot(t, beyond, label="RSS less the KV pages touched")
+        axes[0].legend()
+    axes[0].set_ylabel("MiB")
     axes[1].plot(t, [s["open_files"] for s in result.samples])
     axes[1].set_ylabel("open files")
     axes[2].plot(t, [s["kv_usage"] or 0 for s in result.samples])
@@ -211,7 +238,7 @@ def run_soak(args) -> Path:
         llm = LLM(args.model, **engine_kwargs(args))
         with ServerThread(build_app(make_state(llm.engine, [args.model]))) as srv:
             result = soak(srv.url, args.model, args.requests, args.concurrency, args.seed,
-                          None, args.sample_s)  # fmt: skip
+                          None, args.sample_s, engine=llm.engine)  # fmt: skip
         engine, model = llm.config.to_dict(), model_record(llm)
     record = make_record(
         kind="soak", engine=engine, model=model, workload=workload, seeds=[args.seed],
@@ -220,11 +247,17 @@ def run_soak(args) -> Path:
     path = write_record(record, args.out)
     plot(result, path.with_suffix(".png"))
     s = result.summary()
+    beyond = s.get("rss_growth_beyond_kv_bytes")
     print(
         f"{result.requests} requests in {result.seconds:.0f} s ({result.by_status}); RSS "
-        f"{s['rss_start_bytes'] / 2**20:.0f} -> {s['rss_end_bytes'] / 2**20:.0f} MiB, open "
-        f"files {s['open_files_start']} -> {s['open_files_end']}, KV in use at the end "
-        f"{s['kv_usage_end']}"
+        f"{s['rss_start_bytes'] / 2**20:.0f} -> {s['rss_end_bytes'] / 2**20:.0f} MiB"
+        + (
+            f" ({beyond / 2**20:+.0f} MiB beyond the KV pages touched)"
+            if beyond is not None
+            else ""
+        )
+        + f", open files {s['open_files_start']} -> {s['open_files_end']}, KV in use at the "
+        f"end {s['kv_usage_end']}"
     )
     print(path)
     return path

@@ -221,6 +221,7 @@ class LLMEngine:
         self.blocks.reset_prefix_cache()
         self.blocks.reset_counts()
         self.pool.discard()  # the filler's K/V: nobody reads it, and it held resident pages
+        self.blocks.forget_touched()
         self._start_counts()
 
     def _use_decode_kernel(self) -> bool:

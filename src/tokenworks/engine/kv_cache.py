@@ -99,6 +99,9 @@ class BlockManager:
         self.free: deque[int] = deque(range(num_blocks))
         self.prefix = PrefixCache() if enable_prefix_caching else None
         self.cow_copies = 0
+        # blocks handed out at least once: on the CPU, the pool's pages that are resident
+        self._touched = bytearray(num_blocks)
+        self.touched = 0
 
     # ------------------------------------------------------------------ counting
 
@@ -137,6 +140,9 @@ class BlockManager:
             if b is None:
                 raise NoFreeBlocksError("the KV block pool is exhausted")
         self.ref[b] = 1
+        if not self._touched[b]:
+            self._touched[b] = 1
+            self.touched += 1
         return b
 
     def _incref(self, b: int) -> None:
@@ -222,6 +228,11 @@ class BlockManager:
             for b in seq.block_table:
                 self.prefix.forget(b)
         seq.n_registered = 0
+
+    def forget_touched(self) -> None:
+        """Count every block as never handed out (after KVPool.discard gave their pages back)."""
+        self._touched = bytearray(self.num_blocks)
+        self.touched = 0
 
     def reset_counts(self) -> None:
         """Copy-on-write and prefix-cache counters back to zero (the blocks are untouched)."""
