@@ -209,7 +209,7 @@ def plot(result: SoakResult, path: Path) -> Path:
     axes[1].plot(t, [s["open_files"] for s in result.samples])
     axes[1].set_ylabel("open files")
     axes[2].plot(t, [s["kv_usage"] or 0 for s in result.samples])
-    axes[2].set_ylabel("KV blocks in use")
+    axes[2].set_ylabel("KV pool in use (fraction)")
     axes[2].set_xlabel("seconds")
     fig.suptitle(f"soak: {result.requests} mixed requests")
     fig.tight_layout()
