@@ -51,8 +51,8 @@ class KVPool:
 
     def _zeros(self, shape, dtype, device) -> torch.Tensor:
         """A zero tensor; on the CPU in private anonymous memory, which the kernel fills
-        with zeros a page at a time as it is first written: an idle pool takes no RAM (a
-        zero-filled tensor took all of it at once: 4.8 GB for the default server here)."""
+        with zeros a page at a time as it is first written: an idle pool takes no RAM,
+        where a zero-filled tensor is resident in full from the start."""
         if torch.device(device).type != "cpu":
             return torch.zeros(shape, dtype=dtype, device=device)
         nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()

@@ -38,9 +38,6 @@ class ServerLimits:
             if value < (0 if name == "max_stop" else 1):
                 raise ValueError(f"{name} must be >= {0 if name == 'max_stop' else 1}")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
     # ------------------------------------------------------------------ checks
 
     def check_stop(self, stop: list[str], field: str = "stop") -> None:

@@ -40,16 +40,19 @@ def _state(request: Request) -> ServerState:
     return request.app.state.tokenworks
 
 
+def _stop_list(body) -> list[str]:
+    return [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+
+
 def _check_limits(state: ServerState, body, logprobs: int | None, logprobs_field: str) -> None:
     """The server's bounds on what the request asks (serve/limits.py)."""
     limits = state.limits
-    limits.check_stop([body.stop] if isinstance(body.stop, str) else list(body.stop or []))
+    limits.check_stop(_stop_list(body))
     limits.check_n(body.n)
     limits.check_logprobs(logprobs, logprobs_field)
 
 
 def _common_params(body, max_tokens: int, logprobs: int | None, constraint) -> dict:
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     return dict(
         max_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -60,7 +63,7 @@ def _common_params(body, max_tokens: int, logprobs: int | None, constraint) -> d
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
         seed=body.seed,
-        stop=stop,
+        stop=_stop_list(body),
         stop_token_ids=body.stop_token_ids or [],
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
