@@ -33,18 +33,19 @@ def device(request):
 
 @pytest.fixture(params=["default", "vector"])
 def packed_products(request):
-    """A test of the packed products (ckernels.amx_product, the whole decode step on packed
-    weights) as this CPU runs them by default: "tiles" (AMX), "vector" (AVX-512 BF16 dot
-    products) or None (neither); and where the default is tiles, once more as "vector"."""
-    from tokenworks.ops import ckernels
+    """A test of the packed products (kernels/products.packed_product, the whole decode step
+    on packed weights) as this CPU runs them by default: "tiles" (AMX), "vector" (AVX-512
+    BF16 dot products) or None (neither); and where the default is tiles, once more as
+    "vector"."""
+    from tokenworks.kernels import products
 
     if request.param == "default":
-        tiles, packed = ckernels.amx_available(), ckernels.packed_available()
+        tiles, packed = products.tiles_granted(), products.packed_built()
         yield "tiles" if tiles else "vector" if packed else None
         return
-    if not ckernels.amx_available():
+    if not products.tiles_granted():
         pytest.skip("the default already ran the vector products, or none run here")
-    with ckernels.vector_products():
+    with products.vector_products():
         yield "vector"
 
 
@@ -117,13 +118,13 @@ POISON_SEED = 4242  # the seed whose sampling the poisoned_sampling fixture make
 def poisoned_sampling(monkeypatch):
     """The engine's sampler raises for requests with seed POISON_SEED (an injected fault),
     and samples as usual for every other."""
-    import tokenworks.engine.engine as engine_module
+    import tokenworks.engine.sampler as sampler_module
 
-    real = engine_module.sample_one
+    real = sampler_module.sample_one
 
     def poisoned(logits, params, *args):
         if params.seed == POISON_SEED:
             raise RuntimeError("injected sampling fault")
         return real(logits, params, *args)
 
-    monkeypatch.setattr(engine_module, "sample_one", poisoned)
+    monkeypatch.setattr(sampler_module, "sample_one", poisoned)

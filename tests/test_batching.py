@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
-import torch
 
 from tokenworks import LLM, SamplingParams
 
@@ -245,7 +245,12 @@ def test_step_stats_describe_each_step(toy_llm):
     assert stats[0].prefill_tokens == 40 and stats[0].batch_size == 2
     assert stats[-1].decode_tokens >= 1 and all(0 <= s.kv_usage <= 1 for s in stats)
     assert sum(s.prefill_tokens + s.decode_tokens for s in stats) == 40 + 2 * 3
-    assert torch.is_tensor(torch.tensor([s.duration_s for s in stats]))
+    assert [s.step for s in stats] == list(range(len(stats)))  # every step, in order
+    assert all(0 < s.duration_s < 60 for s in stats)
+    pairs = list(itertools.pairwise(stats))
+    assert all(a.time <= b.time for a, b in pairs)
+    # a step ends no sooner after the one before it than it took
+    assert all(b.time - a.time >= b.duration_s * 0.99 for a, b in pairs)
 
 
 def test_a_failed_forward_pass_aborts_its_requests_and_the_engine_carries_on(toy_llm):

@@ -88,9 +88,9 @@ def test_engine_flags_round_trip_to_a_serve_command_line():
         ["bench", "peers", "--threads", "2", "--max-num-seqs", "16", "--no-prefix-caching"]
     )
     argv = engine_argv(args)
-    assert argv == ["--threads", "2", "--max-num-seqs", "16", "--no-prefix-caching"]
+    assert argv == ["--threads", "2", "--no-prefix-caching", "--max-num-seqs", "16"]
     again = build_parser().parse_args(["serve", *argv])
-    assert again.threads == 2 and again.max_num_seqs == 16 and again.no_prefix_caching
+    assert again.threads == 2 and again.max_num_seqs == 16 and not again.enable_prefix_caching
 
 
 def test_a_server_that_exits_at_once_is_a_clear_start_error(tmp_path):

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tokenworks.ops import ckernels
+from tokenworks.kernels import abi, build, products
 
 pytestmark = pytest.mark.skipif(
-    ckernels.library() is None, reason="the C kernels cannot be built here"
+    build.library() is None, reason="the C kernels cannot be built here"
 )
 
 
@@ -27,25 +27,25 @@ def test_argmax_rows_equals_torch_argmax(dtype, width):
         x[5, 17] = x[5, 33] = 50.0  # a tie within one lane
         x[6, 2] = x[6, -1] = float("nan")  # the first NaN
         x[7, -1] = 60.0  # the largest in the tail
-    assert ckernels.argmax_rows(x) == x.argmax(-1).tolist()
+    assert products.argmax_rows(x) == x.argmax(-1).tolist()
 
 
 def test_argmax_rows_of_no_rows_and_of_other_tensors():
-    assert ckernels.argmax_rows(torch.empty(0, 5)) == []
+    assert products.argmax_rows(torch.empty(0, 5)) == []
     x = torch.randn(3, 7, dtype=torch.float64)  # not a kernel dtype: torch answers
-    assert ckernels.argmax_rows(x) == x.argmax(-1).tolist()
+    assert products.argmax_rows(x) == x.argmax(-1).tolist()
     y = torch.randn(9, 4).t()  # not contiguous
-    assert ckernels.argmax_rows(y) == y.argmax(-1).tolist()
+    assert products.argmax_rows(y) == y.argmax(-1).tolist()
 
 
 @pytest.mark.parametrize("width", [64, 72])  # the vector path and the scalar tail
 def test_swiglu_matches_torch_even_where_exp_overflows(width):
-    lib = ckernels.library()
+    lib = build.library()
     g = torch.Generator().manual_seed(0)
     gu = torch.randn(5, 2 * width, generator=g) * 4
     gu[0, :width] = torch.linspace(-200, 200, width)  # e^-g beyond float32 at both ends
     act = torch.empty(5, width)
-    lib.tw_swiglu(ckernels.ptr(gu), ckernels.ptr(act), ckernels.F32, 5, width, 2)
+    lib.tw_swiglu(abi.ptr(gu), abi.ptr(act), abi.F32, 5, width, 2)
     want = F.silu(gu[:, :width]) * gu[:, width:]
     assert torch.isfinite(act).all()
     torch.testing.assert_close(act, want, rtol=1e-5, atol=1e-6)
@@ -54,21 +54,21 @@ def test_swiglu_matches_torch_even_where_exp_overflows(width):
 @pytest.mark.parametrize("width", [64, 72])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
 def test_residual_norm_matches_torch(width, out_dtype):
-    lib = ckernels.library()
+    lib = build.library()
     g = torch.Generator().manual_seed(1)
     x = torch.randn(6, width, generator=g)
     delta = torch.randn(6, width, generator=g).to(out_dtype)
     w = torch.rand(width, generator=g) + 0.5
     h = torch.empty(6, width, dtype=out_dtype)
     x0 = x.clone()
-    code = ckernels.DTYPE_CODES[out_dtype]
+    code = abi.DTYPE_CODES[out_dtype]
     lib.tw_residual_norm(
-        ckernels.ptr(x),
-        ckernels.ptr(delta),
+        abi.ptr(x),
+        abi.ptr(delta),
         code,
-        ckernels.ptr(w),
+        abi.ptr(w),
         1e-5,
-        ckernels.ptr(h),
+        abi.ptr(h),
         code,
         6,
         width,
@@ -93,7 +93,7 @@ def test_amx_product_is_as_close_to_exact_as_torch(rows, with_bias, packed_produ
     w = torch.randn(96, 160, generator=g).bfloat16()
     bias = torch.randn(96, generator=g).bfloat16() if with_bias else None
     x = torch.randn(rows, 160, generator=g).bfloat16()
-    got = ckernels.amx_product(w, bias)(x)
+    got = products.packed_product(w, bias)(x)
     want = x.double() @ w.double().t() + (0 if bias is None else bias.double())
     ours = (got.double() - want).abs().max().item()
     theirs = (F.linear(x, w, bias).double() - want).abs().max().item()
@@ -115,7 +115,7 @@ def test_glu_product_is_swiglu_of_the_gate_and_up_products(rows, with_bias, pack
     w = torch.randn(2 * inter, k, generator=g).bfloat16()
     bias = torch.randn(2 * inter, generator=g).bfloat16() if with_bias else None
     x = torch.randn(rows, k, generator=g).bfloat16()
-    got = ckernels.amx_product(w, bias, glu=True)(x)
+    got = products.packed_product(w, bias, glu=True)(x)
     gu = x.double() @ w.double().t() + (0 if bias is None else bias.double())
     want = F.silu(gu[:, :inter]) * gu[:, inter:]
     gu_t = F.linear(x, w, bias)
@@ -124,16 +124,16 @@ def test_glu_product_is_swiglu_of_the_gate_and_up_products(rows, with_bias, pack
     ours_err = (got.double() - want).abs().max().item()
     theirs_err = (theirs - want).abs().max().item()
     assert ours_err <= 1.5 * theirs_err + 1e-6, (ours_err, theirs_err)
-    packed = ckernels.amx_pack(w, glu=True)
-    assert torch.equal(ckernels.amx_product(w, bias, packed, glu=True)(x), got)
+    packed = products.pack_weight(w, glu=True)
+    assert torch.equal(products.packed_product(w, bias, packed, glu=True)(x), got)
 
 
 def test_glu_order_interleaves_gate_and_up_16_at_a_time():
     rows = torch.arange(64)  # gate 0-31, up 32-63
     want = [*range(0, 16), *range(32, 48), *range(16, 32), *range(48, 64)]
-    assert ckernels.glu_order(rows).tolist() == want
+    assert products.glu_order(rows).tolist() == want
     w = torch.arange(64 * 3).view(64, 3)
-    assert torch.equal(ckernels.glu_order(w), w[want])
+    assert torch.equal(products.glu_order(w), w[want])
 
 
 def test_amx_product_gives_the_same_bits_on_any_number_of_threads(packed_products):
@@ -145,7 +145,7 @@ def test_amx_product_gives_the_same_bits_on_any_number_of_threads(packed_product
     g = torch.Generator().manual_seed(0)
     w = torch.randn(96, 160, generator=g).bfloat16()  # 3 panels of 32 columns
     x = torch.randn(70, 160, generator=g).bfloat16()
-    product = ckernels.amx_product(w)
+    product = products.packed_product(w)
     before = torch.get_num_threads()
     try:
         results = []
@@ -159,6 +159,6 @@ def test_amx_product_gives_the_same_bits_on_any_number_of_threads(packed_product
 
 def test_amx_product_declines_what_it_cannot_do():
     w = torch.randn(96, 160).bfloat16()
-    assert ckernels.amx_product(w[:, :150].contiguous()) is None  # K not a multiple of 32
-    assert ckernels.amx_product(w[:90].contiguous()) is None  # N not a multiple of 32
-    assert ckernels.amx_product(w.float()) is None  # bfloat16 only
+    assert products.packed_product(w[:, :150].contiguous()) is None  # K not a multiple of 32
+    assert products.packed_product(w[:90].contiguous()) is None  # N not a multiple of 32
+    assert products.packed_product(w.float()) is None  # bfloat16 only

@@ -12,9 +12,9 @@ import subprocess
 
 import pytest
 
-from tokenworks.ops import ckernels
+from tokenworks.kernels import build
 
-CC = ckernels.compiler()
+CC = build.compiler()
 
 # From no vector extensions at all to AVX-512 with BF16 and AMX: each #if branch of
 # decode.c is compiled by one of these.
@@ -27,13 +27,13 @@ LEVELS = ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "cooperlake", "sapphi
 )
 @pytest.mark.parametrize("march", LEVELS)
 def test_the_source_compiles_for_every_cpu_level(march, tmp_path):
-    flags = [f if f != "-march=native" else f"-march={march}" for f in ckernels.FLAGS]
+    flags = [f if f != "-march=native" else f"-march={march}" for f in build.FLAGS]
     probe = subprocess.run([CC, f"-march={march}", "-x", "c", "-E", "-"], input="",
                            capture_output=True, text=True)  # fmt: skip
     if probe.returncode != 0:
         pytest.skip(f"{CC} does not know -march={march}")
     run = subprocess.run(
-        [CC, *flags, "-Werror=implicit-function-declaration", str(ckernels.SOURCE),
+        [CC, *flags, "-Werror=implicit-function-declaration", str(build.SOURCE),
          "-o", str(tmp_path / "decode.so"), "-lm"],
         capture_output=True, text=True,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""Every number a docs/ page quotes is produced by code or held by a record; check them.
+"""Every number README.md or a docs/ page quotes is produced by code or held by a record.
 
 A measured figure is written [12.3](../benchmarks/results/RECORD.json#json/path*factor): the
 link text must equal the value at that path of that record (times the factor), rounded to
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LINK = re.compile(r"\[([-0-9.,]+)\]\((\.\./benchmarks/results/[^)#]+)#([^)]+)\)")
-PAGES = sorted((ROOT / "docs").glob("*.md"))
+LINK = re.compile(r"\[([-0-9.,]+)\]\(((?:\.\./)?benchmarks/results/[^)#]+)#([^)]+)\)")
+PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 CONSOLE = re.compile(r"```console\n\$ (tokenworks plan [^\n]+)\n(.*?)```", re.S)
 
 

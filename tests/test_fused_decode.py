@@ -1,4 +1,4 @@
-"""The fused C decode step (ops/fused_decode.py) against the torch modules it replaces."""
+"""The C forward paths (kernels/forward.py) against the torch modules they replace."""
 
 from __future__ import annotations
 
@@ -8,14 +8,16 @@ import pytest
 import torch
 
 from tokenworks.engine.kv_cache import KVPool
+from tokenworks.kernels import abi, build, products
+from tokenworks.kernels.batch import KernelBatch
+from tokenworks.kernels.forward import MAX_ROWS, LlamaForward
+from tokenworks.kernels.products import PACK_MAX, product
 from tokenworks.models import build_model
 from tokenworks.models.toy import toy_spec, toy_weights
-from tokenworks.ops import ckernels
 from tokenworks.ops.attention import AttentionMetadata
-from tokenworks.ops.fused_decode import MAX_ROWS, PACK_MAX, LlamaDecodeKernel, _product
 
 pytestmark = pytest.mark.skipif(
-    ckernels.library() is None, reason="the C kernels cannot be built here"
+    build.library() is None, reason="the C kernels cannot be built here"
 )
 
 VARIANTS = {
@@ -54,11 +56,16 @@ def _decode_step(model, pool, ctx_lens, fused: bool, greedy: bool = False):
         start += need
     b = len(ctx_lens)
     ids = torch.randint(0, model.spec.vocab_size, (b,))
-    meta = AttentionMetadata.paged([1] * b, ctx_lens, tables, bs, decode_kernel=fused)
-    if fused:
-        assert model.decode_kernel.accepts(b, meta)
+    pos = torch.tensor(ctx_lens)
     with torch.inference_mode():
-        return model(ids, torch.tensor(ctx_lens), meta, pool, greedy=greedy)
+        if not fused:
+            return model(ids, pos, AttentionMetadata.paged([1] * b, ctx_lens, tables, bs), pool)
+        batch = KernelBatch.build([1] * b, ctx_lens, tables, bs)
+        assert model.c_forward.accepts(batch)
+        logits, choices = model.c_forward.run(
+            ids, pos, batch, model.spec.sliding_window, greedy=greedy
+        )
+        return choices if greedy else logits
 
 
 def _model_and_pool(spec, dtype, quantization=None):
@@ -80,8 +87,8 @@ def test_float32_fused_step_equals_the_modules(variant, quantization, max_rows):
     model, pool = _model_and_pool(spec, torch.float32, quantization)
     ctx_lens = [0, 3, 17, 40, 9]
     want = _decode_step(model, pool, ctx_lens, fused=False)
-    model.decode_kernel = LlamaDecodeKernel.prepare(model, pool, max_rows=max_rows)
-    assert model.decode_kernel is not None
+    model.c_forward = LlamaForward.prepare(model, pool, max_rows=max_rows)
+    assert model.c_forward is not None
     got = _decode_step(model, pool, ctx_lens, fused=True)
     assert got.shape == want.shape
     assert (got - want).abs().max() < 1e-4 * max(1.0, want.abs().max().item())
@@ -104,7 +111,7 @@ def test_bfloat16_fused_step_is_at_least_as_close_to_float32_as_the_modules(
     ctx_lens = [2, 30, 11, 7, 19, 0]  # more than DOT_ROWS: AMX tiles where they run
     ref = _decode_step(ref_model, ref_pool, ctx_lens, fused=False)
     torch_err = (_decode_step(model, pool, ctx_lens, fused=False) - ref).abs()
-    model.decode_kernel = LlamaDecodeKernel.prepare(model, pool, max_rows=max_rows)
+    model.c_forward = LlamaForward.prepare(model, pool, max_rows=max_rows)
     fused_err = (_decode_step(model, pool, ctx_lens, fused=True) - ref).abs()
     assert fused_err.mean() <= torch_err.mean(), (fused_err.mean(), torch_err.mean())
     assert fused_err.max() <= torch_err.max() * 1.5, (fused_err.max(), torch_err.max())
@@ -113,22 +120,21 @@ def test_bfloat16_fused_step_is_at_least_as_close_to_float32_as_the_modules(
 def test_which_batches_the_kernel_takes():
     spec = toy_spec()
     model, pool = _model_and_pool(spec, torch.float32)
-    kernel = LlamaDecodeKernel.prepare(model, pool, max_rows=2)
+    kernel = LlamaForward.prepare(model, pool, max_rows=2)
     tables = [[0, 1], [2, 3], [4, 5]]
-    decode3 = AttentionMetadata.paged([1] * 3, [3, 3, 3], tables, 4, decode_kernel=True)
-    decode2 = AttentionMetadata.paged([1] * 2, [3, 3], tables[:2], 4, decode_kernel=True)
-    mixed = AttentionMetadata.paged([4, 1], [0, 3], tables[:2], 4, decode_kernel=True)
-    assert kernel.accepts(2, decode2)
-    assert kernel.accepts(3, decode3)  # beyond max_rows: run_batched (dense weights)
-    assert kernel.accepts(5, mixed)  # prefill in the batch: run_batched, torch attention
-    assert not kernel.accepts(3, AttentionMetadata.single(3))  # no KV cache: the modules
+    decode3 = KernelBatch.build([1] * 3, [3, 3, 3], tables, 4)
+    decode2 = KernelBatch.build([1] * 2, [3, 3], tables[:2], 4)
+    mixed = KernelBatch.build([4, 1], [0, 3], tables[:2], 4)
+    assert decode2.decode_only and not mixed.decode_only and len(mixed.chunks) == 1
+    assert kernel.accepts(decode2) and kernel._whole_step(decode2)
+    assert kernel.accepts(decode3)  # beyond max_rows: run_batched (dense weights)
+    assert not kernel._whole_step(decode3)
+    assert kernel.accepts(mixed) and not kernel._whole_step(mixed)  # prefill: run_batched
     int8, pool8 = _model_and_pool(spec, torch.float32, "int8")
-    kernel8 = LlamaDecodeKernel.prepare(int8, pool8, max_rows=2)
-    assert kernel8.accepts(2, decode2)
-    assert not kernel8.accepts(3, decode3)  # int8 without a dense copy: the modules
-    assert not kernel8.accepts(5, mixed)
-    gathered = AttentionMetadata.paged([1] * 2, [3, 3], tables[:2], 4, decode_kernel=False)
-    assert not kernel8.accepts(2, gathered)  # no block tables: not the whole-step path
+    kernel8 = LlamaForward.prepare(int8, pool8, max_rows=2)
+    assert kernel8.accepts(decode2)
+    assert not kernel8.accepts(decode3)  # int8 without a dense copy: the modules
+    assert not kernel8.accepts(mixed)
 
 
 def test_amx_takes_the_whole_step_for_bigger_decode_batches():
@@ -136,20 +142,19 @@ def test_amx_takes_the_whole_step_for_bigger_decode_batches():
     whole step of bigger decode batches."""
     spec = dataclasses.replace(toy_spec(), **VARIANTS["amx-shapes"])
     model, pool = _model_and_pool(spec, torch.bfloat16)
-    kernel = LlamaDecodeKernel.prepare(model, pool)
-    if not ckernels.packed_available():
+    kernel = LlamaForward.prepare(model, pool)
+    if not products.packed_built():
         assert kernel.amx is None and kernel.max_rows == MAX_ROWS
         pytest.skip("no packed products on this CPU (AMX or AVX-512 BF16)")
     assert kernel.amx is not None and kernel.max_rows == PACK_MAX
     layers, model_c = kernel.amx
-    assert model_c.head.dtype == ckernels.AMX and layers[0].down.dtype == ckernels.AMX
-    assert kernel.layers_c[0].down.dtype == ckernels.BF16  # small batches: dot products
+    assert model_c.head.dtype == abi.PACKED and layers[0].down.dtype == abi.PACKED
+    assert kernel.layers_c[0].down.dtype == abi.BF16  # small batches: dot products
     tables = [[i] for i in range(40)]
-    meta = AttentionMetadata.paged([1] * 40, [2] * 40, tables, 4, decode_kernel=True)
-    assert kernel._whole_step(40, meta)
+    assert kernel._whole_step(KernelBatch.build([1] * 40, [2] * 40, tables, 4))
     toy = toy_spec()  # a vocabulary no multiple of 32: no AMX head, so no AMX whole step
     model2, pool2 = _model_and_pool(toy, torch.bfloat16)
-    kernel2 = LlamaDecodeKernel.prepare(model2, pool2)
+    kernel2 = LlamaForward.prepare(model2, pool2)
     assert kernel2.amx is None and kernel2.max_rows == MAX_ROWS and kernel2.packs
 
 
@@ -159,16 +164,16 @@ def test_prefill_sized_products_are_packed_only_without_tiles(packed_products, m
     tiles; both give the product."""
     if packed_products is None:
         pytest.skip("no packed products on this CPU (AMX or AVX-512 BF16)")
-    lib, rows_seen = ckernels.library(), []
-    real = lib.tw_amx_linear
-    monkeypatch.setattr(lib, "tw_amx_linear", lambda *a: rows_seen.append(a[1]) or real(*a))
+    lib, rows_seen = build.library(), []
+    real = lib.tw_packed_linear
+    monkeypatch.setattr(lib, "tw_packed_linear", lambda *a: rows_seen.append(a[1]) or real(*a))
     g = torch.Generator().manual_seed(0)
     w = torch.randn(96, 160, generator=g).bfloat16()
-    product = _product(w, None, ckernels.amx_pack(w))
+    run = product(w, None, products.pack_weight(w))
     x = torch.randn(PACK_MAX + 44, 160, generator=g).bfloat16()
-    torch.testing.assert_close(product(x), torch.nn.functional.linear(x, w))
+    torch.testing.assert_close(run(x), torch.nn.functional.linear(x, w))
     assert rows_seen == ([] if packed_products == "tiles" else [PACK_MAX + 44])
-    product(x[:64])
+    run(x[:64])
     assert rows_seen[-1] == 64  # up to PACK_MAX rows: packed either way
 
 
@@ -190,7 +195,7 @@ def test_greedy_amx_steps_return_the_argmax_of_their_logits(nan_columns, packed_
     w[37], w[300], w[38], w[301] = v, v, -v, -v  # each row's best is tied across threads
     for c in nan_columns:
         w[c] = float("nan")
-    model.decode_kernel = LlamaDecodeKernel.prepare(model, pool)
+    model.c_forward = LlamaForward.prepare(model, pool)
     ctx_lens = [2, 30, 11, 7, 19, 0, 5, 9]  # more than DOT_ROWS: the AMX whole step
     logits = _decode_step(model, pool, ctx_lens, fused=True)
     choices = _decode_step(model, pool, ctx_lens, fused=True, greedy=True)
@@ -212,8 +217,8 @@ def test_greedy_dot_product_steps_return_the_argmax_of_their_logits(rows, nan_co
     model, pool = _model_and_pool(spec, torch.bfloat16)
     if nan_column is not None:
         model.lm_head.weight.data[nan_column] = float("nan")
-    model.decode_kernel = LlamaDecodeKernel.prepare(model, pool)
-    model.decode_kernel.amx = None  # dot products for every batch it takes
+    model.c_forward = LlamaForward.prepare(model, pool)
+    model.c_forward.amx = None  # dot products for every batch it takes
     ctx_lens = [2, 30, 11, 7, 19, 0, 5, 9][:rows]
     logits = _decode_step(model, pool, ctx_lens, fused=True)
     choices = _decode_step(model, pool, ctx_lens, fused=True, greedy=True)
@@ -229,13 +234,13 @@ def test_greedy_requests_through_the_choices_give_the_tokens_of_the_logits(smol_
     from tokenworks import LLM, SamplingParams
 
     llm = LLM("smollm2-135m", dtype="bfloat16", loaded=smol_loaded, kv_cache_memory=0.25)
-    kernel = llm.engine.model.decode_kernel
+    kernel = llm.engine.c_kernels.forward_pass
     dims: list[int] = []  # what each whole C step returned: 1 choices, 2 logits
     run = kernel._run_whole_step
 
     def spy(*args, **kwargs):
-        out = run(*args, **kwargs)
-        dims.append(out.dim())
+        logits, choices = out = run(*args, **kwargs)
+        dims.append(1 if choices is not None else 2)
         return out
 
     kernel._run_whole_step = spy
@@ -263,11 +268,12 @@ def test_prefill_and_mixed_batches_through_the_kernel_equal_the_modules(dtype):
     pos = torch.cat([torch.arange(c, c + n) for n, c in zip(q_lens, ctx_lens, strict=True)])
     rows = torch.tensor([4, 5, 8, 9])  # each sequence's last row
     out = {}
-    for fused in (False, True):
-        model.decode_kernel = LlamaDecodeKernel.prepare(model, pool) if fused else None
-        meta = AttentionMetadata.paged(q_lens, ctx_lens, tables, 4, decode_kernel=True)
-        with torch.inference_mode():
-            out[fused] = model(ids, pos, meta, pool, logits_rows=rows)
+    with torch.inference_mode():
+        meta = AttentionMetadata.paged(q_lens, ctx_lens, tables, 4)
+        out[False] = model(ids, pos, meta, pool, logits_rows=rows)
+        batch = KernelBatch.build(q_lens, ctx_lens, tables, 4)
+        c_forward = LlamaForward.prepare(model, pool)
+        out[True], _ = c_forward.run(ids, pos, batch, spec.sliding_window, rows)
     assert out[True].shape == (4, spec.vocab_size)
     tol = 1e-4 if dtype == torch.float32 else 0.1  # bfloat16: the kernel keeps x in float32
     assert (out[True] - out[False]).abs().max() < tol * max(1.0, out[False].abs().max().item())
@@ -280,7 +286,6 @@ def _dequantized_copy(model):
     from tokenworks.ops.linear import Int4Linear, Int8Linear, q4_dequantize
 
     ref = copy.deepcopy(model)
-    ref.decode_kernel = None
     for module in list(ref.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, Int4Linear):
@@ -308,8 +313,8 @@ def test_int4_fused_step_equals_its_dequantised_grid(variant):
     assert any(isinstance(m, Int4Linear) for m in model.modules())
     ctx_lens = [1, 12, 33]
     want = _decode_step(_dequantized_copy(model), pool, ctx_lens, fused=False)
-    model.decode_kernel = LlamaDecodeKernel.prepare(model, pool)
-    assert model.decode_kernel is not None
+    model.c_forward = LlamaForward.prepare(model, pool)
+    assert model.c_forward is not None
     got = _decode_step(model, pool, ctx_lens, fused=True)
     assert (got - want).abs().max() < 1e-4 * max(1.0, want.abs().max().item())
 
@@ -331,16 +336,16 @@ def test_batch_invariant_models_are_not_taken():
     spec = toy_spec()
     _, pool = _model_and_pool(spec, torch.float32)
     inv = build_model(spec, _weights(spec), torch.float32, batch_invariant=True)
-    assert LlamaDecodeKernel.prepare(inv, pool) is None
+    assert LlamaForward.prepare(inv, pool) is None
 
 
 def test_the_real_model_in_bfloat16_decodes_through_the_kernel(smol_loaded):
     from tokenworks import LLM, SamplingParams
 
     llm = LLM("smollm2-135m", dtype="bfloat16", loaded=smol_loaded, kv_cache_memory=0.25)
-    assert llm.engine.model.decode_kernel is not None  # attention="auto" takes it
+    assert llm.engine.c_kernels is not None  # kernels="auto" takes them
     calls = []
-    kernel = llm.engine.model.decode_kernel
+    kernel = llm.engine.c_kernels.forward_pass
     for name in ("_run_whole_step", "run_batched"):
         run = getattr(kernel, name)
         setattr(kernel, name, lambda *a, _run=run, _n=name, **k: calls.append(_n) or _run(*a, **k))

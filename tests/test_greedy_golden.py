@@ -31,11 +31,11 @@ THREADS = 2
 
 def products_path() -> str:
     """Which packed products this CPU runs by default: tiles, vector or none."""
-    from tokenworks.ops import ckernels
+    from tokenworks.kernels import products
 
-    if ckernels.amx_available():
+    if products.tiles_granted():
         return "tiles"
-    return "vector" if ckernels.packed_available() else "none"
+    return "vector" if products.packed_built() else "none"
 
 
 def run(loaded, dtype: str) -> dict:
@@ -62,9 +62,9 @@ def cases() -> list[tuple[str, str]]:
 
 
 def products(path: str):
-    from tokenworks.ops import ckernels
+    from tokenworks.kernels import products
 
-    return ckernels.vector_products() if path == "vector" else contextlib.nullcontext()
+    return products.vector_products() if path == "vector" else contextlib.nullcontext()
 
 
 @pytest.mark.parametrize("dtype,path", [("float32", "torch"), ("bfloat16", "default"),

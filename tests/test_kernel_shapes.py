@@ -15,14 +15,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenworks.engine.kv_cache import KVPool
+from tokenworks.kernels import abi, build, products
+from tokenworks.kernels import attention as kattention
+from tokenworks.kernels.batch import KernelBatch
+from tokenworks.kernels.forward import LlamaForward
 from tokenworks.models import build_model
 from tokenworks.models.toy import toy_spec, toy_weights
-from tokenworks.ops import ckernels
-from tokenworks.ops.attention import AttentionMetadata, _one_sequence, attention
-from tokenworks.ops.fused_decode import LlamaDecodeKernel
+from tokenworks.ops.attention import AttentionMetadata, attention, sequence_attention
 
 pytestmark = pytest.mark.skipif(
-    ckernels.library() is None, reason="the C kernels cannot be built here"
+    build.library() is None, reason="the C kernels cannot be built here"
 )
 
 # the same examples on every run (a failure reproduces), and fixtures that hold per test
@@ -56,7 +58,7 @@ def test_packed_products_take_any_number_of_rows(packed_products, rows, n, k, wi
     w = torch.randn(n, k, generator=g).bfloat16()
     bias = torch.randn(n, generator=g).bfloat16() if with_bias else None
     x = torch.randn(rows, k, generator=g).bfloat16()
-    got = ckernels.amx_product(w, bias, glu=glu)(x)
+    got = products.packed_product(w, bias, glu=glu)(x)
     exact = x.double() @ w.double().t() + (0 if bias is None else bias.double())
     theirs = F.linear(x, w, bias).double()
     if glu:
@@ -95,10 +97,10 @@ def test_paged_decode_attention_takes_any_contexts(lens, block_size, dtype, d, w
         used += need
     b = len(lens)
     q, k, v = (torch.randn(b, h, d, dtype=dtype) for h in (n_heads, n_kv, n_kv))
-    outs = []
-    for kernel in (False, True):
-        meta = AttentionMetadata.paged([1] * b, lens, tables, block_size, decode_kernel=kernel)
-        outs.append(attention(q, k, v, meta, pool, 0, d**-0.5, window))
+    meta = AttentionMetadata.paged([1] * b, lens, tables, block_size)
+    outs = [attention(q, k, v, meta, pool, 0, d**-0.5, window)]  # torch; writes the new K/V
+    batch = KernelBatch.build([1] * b, lens, tables, block_size)
+    outs.append(kattention.attend(q, batch, pool.k[0], pool.v[0], d**-0.5, window))
     assert outs[0].shape == outs[1].shape == (b, n_heads * d)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     if b:
@@ -107,9 +109,9 @@ def test_paged_decode_attention_takes_any_contexts(lens, block_size, dtype, d, w
 
 @pytest.fixture(params=["amx", "vector"])
 def prefill_path(request) -> bool:
-    if not ckernels.prefill_available():
+    if not kattention.prefill_available():
         pytest.skip("neither AMX nor AVX-512 BF16 on this CPU")
-    if request.param == "amx" and not ckernels.amx_available():
+    if request.param == "amx" and not products.tiles_granted():
         pytest.skip("no AMX tiles on this CPU")
     return request.param == "amx"
 
@@ -130,32 +132,32 @@ def test_prompt_attention_takes_chunks_at_any_offset(prefill_path, chunks):
         seqs.append((start, n, perm[used : used + ctx + n]))
         start, used = start + n, used + ctx + n
     out = torch.full((q.shape[0], h * d), float("nan"), dtype=torch.bfloat16)
-    done = ckernels.prefill_attention(q, k_pool, v_pool, seqs, d**-0.5, out, amx=prefill_path)
+    done = kattention.prefill_attention(q, k_pool, v_pool, seqs, d**-0.5, out, amx=prefill_path)
     assert done == bool(chunks)  # nothing to attend: torch's path (which does nothing)
     for start, n, index in seqs:
         kt, vt = k_pool[index].transpose(0, 1), v_pool[index].transpose(0, 1)
-        want = _one_sequence(q[start : start + n], kt, vt, d**-0.5, None)
+        want = sequence_attention(q[start : start + n], kt, vt, d**-0.5, None)
         torch.testing.assert_close(out[start : start + n], want, atol=3e-2, rtol=3e-2)
 
 
 def test_empty_calls_into_every_entry_point_return_at_once():
     """Each C entry point handed zero rows (or sequences) writes nothing and returns; none
     divides by its row count."""
-    lib = ckernels.library()
+    lib = build.library()
     nothing = torch.empty(0)
     p = nothing.data_ptr()
-    if ckernels.packed_available():
-        assert lib.tw_amx_linear(p, 0, 64, p, 64, None, p, ckernels.BF16, 2) == 0
+    if products.packed_built():
+        assert lib.tw_packed_linear(p, 0, 64, p, 64, None, p, abi.BF16, 2) == 0
     tables, lens = torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, dtype=torch.long)
-    kv = ckernels.kv_view(tables, lens, 16, None, ckernels.F32, nothing, nothing)
+    kv = abi.kv_view(tables, lens, 16, None, abi.F32, nothing, nothing)
     lib.tw_paged_attention(kv, p, p, 0, 6, 2, 64, 0.125, 2)
-    lib.tw_argmax_rows(p, ckernels.F32, 0, 10, p, 2)
-    lib.tw_swiglu(p, p, ckernels.F32, 0, 64, 2)
-    lib.tw_residual_norm(p, None, ckernels.F32, p, 1e-5, p, ckernels.F32, 0, 64, 2)
-    if ckernels.prefill_available():
+    lib.tw_argmax_rows(p, abi.F32, 0, 10, p, 2)
+    lib.tw_swiglu(p, p, abi.F32, 0, 64, 2)
+    lib.tw_residual_norm(p, None, abi.F32, p, 1e-5, p, abi.F32, 0, 64, 2)
+    if kattention.prefill_available():
         q = torch.empty(0, 9, 64, dtype=torch.bfloat16)
         out = torch.empty(0, 576, dtype=torch.bfloat16)
-        assert not ckernels.prefill_attention(q, q, q, [], 0.125, out)
+        assert not kattention.prefill_attention(q, q, q, [], 0.125, out)
 
 
 # ------------------------------------------------------------------ whole forward passes
@@ -169,15 +171,15 @@ def step_path(request, monkeypatch):
     products where packed products run), the packed vector products on a CPU with tiles,
     torch's products with the packed ones off, and the dot-product whole step alone."""
     if request.param == "vector":
-        if not ckernels.amx_available():
+        if not products.tiles_granted():
             pytest.skip("the default already ran the vector products, or none run here")
-        with ckernels.vector_products():
+        with products.vector_products():
             yield request.param
         return
     if request.param == "unpacked":
-        if not ckernels.packed_available():
+        if not products.packed_built():
             pytest.skip("the default already ran without packed products")
-        monkeypatch.setattr(ckernels, "packed_available", lambda: False)
+        monkeypatch.setattr(products, "packed_built", lambda: False)
     yield request.param
 
 
@@ -225,16 +227,20 @@ def test_any_batch_through_the_kernels_equals_the_modules(step_path, seqs, decod
     rows = ends[torch.tensor([s for _, _, s in items])]
     out = {}
     for fused in (False, True):
-        kernel = LlamaDecodeKernel.prepare(model, pool) if fused else None
-        if fused and step_path == "dot":
-            kernel.amx = None  # the dot-product whole step for every decode batch it takes
-        model.decode_kernel = kernel
         before = [t.clone() for t in pool.k + pool.v]
-        meta = AttentionMetadata.paged(q_lens, ctx_lens, tables, bs, decode_kernel=True)
-        if fused and step_path == "dot":
-            assert kernel._whole_step(len(items), meta)
         with torch.inference_mode():
-            out[fused] = model(ids, pos, meta, pool, logits_rows=rows)
+            if fused:
+                kernel = LlamaForward.prepare(model, pool, packed=step_path != "unpacked")
+                if step_path == "dot":
+                    kernel.amx = None  # the dot-product whole step for every decode batch
+                batch = KernelBatch.build(q_lens, ctx_lens, tables, bs)
+                assert kernel.accepts(batch)
+                if step_path == "dot":
+                    assert kernel._whole_step(batch)
+                out[fused], _ = kernel.run(ids, pos, batch, spec.sliding_window, rows)
+            else:
+                meta = AttentionMetadata.paged(q_lens, ctx_lens, tables, bs)
+                out[fused] = model(ids, pos, meta, pool, logits_rows=rows)
         for t, kept in zip(pool.k + pool.v, before, strict=True):
             t.copy_(kept)  # each run writes its own new K/V: start both from the same pool
     assert out[True].shape == out[False].shape == (rows.numel(), spec.vocab_size)

@@ -7,27 +7,27 @@ from __future__ import annotations
 import pytest
 
 from tokenworks import LLM, SamplingParams
-from tokenworks.ops import ckernels
+from tokenworks.kernels import products
 
-PATHS = ["default", "vector", "unpacked", "sdpa"]
+PATHS = ["default", "vector", "unpacked", "torch"]
 
 
 @pytest.fixture(params=PATHS)
-def long_llm(request, smol_loaded, monkeypatch):
+def long_llm(request, smol_loaded):
     """A bfloat16 engine on the real weights whose products run: as this CPU does by
     default, as AVX-512 BF16 dot products on a CPU with tiles, on torch's products with
-    the packed ones off, or on the torch modules alone (--attention sdpa)."""
+    the packed ones off (--no-packed-products), or on the torch modules alone (--kernels
+    torch)."""
     path = request.param
-    if path == "vector" and not ckernels.amx_available():
+    if path == "vector" and not products.tiles_granted():
         pytest.skip("the default already ran the vector products, or none run here")
-    if path == "unpacked" and not ckernels.packed_available():
+    if path == "unpacked" and not products.packed_built():
         pytest.skip("the default already ran without packed products")
-    if path == "unpacked":
-        monkeypatch.setattr(ckernels, "packed_available", lambda: False)
     kw = dict(dtype="bfloat16", loaded=smol_loaded, threads=2, warmup=False)
-    kw |= dict(kv_cache_memory=0.5, max_num_seqs=8, attention="sdpa" if path == "sdpa" else "auto")
+    kw |= dict(kv_cache_memory=0.5, max_num_seqs=8, kernels="torch" if path == "torch" else "auto")
+    kw |= dict(packed_products=path != "unpacked")
     if path == "vector":
-        with ckernels.vector_products():
+        with products.vector_products():
             yield LLM("smollm2-135m", **kw)
         return
     yield LLM("smollm2-135m", **kw)
@@ -43,7 +43,7 @@ GREEDY = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
 
 @pytest.mark.parametrize("tokens", [2049, 8000])
 def test_a_long_prompt_alone(long_llm, tokens):
-    if tokens == 8000 and long_llm.config.attention == "sdpa":
+    if tokens == 8000 and long_llm.config.kernels == "torch":
         pytest.skip("8,000 tokens on the torch modules: the 2,049 case covers that path")
     out = long_llm.generate([_prompt(long_llm, tokens)], GREEDY, use_tqdm=False)[0]
     assert len(out.prompt_token_ids) == tokens

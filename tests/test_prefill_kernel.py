@@ -1,4 +1,4 @@
-"""The C attention for prompt chunks (ckernels.prefill_attention), on AMX tiles and with
+"""The C attention for prompt chunks (kattention.prefill_attention), on AMX tiles and with
 AVX-512 BF16 dot products, against the exact answer, torch's attention, and itself cut
 differently."""
 
@@ -7,18 +7,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenworks.ops import ckernels
-from tokenworks.ops.attention import AttentionMetadata, _one_sequence, attention_over_pool
+from tokenworks.kernels import attention as kattention
+from tokenworks.kernels import products
+from tokenworks.kernels.batch import KernelBatch
+from tokenworks.ops.attention import AttentionMetadata, attention_over_pool, sequence_attention
 
 pytestmark = pytest.mark.skipif(
-    not ckernels.prefill_available(), reason="neither AMX nor AVX-512 BF16 on this CPU"
+    not kattention.prefill_available(), reason="neither AMX nor AVX-512 BF16 on this CPU"
 )
 
 
 @pytest.fixture(params=["amx", "vector"])
 def amx(request) -> bool:
     """Each test on both paths: the AMX tiles (where they run) and the vector products."""
-    if request.param == "amx" and not ckernels.amx_available():
+    if request.param == "amx" and not products.tiles_granted():
         pytest.skip("no AMX tiles on this CPU")
     return request.param == "amx"
 
@@ -47,7 +49,7 @@ def _exact(q, keys, values, ctx) -> torch.Tensor:
 
 def _run(q, k_pool, v_pool, seqs, amx) -> torch.Tensor:
     out = torch.full((q.shape[0], H * D), float("nan"), dtype=torch.bfloat16)
-    assert ckernels.prefill_attention(q, k_pool, v_pool, seqs, SCALE, out, amx=amx)
+    assert kattention.prefill_attention(q, k_pool, v_pool, seqs, SCALE, out, amx=amx)
     return out
 
 
@@ -66,7 +68,7 @@ def test_prompt_chunks_are_as_close_to_exact_as_torch(amx):
         exact = _exact(q[start : start + n], keys, values, ctx)
         ours = (out[start : start + n].double() - exact).abs().max().item()
         kt, vt = keys.transpose(0, 1), values.transpose(0, 1)
-        torch_out = _one_sequence(q[start : start + n], kt, vt, SCALE, None)
+        torch_out = sequence_attention(q[start : start + n], kt, vt, SCALE, None)
         theirs = (torch_out.double() - exact).abs().max().item()
         assert ours <= 1.5 * theirs + 1e-3, (ctx, n, ours, theirs)
 
@@ -95,13 +97,14 @@ def test_what_the_kernel_cannot_take_goes_to_torch():
     index = torch.arange(10)
     out = torch.empty(10, H * D, dtype=torch.bfloat16)
     q = torch.randn(10, H, D).bfloat16()
-    assert not ckernels.prefill_attention(q.float(), k_pool, v_pool, [(0, 10, index)], 1.0, out)
+    assert not kattention.prefill_attention(q.float(), k_pool, v_pool, [(0, 10, index)], 1.0, out)
     small = torch.randn(10, 8, 32).bfloat16()  # head_dim 32
     pool32 = torch.zeros(64, 4, 32, dtype=torch.bfloat16)
     out32 = torch.empty(10, 8 * 32, dtype=torch.bfloat16)
-    assert not ckernels.prefill_attention(small, pool32, pool32, [(0, 10, index)], 1.0, out32)
+    assert not kattention.prefill_attention(small, pool32, pool32, [(0, 10, index)], 1.0, out32)
     # a sliding window keeps torch's path: the same answer either way
     meta = AttentionMetadata([10], [0], torch.arange(10), [index])
-    with_kernel = attention_over_pool(q, meta, k_pool, v_pool, SCALE, 4, prefill_kernel=True)
+    batch = KernelBatch.build([10], [0], [list(range(64 // 16))], 16)
+    with_kernel = kattention.attend(q, batch, k_pool, v_pool, SCALE, 4)
     without = attention_over_pool(q, meta, k_pool, v_pool, SCALE, 4)
     assert torch.equal(with_kernel, without)

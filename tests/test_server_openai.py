@@ -86,6 +86,60 @@ def test_chat_n_stop_and_penalties(client):
         assert c.finish_reason in ("stop", "length")
 
 
+REPEATS = "The sea, the sea, the sea"
+
+
+def _tokens(client, **kw):
+    """(token ids, [(token id, logprob, {top id: logprob})] per step) of one completion."""
+    r = client.completions.create(
+        model=MODEL, prompt=REPEATS, max_tokens=24, logprobs=5,
+        extra_body={"return_tokens_as_token_ids": True, "ignore_eos": True, **kw.pop("extra", {})},
+        **kw,
+    )  # fmt: skip
+    lp = r.choices[0].logprobs
+    ids = [int(t.removeprefix("token_id:")) for t in lp.tokens]
+    tops = [{int(k.removeprefix("token_id:")): v for k, v in d.items()} for d in lp.top_logprobs]
+    return ids, list(zip(ids, lp.token_logprobs, tops, strict=True))
+
+
+def test_presence_and_frequency_penalties_choose_what_the_sampler_defines(client):
+    """Greedy with penalties picks, at each step, the token whose raw logprob minus its
+    penalty (presence: once if already generated; frequency: per time generated) is the
+    largest: checked against every candidate the server reports, and different from the
+    plain greedy choice where the penalty bites."""
+    plain, _ = _tokens(client, temperature=0)
+    ids, steps = _tokens(client, temperature=0, presence_penalty=1.5, frequency_penalty=0.7)
+
+    def score(token, logprob, before):
+        n = before.count(token)
+        return logprob - 1.5 * (n > 0) - 0.7 * n
+
+    for t, (chosen, logprob, top) in enumerate(steps):
+        best = score(chosen, logprob, ids[:t])
+        for cand, cand_lp in top.items():
+            assert best >= score(cand, cand_lp, ids[:t]) - 1e-3, (t, chosen, cand)
+    assert ids != plain  # a prompt of repeats: the penalties change the greedy path
+
+
+def test_top_k_min_p_and_repetition_penalty_have_their_effect(smol_server, client):
+    """top_k=1 and min_p=1 keep only the most likely token: a hot sampler then gives the
+    greedy tokens; without them it does not. A repetition penalty repeats fewer of the
+    prompt's and its own tokens than plain greedy does."""
+    greedy, _ = _tokens(client, temperature=0)
+    hot = dict(temperature=1.5, seed=11)
+    assert _tokens(client, **hot, extra={"top_k": 1})[0] == greedy
+    assert _tokens(client, **hot, extra={"min_p": 1.0})[0] == greedy
+    assert _tokens(client, **hot)[0] != greedy
+    penalised, _ = _tokens(client, temperature=0, extra={"repetition_penalty": 1.8})
+    prompt_ids = set(smol_server.engine.tokenizer.encode(REPEATS))
+
+    def repeats(ids):
+        return sum(t in prompt_ids or t in ids[:i] for i, t in enumerate(ids))
+
+    assert penalised != greedy
+    assert repeats(penalised) < repeats(greedy)
+
+
 def test_completions_stream_and_echo(smol_server, client):
     kw = dict(model=MODEL, prompt="The capital of France is", max_tokens=10, temperature=0)
     full = client.completions.create(**kw, logprobs=2)

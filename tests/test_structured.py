@@ -141,13 +141,16 @@ def test_sampled_json_object_and_n(client):
         model=MODEL,
         messages=[{"role": "user", "content": "Describe a cat as JSON."}],
         response_format={"type": "json_object"},
-        max_tokens=200,
-        temperature=1.0,
+        max_tokens=300,
+        temperature=0.7,
         seed=5,
         n=2,
         extra_body={"structured_outputs": None},
     )
+    assert len(r.choices) == 2
+    assert any(c.finish_reason == "stop" for c in r.choices), "no sampled object closed"
     for c in r.choices:
+        assert c.message.content.lstrip().startswith("{")  # the grammar held from the start
         if c.finish_reason == "stop":
             assert isinstance(json.loads(c.message.content), dict)
 

@@ -1,7 +1,25 @@
-"""tokenworks: an LLM inference engine, server and measurement lab, from first principles."""
+"""tokenworks: an LLM inference engine, server and measurement lab, from first principles.
 
-from tokenworks.engine.request import FinishReason, RequestOutput, SamplingParams
-from tokenworks.llm import LLM
+`from tokenworks import LLM, SamplingParams` loads the engine (and torch) on first use, so
+the torch-free parts (`tokenworks.plan`, `tokenworks.shapes`, `tokenworks.units`) import
+without it.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
+_LAZY = {
+    "LLM": "tokenworks.llm",
+    "FinishReason": "tokenworks.engine.request",
+    "RequestOutput": "tokenworks.engine.request",
+    "SamplingParams": "tokenworks.engine.request",
+}
 __all__ = ["LLM", "FinishReason", "RequestOutput", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tokenworks' has no attribute {name!r}")

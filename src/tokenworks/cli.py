@@ -1,6 +1,6 @@
-"""tokenworks generate | chat | serve | pull | models | bench (latency, throughput, structured,
-serve, peers, report, compare, pool) | plan (models, hardware, kv, fit, roofline, quant, queue,
-spec, cost, batching, paging)"""
+"""tokenworks generate | chat | serve | pull | models | env | bench (latency, throughput,
+structured, serve, peers, report, compare, pool) | plan (models, hardware, kv, fit, roofline,
+quant, queue, spec, cost, batching, paging)"""
 
 from __future__ import annotations
 
@@ -132,6 +132,12 @@ def cmd_models(args) -> int:
             f"{e.name}{default}\t{mark}\t{e.size_bytes / 1e6:.0f} MB\t{e.licence}\t{e.description}"
         )
     return 0
+
+
+def cmd_env(args) -> int:
+    from tokenworks.env_report import main
+
+    return main(as_json=args.json)
 
 
 def cmd_bench_latency(args) -> int:
@@ -351,6 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list the catalogue and what is cached")
     p.set_defaults(fn=cmd_models)
 
+    p = sub.add_parser(
+        "env", help="versions, CPU features and which kernel paths run here (and why not)"
+    )
+    p.add_argument("--json", action="store_true", help="print it as JSON")
+    p.set_defaults(fn=cmd_env)
     bench = sub.add_parser("bench", help="measurements that write evidence records")
     bsub = bench.add_subparsers(dest="bench_command", required=True)
     p = bsub.add_parser("latency", help="single-stream prefill and decode speed")

@@ -1,20 +1,34 @@
-"""Engine configuration: every option that changes numerics or capacity, named once.
+"""Engine configuration: every option that changes numerics, kernels or capacity, named once.
 
-Each field here is written into every evidence record, so two measurements can be
-compared knowing exactly what differed.
+Each field is written into every evidence record, so two measurements can be compared
+knowing exactly what differed. The command-line flags of every command that builds an
+engine are made from these fields (`add_engine_arguments`): a field's type, default and
+help are written here only.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict, dataclass
+import dataclasses
+import os
+import typing
+from dataclasses import asdict, dataclass, field
 
 import torch
 
+from tokenworks.kernels import KERNELS
 from tokenworks.models.catalogue import DEFAULT_MODEL
 
 QUANTIZATIONS = (None, "int8", "int4")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# options that were renamed or moved into the config: old name -> what to use instead
+RENAMED = {
+    "attention": "kernels (auto, c or torch; 'cpp' is now 'c', 'sdpa' is now 'torch')",
+    "TOKENWORKS_NO_C_KERNELS": "kernels='torch' (--kernels torch)",
+    "TOKENWORKS_NO_AMX": "amx_tiles=False (--no-amx-tiles)",
+    "TOKENWORKS_NO_PACKED": "packed_products=False (--no-packed-products)",
+    "TOKENWORKS_KEEP_FREED_MEMORY": "keep_freed_memory (--no-keep-freed-memory)",
+}
 
 
 def default_dtype(device: str) -> str:
@@ -22,41 +36,146 @@ def default_dtype(device: str) -> str:
     return "bfloat16"
 
 
+def option(help: str, flag: str | None = None, group: str = "model and kernels", **argparse_kw):
+    """A field's command-line metadata: its help, and where it differs from the field's
+    own name (--field-name), its flag."""
+    return {"help": help, "flag": flag, "group": group, "argparse": argparse_kw}
+
+
+MEMORY = "KV memory and scheduling"
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = "smollm2-135m"
-    dtype: str = "auto"
-    device: str = "cpu"
-    threads: int | None = None  # torch intra-op threads on CPU; None leaves torch's default
-    max_model_len: int | None = None  # context limit; None: the model's own
-    # kernels: "sdpa" (the torch modules; decode attention gathers K/V, then SDPA),
-    # "cpp" (the C kernels of ops/csrc, built on first use: a small decode batch runs as
-    # one call, other batches run torch's products with C between them, and decode
-    # attention reads through the block tables with no copy), "auto" (cpp on the CPU for
-    # bfloat16 and quantised weights where it builds; float32 keeps torch, the path the
-    # exactness tests pin down)
-    attention: str = "auto"
-    quantization: str | None = None  # None (the file's weights, dequantised), "int8", "int4"
-    # with quantization: also keep a dense copy of the dequantised weights and use it for
-    # products of at least this many rows (prefill, big batches); None: quantised only
-    dense_from_rows: int | None = None
-    # KV memory (engine/kv_cache.py)
-    block_size: int = 16  # tokens per KV block
-    kv_cache_memory: float | None = None  # GiB for the block pool; None: see kv_budget_bytes
-    kv_cache_fraction: float = 0.2  # with kv_cache_memory None: at most this much of free RAM
-    enable_prefix_caching: bool = True
-    # scheduling (engine/scheduler.py)
-    max_num_seqs: int = 64  # sequences running at once
-    max_num_batched_tokens: int = 2048  # tokens per forward pass (the per-step budget)
-    enable_chunked_prefill: bool = True  # split long prompts across steps beside decodes
-    # requests waiting for a running slot (all max_num_seqs taken) beyond this are refused
-    max_waiting: int = 4096
-    scheduling_policy: str = "fcfs"  # or "priority": lower SamplingParams.priority first
-    batch_invariant: bool = False  # a sequence's numerics never depend on its batch
-    # one forward pass at the token budget when the engine starts (LLMEngine.warm_up)
-    warmup: bool = True
+    model: str = field(
+        default=DEFAULT_MODEL,
+        metadata=option("catalogue name, .gguf, dir or hub id", flag="--model", short="-m"),
+    )
+    dtype: str = field(
+        default="auto",
+        metadata=option("auto (fast for the device), float32, bfloat16 or float16"),
+    )
+    device: str = field(default="cpu", metadata=option("cpu or cuda[:N]"))
+    threads: int | None = field(
+        default=None, metadata=option("CPU threads for torch and the C kernels (default: torch's)")
+    )
+    max_model_len: int | None = field(
+        default=None, metadata=option("context limit (default: the model's own)", group=MEMORY)
+    )
+    kernels: str = field(
+        default="auto",
+        metadata=option(
+            "which code runs the forward pass: c (the C kernels of kernels/csrc: small decode "
+            "batches as one call, C between torch's products otherwise, paged attention), "
+            "torch (the torch modules: gathered K/V + SDPA), or auto: c on the CPU for "
+            "bfloat16 and quantised weights where it builds, torch for float32",
+            choices=KERNELS,
+        ),
+    )
+    packed_products: bool = field(
+        default=True,
+        metadata=option(
+            "with the C kernels, multiply packed copies of bfloat16 weights where the CPU "
+            "has AMX or AVX-512 BF16 (off: oneDNN's and torch's products)"
+        ),
+    )
+    amx_tiles: bool = field(
+        default=True,
+        metadata=option(
+            "run the packed products and prompt attention on AMX tiles where the CPU has "
+            "them (off: AVX-512 BF16 dot products)"
+        ),
+    )
+    quantization: str | None = field(
+        default=None,
+        metadata=option(
+            "weight-only quantisation (CPU): int8 per row, int4 in groups of 32",
+            choices=["int8", "int4"],
+        ),
+    )
+    dense_from_rows: int | None = field(
+        default=None,
+        metadata=option(
+            "with --quantization: keep a dense copy of the dequantised weights for products "
+            "of N or more rows (prefill, big batches), where it is faster (e.g. 8)",
+            metavar="N",
+        ),
+    )
+    keep_freed_memory: bool = field(
+        default=True,
+        metadata=option(
+            "keep freed heap pages in the process, so each step's buffers reuse the last "
+            "step's pages instead of faulting in new ones (engine/host_memory.py)"
+        ),
+    )
+    block_size: int = field(default=16, metadata=option("tokens per KV block", group=MEMORY))
+    kv_cache_memory: float | None = field(
+        default=None,
+        metadata=option(
+            "GiB for the KV block pool (default: what max-num-seqs full contexts need, at "
+            "most --kv-cache-fraction of free memory)",
+            group=MEMORY,
+            metavar="GIB",
+        ),
+    )
+    kv_cache_fraction: float = field(
+        default=0.2,
+        metadata=option(
+            "without --kv-cache-memory: at most this much of free memory", group=MEMORY
+        ),
+    )
+    enable_prefix_caching: bool = field(
+        default=True,
+        metadata=option(
+            "reuse the KV blocks of shared prompt prefixes", "--prefix-caching", MEMORY
+        ),
+    )
+    max_num_seqs: int = field(
+        default=64, metadata=option("sequences running at once", group=MEMORY)
+    )
+    max_num_batched_tokens: int = field(
+        default=2048,
+        metadata=option("tokens per forward pass (prompts beyond it are chunked)", group=MEMORY),
+    )
+    enable_chunked_prefill: bool = field(
+        default=True,
+        metadata=option(
+            "split long prompts across steps beside decodes", "--chunked-prefill", MEMORY
+        ),
+    )
+    max_waiting: int = field(
+        default=4096,
+        metadata=option(
+            "requests that may wait for a running slot once all max-num-seqs are taken; more "
+            "are refused (HTTP 429/529); 0 refuses whatever finds no free slot",
+            group=MEMORY,
+        ),
+    )
+    scheduling_policy: str = field(
+        default="fcfs",
+        metadata=option(
+            "fcfs, or priority: lower SamplingParams.priority first",
+            group=MEMORY,
+            choices=["fcfs", "priority"],
+        ),
+    )
+    batch_invariant: bool = field(
+        default=False,
+        metadata=option("numerics that never depend on the batch (slower)", group=MEMORY),
+    )
+    warmup: bool = field(
+        default=True,
+        metadata=option(
+            "one forward pass at the token budget when the engine starts, so the first big "
+            "step of the first requests does not pay for growing the heap",
+            group=MEMORY,
+        ),
+    )
 
     def __post_init__(self) -> None:
+        for name in RENAMED:
+            if name.startswith("TOKENWORKS_") and name in os.environ:
+                raise ValueError(f"{name} is no longer read: use {RENAMED[name]}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not one of auto, {', '.join(DTYPES)}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -87,14 +206,24 @@ class EngineConfig:
             raise ValueError("kv_cache_memory (GiB) must be > 0")
         if not 0 < self.kv_cache_fraction <= 1:
             raise ValueError("kv_cache_fraction must be in (0, 1]")
-        if self.attention not in ("auto", "cpp", "sdpa"):
-            raise ValueError(f"attention {self.attention!r}: expected auto, cpp or sdpa")
+        if self.kernels not in KERNELS:
+            raise ValueError(f"kernels {self.kernels!r}: expected one of {', '.join(KERNELS)}")
+        if self.kernels == "c" and (self.device != "cpu" or self.batch_invariant):
+            raise ValueError("kernels='c' runs on the CPU without batch_invariant")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(
                 f"scheduling_policy {self.scheduling_policy!r}: expected fcfs or priority"
             )
         if self.threads is not None and self.threads < 1:
             raise ValueError("threads must be >= 1")
+
+    @classmethod
+    def build(cls, **kw) -> EngineConfig:
+        """EngineConfig(**kw), with a renamed option's new name in the error."""
+        for name in kw:
+            if name in RENAMED:
+                raise TypeError(f"the engine option {name!r} was renamed: use {RENAMED[name]}")
+        return cls(**kw)
 
     @property
     def resolved_dtype(self) -> str:
@@ -108,112 +237,66 @@ class EngineConfig:
         return {**asdict(self), "dtype": self.resolved_dtype}
 
 
+def _fields() -> list[tuple[dataclasses.Field, type]]:
+    """Each field with its type (X for X | None)."""
+    hints = typing.get_type_hints(EngineConfig)
+    out = []
+    for f in dataclasses.fields(EngineConfig):
+        kind = hints[f.name]
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        out.append((f, args[0] if args else kind))
+    return out
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
+
+
+class _Renamed(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} was renamed: use --{RENAMED[self.dest]}")
+
+
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
-    """The command-line flags of every command that builds an engine."""
-    p.add_argument(
-        "--model", "-m", default=DEFAULT_MODEL, help="catalogue name, .gguf, dir or hub id"
-    )
-    p.add_argument(
-        "--dtype", default="auto", help="auto (fast for the device), float32, bfloat16, float16"
-    )
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's)")
-    p.add_argument(
-        "--quantization",
-        default=None,
-        choices=["int8", "int4"],
-        help="weight-only quantisation (CPU): int8 per row, int4 in groups of 32",
-    )
-    p.add_argument(
-        "--dense-from-rows",
-        type=int,
-        default=None,
-        metavar="N",
-        help="with --quantization: keep a dense copy of the dequantised weights for products "
-        "of N or more rows (prefill, big batches), where it is faster (e.g. 8)",
-    )
-    p.add_argument(
-        "--attention",
-        default="auto",
-        choices=["sdpa", "cpp", "auto"],
-        help="kernels: torch modules (gathered K/V + SDPA), the C kernels of ops/csrc (whole "
-        "small decode steps in one call, C between torch's products otherwise, paged "
-        "attention), or auto: C for bfloat16 and quantised weights on the CPU, torch for "
-        "float32 (default: auto)",
-    )
-    g = p.add_argument_group("KV memory and scheduling")
-    g.add_argument(
-        "--kv-cache-memory",
-        type=float,
-        default=None,
-        metavar="GIB",
-        help="GiB for the KV block pool (default: what max-num-seqs full contexts "
-        "need, at most 20%% of free memory)",
-    )
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    g.add_argument("--max-num-seqs", type=int, default=64, help="sequences running at once")
-    g.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=2048,
-        help="tokens per forward pass (prompts beyond it are chunked)",
-    )
-    g.add_argument("--max-model-len", type=int, default=None, help="context limit")
-    g.add_argument(
-        "--max-waiting",
-        type=int,
-        default=4096,
-        help="requests that may wait for a running slot once all max-num-seqs are taken; "
-        "more are refused (HTTP 429/529); 0 refuses whatever finds no free slot",
-    )
-    g.add_argument("--no-prefix-caching", action="store_true", help="disable prefix caching")
-    g.add_argument(
-        "--batch-invariant",
-        action="store_true",
-        help="numerics that never depend on the batch (slower)",
-    )
-    g.add_argument(
-        "--no-warmup",
-        action="store_true",
-        help="skip the forward pass at the token budget that readies a new engine "
-        "(the first big step then pays for it)",
-    )
+    """The command-line flags of every command that builds an engine: one per field."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f, kind in _fields():
+        meta = f.metadata
+        group = p if meta["group"] == "model and kernels" else groups.get(meta["group"])
+        if group is None:
+            group = groups[meta["group"]] = p.add_argument_group(meta["group"])
+        names = [_flag(f)] + ([meta["argparse"]["short"]] if "short" in meta["argparse"] else [])
+        kw = {k: v for k, v in meta["argparse"].items() if k != "short"}
+        help_text = meta["help"] + (f" (default: {f.default})" if f.default is not None else "")
+        if kind is bool:
+            group.add_argument(
+                *names, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
+                help=meta["help"] + f" (default: {'on' if f.default else 'off'})",
+            )  # fmt: skip
+        else:
+            group.add_argument(
+                *names, dest=f.name, type=kind, default=f.default,
+                help=help_text.replace("%", "%%"), **kw,
+            )  # fmt: skip
+    p.add_argument("--attention", dest="attention", action=_Renamed, help=argparse.SUPPRESS)
 
 
 def engine_kwargs(args) -> dict:
-    """EngineConfig fields from the common engine flags."""
-    return dict(
-        dtype=args.dtype,
-        device=args.device,
-        threads=args.threads,
-        quantization=args.quantization,
-        attention=args.attention,
-        dense_from_rows=args.dense_from_rows,
-        kv_cache_memory=args.kv_cache_memory,
-        block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        max_waiting=args.max_waiting,
-        enable_prefix_caching=not args.no_prefix_caching,
-        batch_invariant=args.batch_invariant,
-        warmup=not args.no_warmup,
-    )
+    """EngineConfig fields (all but the model) from the flags add_engine_arguments made."""
+    return {f.name: getattr(args, f.name) for f, _ in _fields() if f.name != "model"}
 
 
 def engine_argv(args) -> list[str]:
-    """The common engine flags back as a command line (for a `tokenworks serve` child
-    process): every flag whose value differs from its default."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_engine_arguments(parser)
+    """The engine flags back as a command line (for a `tokenworks serve` child process):
+    every flag whose value differs from its field's default."""
     argv = []
-    for action in parser._actions:
-        value = getattr(args, action.dest, action.default)
-        if value == action.default or value is None:
+    for f, kind in _fields():
+        value = getattr(args, f.name, f.default)
+        if value == f.default or value is None:
             continue
-        flag = next(s for s in action.option_strings if s.startswith("--"))
-        if isinstance(action, argparse._StoreTrueAction):
-            argv.append(flag)
+        flag = _flag(f)
+        if kind is bool:
+            argv.append(flag if value else "--no-" + flag[2:])
         else:
             argv += [flag, str(value)]
     return argv

@@ -28,7 +28,7 @@ class LLM:
         **kw,
     ):
         """kw: any EngineConfig field. `loaded` reuses weights already read by `load()`."""
-        self.config = EngineConfig(model=model, dtype=dtype, device=device, **kw)
+        self.config = EngineConfig.build(model=model, dtype=dtype, device=device, **kw)
         self.engine = LLMEngine(self.config, loaded)
         self.tokenizer = self.engine.tokenizer
 

@@ -2,7 +2,7 @@
 that cannot run here, why (its records then say NOT_RUN with that reason).
 
 Every peer lives in its own virtual environment under a peers directory (built by
-benchmarks/peers.sh; ../shared/PEERS.md says how): `vllm/` (the CPU build, reading a
+benchmarks/peers.sh): `vllm/` (the CPU build, reading a
 bfloat16 Hugging Face copy of the GGUF in `smol-hf/`), `llamacpp/` (llama-cpp-python; its
 `llama-server` binary serves), `sglang/`; `transformers` runs from any Python that has it
 (ours, by default). Our own server is started the same way as theirs, as a subprocess, so
@@ -186,7 +186,8 @@ def discover(
 
 
 def vllm_env(python: str, threads: int) -> dict:
-    """What vLLM's CPU build needs to run well here (../shared/PEERS.md)."""
+    """What vLLM's CPU build needs to run well: a KV space it can allocate, its OpenMP
+    threads bound to our cores, and Intel's OpenMP runtime preloaded."""
     venv = Path(python).parent.parent
     return {
         "VLLM_CPU_KVCACHE_SPACE": "2",

@@ -1,8 +1,7 @@
 """`tokenworks bench pool`: offline-throughput records of one workload, pooled against a peer.
 
-On a shared machine one run's ratio to a peer moves with the minute it ran in: here the
-same engine on the same commit measured 1.22x and 1.50x vLLM in two runs an hour apart,
-and single rounds from 0.94x to 1.80x. A goal such as "1.3x the best peer in the same
+On a shared machine one run's ratio to a peer moves with the minute it ran in, even for
+the same engine on the same commit, so a goal such as "1.3x the best peer in the same
 run" is judged better over many runs than by any one. This pools the rounds of several
 `bench throughput` / `bench peers` records: each round pairs our figure with the peer's
 of the same round (the engines ran minutes apart), and the summary gives

@@ -5,7 +5,7 @@ sampler), in the same run, in the order A B, B A, A B, ... over the repeats (the
 speed drifts); the medians are compared. Decode throughput is read from
 the engine's own step records: tokens over seconds of the decode-only steps that ran the
 full batch (so a constrained sequence that finishes early does not shift the batch size).
-The issue's bar: the constraint may cost at most 20% of decode throughput.
+The bar: the constraint may cost at most 20% of decode throughput.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`tokenworks bench throughput`: offline throughput of many requests, with peers, one record.
 
-The workload of the batching issue by default (N requests of distinct P-token prompts, O
-output tokens each, greedy, EOS ignored, all submitted at once), or any single-prompt
+By default N requests of distinct P-token prompts, O output tokens each (greedy, EOS
+ignored, all submitted at once); or any single-prompt
 manifest (--manifest; text prompts are tokenised once, so every engine gets the same ids).
 Our engine runs them through continuous batching (LLM.generate); peers run the same token
 ids in their own venvs in the same run. The record also says how much KV memory the paged
@@ -11,8 +11,8 @@ sequence) would reserve.
 With --rounds N every engine runs N times, one after the other in each round; the figures
 are each engine's median, and the record keeps every round and each round's ratios. What
 else the record says of an engine's run (our steps, batch sizes and preemptions, a peer's
-elapsed time) comes from its median round (median_round). On a shared machine one
-engine's figure can move by half between runs a few minutes apart.
+elapsed time) comes from its median round (median_round). Rounds exist because on a
+shared machine one engine's figure moves a lot between runs minutes apart.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ A manifest is a dict (JSON, or YAML when PyYAML is installed), hashed into the r
 
 kinds: `random` (random token ids), `shared_prefix` (`groups` groups whose prompts share a
 `prefix_len`-token prefix, then a random suffix), `text` (prompts cut from a text file at
-`path`, e.g. the English text named in shared/MODELS.md), `jsonl` (one request a line:
+`path`, e.g. any plain English text), `jsonl` (one request a line:
 {"prompt": "..." or [ids], "max_tokens": n}), `multi_turn` (`num_requests` chats of
 `turns` user turns of `input` words each; every turn is sent with the conversation so far,
 answers included, to /v1/chat/completions). Length distributions: `fixed` (value),

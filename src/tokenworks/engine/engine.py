@@ -23,10 +23,10 @@ import torch
 
 from tokenworks.config import EngineConfig
 from tokenworks.engine.host_memory import keep_freed_memory, release_freed_memory
-from tokenworks.engine.kv_cache import BlockManager, KVPool, kv_bytes_per_token
+from tokenworks.engine.kv_cache import BlockManager, KVPool
 from tokenworks.engine.request import FinishReason, SamplingParams
 from tokenworks.engine.runner import ModelRunner
-from tokenworks.engine.sampler import SampleResult, sample_one
+from tokenworks.engine.sampler import ForwardOutput, argmax_only, prepare_rows, sample_row
 from tokenworks.engine.scheduler import (
     QueueFullError,
     RequestTooLargeError,
@@ -35,16 +35,14 @@ from tokenworks.engine.scheduler import (
 )
 from tokenworks.engine.sequence import Sequence
 from tokenworks.engine.structured import GrammarCompiler
+from tokenworks.kernels import CKernels
 from tokenworks.models import build_model, load
 from tokenworks.models.loader import LoadedModel
-from tokenworks.ops import paged_kernel
-from tokenworks.ops.ckernels import argmax_rows, tiles_on
-from tokenworks.ops.fused_decode import LlamaDecodeKernel
+from tokenworks.shapes import kv_bytes_per_token
 from tokenworks.tokenizer import TokenizerWrapper
 
 log = logging.getLogger("tokenworks.engine")
 GiB = 1024**3
-_NO_HISTORY = torch.empty(0, dtype=torch.long)  # what sample_one gets without penalties
 
 __all__ = ["LLMEngine", "PromptTooLongError", "QueueFullError", "RequestTooLargeError", "StepStats"]
 
@@ -84,7 +82,7 @@ class LLMEngine:
         self.config = config
         if config.threads is not None:
             torch.set_num_threads(config.threads)
-        if config.device == "cpu":
+        if config.device == "cpu" and config.keep_freed_memory:
             keep_freed_memory()  # each step's buffers reuse the last step's pages
         own = loaded is None  # weights this engine read itself are dropped once built
         loaded = loaded or load(config.model)
@@ -109,9 +107,7 @@ class LLMEngine:
             config.max_model_len or self.spec.max_position, self.spec.max_position
         )
         bs = config.block_size
-        self.kv_bytes_per_token = kv_bytes_per_token(
-            self.spec.n_layers, self.spec.n_kv_heads, self.spec.head_dim, config.torch_dtype
-        )
+        self.kv_bytes_per_token = int(kv_bytes_per_token(self.spec.shape, config.resolved_dtype))
         num_blocks = self.kv_budget_bytes() // (self.kv_bytes_per_token * bs)
         if num_blocks < 1:
             raise ValueError(
@@ -129,17 +125,25 @@ class LLMEngine:
         )
         self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.blocks)
+        # the C kernels where they run for this model and these options (why not, if not)
+        self.c_kernels, self.kernels_off_because = CKernels.open(
+            self.model,
+            self.pool,
+            bs,
+            kernels=config.kernels,
+            device=config.device,
+            batch_invariant=config.batch_invariant,
+            packed_products=config.packed_products,
+            amx_tiles=config.amx_tiles,
+        )
         self.runner = ModelRunner(
             self.model,
             self.pool,
             bs,
             config.device,
             batch_decode=not config.batch_invariant,
-            decode_kernel=self._use_decode_kernel(),
+            kernels=self.c_kernels,
         )
-        if self.runner.decode_kernel and hasattr(self.model, "decode_kernel"):
-            # the paged batches on the C kernels (ops/fused_decode; None where it cannot)
-            self.model.decode_kernel = LlamaDecodeKernel.prepare(self.model, self.pool)
         self._ids = itertools.count()
         self._arrivals = itertools.count()
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id (group heads)
@@ -156,13 +160,9 @@ class LLMEngine:
 
     def kernels(self) -> str:
         """Which code computes this engine's batches, in words."""
-        if not self.runner.decode_kernel:
-            return "torch modules"
-        kernel = getattr(self.model, "decode_kernel", None)
-        if kernel is None or not kernel.packs:
-            return "C kernels (dot products), torch's products for big batches"
-        where = "AMX tiles" if tiles_on() else "AVX-512 BF16 dot products"
-        return f"C kernels, packed products on {where}"
+        if self.c_kernels is None:
+            return f"torch modules ({self.kernels_off_because})"
+        return self.c_kernels.describe()
 
     def describe(self) -> str:
         """What the engine runs, as a user would want it said at start."""
@@ -194,9 +194,8 @@ class LLMEngine:
     def warm_up(self) -> None:
         """One forward pass at the token budget, on prompts of filler tokens, before any
         request: the heap grows to a big step's peak and oneDNN builds its kernels for
-        that shape. Without it the first big step of the first requests paid for both
-        (SmolLM2 here: a 2,048-token prefill step took 450 to 525 ms the first time, 330
-        to 370 after). vLLM's profile run and llama.cpp's warm-up do the same. Leaves no
+        that shape; without it the first big step of the first requests pays for both.
+        vLLM's profile run and llama.cpp's warm-up do the same. Leaves no
         trace: no requests, stats, totals, cached blocks or cache counters."""
         c = self.config
         length = min(self.WARMUP_PROMPT, self.max_model_len - 1, c.max_num_batched_tokens)
@@ -223,22 +222,6 @@ class LLMEngine:
         self.pool.discard()  # the filler's K/V: nobody reads it, and it held resident pages
         self.blocks.forget_touched()
         self._start_counts()
-
-    def _use_decode_kernel(self) -> bool:
-        """attention="cpp" demands the C kernels (ops/csrc), "auto" takes them on the CPU
-        for the fast dtypes when they build (float32 stays on torch, the exact path the
-        oracle tests pin down), "sdpa" keeps the pure-torch gather + SDPA path."""
-        c = self.config
-        if c.attention == "sdpa" or c.batch_invariant or c.device != "cpu":
-            if c.attention == "cpp":
-                raise ValueError("attention='cpp' runs on the CPU without batch_invariant")
-            return False
-        if c.attention == "auto" and c.torch_dtype == torch.float32:
-            return False
-        ok = paged_kernel.load() is not None
-        if c.attention == "cpp" and not ok:
-            raise ValueError("attention='cpp': the C kernels could not be built (see the log)")
-        return ok
 
     @functools.cached_property
     def grammars(self) -> GrammarCompiler:
@@ -338,45 +321,51 @@ class LLMEngine:
         if out.scheduled:
             try:
                 self.pool.copy_blocks(out.copies)
-                # every row plain greedy: the model may hand back its choices, not logits
-                greedy = all(
-                    item.seq.params.fast_greedy and item.seq.matcher is None
-                    for item in out.scheduled
-                    if item.sample
-                )
-                logits = self.runner.run(out.scheduled, greedy=greedy)
-                sampled = self._sample_all(out, logits)
+                sampling = [item.seq for item in out.scheduled if item.sample]
+                forward = self.runner.run(out.scheduled, argmax_only=argmax_only(sampling))
+                for item in out.scheduled:
+                    self.blocks.computed(item.seq, item.n_tokens)
+                sampled = self._sample_all(sampling, forward)
             except Exception:
                 self._fail(out)
                 raise
         self._record(out, sampled, time.perf_counter() - t0)
         return sampled
 
-    def _sample_all(self, out: SchedulerOutput, logits: torch.Tensor) -> list[Sequence]:
-        """logits: [sampling rows, V], or (a greedy step the model chose for) [rows] int64,
-        each row's argmax."""
-        sampling = [item.seq for item in out.scheduled if item.sample]
-        if logits.dim() == 1:  # the choices themselves: every row is plain greedy
-            argmax = logits.tolist()
-        else:
-            guided = [(r, s.matcher) for r, s in enumerate(sampling) if s.matcher is not None]
-            plain = all(s.params.fast_greedy for s in sampling)
-            if guided or logits.device.type != "cpu" or not plain:
-                logits = logits.float().cpu()  # float32 for the sampler and the grammar masks
-            if guided:  # structured output: forbid what each grammar does not allow
-                self._mask(logits, guided, sampling)
-            # Plain greedy rows (no penalties, no logprobs) take one argmax over the batch (in
-            # the logits' own dtype: bfloat16 to float32 is exact: the choice is the same).
-            argmax = argmax_rows(logits)
+    def _sample_all(self, sampling: list[Sequence], forward: ForwardOutput) -> list[Sequence]:
+        """Each sampling sequence's next token (its siblings' too, once its prompt is done);
+        a sequence whose grammar or sampling raises fails its own request alone."""
+        logits, argmax = prepare_rows(
+            forward, sampling, lambda x, rows: self._mask(x, rows, sampling)
+        )
         sampled: list[Sequence] = []
         for r, (seq, top) in enumerate(zip(sampling, argmax, strict=True)):
             if seq.finished:  # its grammar failed above
                 continue
             try:
-                sampled += self._sample(seq, logits, r, top)
+                group = self._fork(seq)
+                for s in group:
+                    s.append(sample_row(logits, r, s, top))
+                    if s.finished:
+                        self.scheduler.remove(s)
+                        if s.group_finished:
+                            self.requests.pop(s.request_id, None)
+                sampled += group
             except Exception as e:
                 self._fail_request(seq, e)
         return [s for s in sampled if s.request_id not in self.failures]
+
+    def _fork(self, seq: Sequence) -> list[Sequence]:
+        """seq, and where its prompt is done for a request of n > 1, its n - 1 siblings,
+        sharing its blocks (parallel sampling: each then samples its own token)."""
+        group = [seq]
+        if seq.params.n > 1 and len(seq.group) == 1:
+            for i in range(1, seq.params.n):
+                child = seq.spawn(i)
+                self.blocks.fork(seq, child)
+                self.scheduler.add_running(child)
+                group.append(child)
+        return group
 
     def _mask(self, logits: torch.Tensor, guided: list, sampling: list[Sequence]) -> None:
         """The grammar masks of the guided rows; a row whose matcher raises fails its own
@@ -416,31 +405,6 @@ class LLMEngine:
             self.blocks.forget_seq(item.seq)
         for item in out.scheduled:
             self.abort_request(item.seq.request_id)
-
-    def _sample(self, seq: Sequence, logits: torch.Tensor, r: int, argmax: int) -> list[Sequence]:
-        """seq's next token from row r of logits (argmax: that row's, for plain greedy)."""
-        group = [seq]
-        if seq.params.n > 1 and len(seq.group) == 1:  # the prompt is done: fork the siblings
-            for i in range(1, seq.params.n):
-                child = seq.spawn(i)
-                self.blocks.fork(seq, child)
-                self.scheduler.add_running(child)
-                group.append(child)
-        for s in group:
-            p = s.params
-            if p.fast_greedy:
-                s.append(SampleResult(argmax, None, None))
-            else:
-                if p.uses_penalties:  # only penalties read the token history
-                    prompt, output = s.prompt_tensor(), s.output_tensor()
-                else:
-                    prompt = output = _NO_HISTORY
-                s.append(sample_one(logits[r], p, prompt, output, s.generator))
-            if s.finished:
-                self.scheduler.remove(s)
-                if s.group_finished:
-                    self.requests.pop(s.request_id, None)
-        return group
 
     def _record(self, out: SchedulerOutput, sampled: list[Sequence], duration: float) -> None:
         t = self.totals

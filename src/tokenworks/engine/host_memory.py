@@ -4,22 +4,20 @@ A CPU step allocates its activations afresh (torch's CPU allocator caches nothin
 2,048-token prefill step of SmolLM2-135M asks for about 25 MB a layer. glibc's malloc
 serves big requests with mmap and gives them back to the kernel on free (or trims the top
 of its heap), so the next step's buffers arrive as new pages, each zeroed by the kernel on
-first touch. On the 2-core VMs here a page fault costs about 3 us: an offline run of 64 x
-128-in/128-out requests faulted 165,000 to 240,000 pages (0.5 to 0.75 s of a 10 to 13 s
-run); with the thresholds below it faulted 35,000, the heap growing once to its peak.
+first touch: several percent of an offline run goes to page faults. With the thresholds
+below the heap grows once to its peak and stays.
 
 This is what vLLM's CPU guide gets from preloading tcmalloc and llama.cpp from allocating
 its compute buffers once. The cost: the process keeps its peak heap (a few hundred MB for
 a small model) instead of returning it between steps.
 
-Set TOKENWORKS_KEEP_FREED_MEMORY=0 to leave malloc as it is.
+EngineConfig.keep_freed_memory (--no-keep-freed-memory) leaves malloc as it is.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import sys
 
 _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
@@ -32,13 +30,11 @@ _done = False
 
 def keep_freed_memory() -> bool:
     """Raise glibc's mmap and trim thresholds once per process; True where they were set
-    (Linux with glibc, not turned off by the environment)."""
+    (Linux with glibc)."""
     global _done
     if _done:
         return True
-    if os.environ.get("TOKENWORKS_KEEP_FREED_MEMORY", "1") == "0" or not sys.platform.startswith(
-        "linux"
-    ):
+    if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

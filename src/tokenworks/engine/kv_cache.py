@@ -26,10 +26,6 @@ class NoFreeBlocksError(RuntimeError):
     pass
 
 
-def kv_bytes_per_token(n_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    return n_layers * 2 * n_kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
-
-
 class KVPool:
     """The tensors: per layer, K and V of shape [num_blocks * block_size, n_kv_heads, head_dim]."""
 
@@ -62,8 +58,8 @@ class KVPool:
 
     def discard(self) -> None:
         """Forget every value in the pool (they read as zeros again) and give its pages
-        back to the kernel: after the warm-up, whose filler prompts touched 47 MB of it
-        for the default server. Only where no block holds anything anyone will read."""
+        back to the kernel: after the warm-up, whose filler prompts touched part of it.
+        Only where no block holds anything anyone will read."""
         for m in self._maps:
             m.madvise(mmap.MADV_DONTNEED)
 
@@ -259,11 +255,17 @@ class BlockManager:
         child.block_hashes = list(parent.block_hashes)
         child.n_registered = parent.n_registered
 
+    def computed(self, seq, n_tokens: int) -> None:
+        """A forward pass wrote the K/V of seq's next n_tokens into its blocks."""
+        seq.n_cached += n_tokens
+
     def free_seq(self, seq) -> None:
+        """seq gives back its blocks (cached ones stay findable) and holds no K/V."""
         for b in seq.block_table:
             self._decref(b)
         seq.block_table = []
         seq.n_registered = 0
+        seq.n_cached = 0
 
     def check(self) -> None:
         """Invariants (for tests): every block is free, parked or referenced, exactly once."""

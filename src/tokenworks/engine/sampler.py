@@ -4,6 +4,10 @@ The order matches vLLM: penalties on the raw logits, then temperature, then the 
 filters (top-k, top-p, min-p), then one draw from what is left. Greedy (temperature 0) takes
 the argmax after penalties. Logprobs are reported from the raw model distribution
 (log_softmax of the unpenalised logits), as vLLM and the OpenAI API do.
+
+Every token choice is made here: `prepare_rows` readies a batch's logits (grammar masks,
+one argmax over the batch for plain greedy rows, in C where it builds), `sample_row`
+picks one sequence's token.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from tokenworks.engine.request import SamplingParams
+from tokenworks.kernels.products import argmax_rows
 
 
 def apply_penalties(
@@ -95,3 +100,54 @@ def sample_one(
         vals, ids = torch.topk(raw, params.logprobs)
         top = list(zip(ids.tolist(), vals.tolist(), strict=True))
     return SampleResult(token, float(raw[token]), top)
+
+
+_NO_HISTORY = torch.empty(0, dtype=torch.long)  # what sample_one gets without penalties
+
+
+@dataclass
+class ForwardOutput:
+    """What a forward pass hands the sampler for its sampling rows."""
+
+    logits: torch.Tensor | None  # [rows, V] in the model's dtype
+    # [rows] int64, each row's argmax: set only when every row was plain greedy and the
+    # forward path took the choices itself (the C LM head keeps each row's best, writing
+    # no logits); the same choice as argmax_rows of the logits
+    argmax: torch.Tensor | None = None
+
+
+def argmax_only(seqs) -> bool:
+    """Whether every row is plain greedy (no penalties, logprobs or grammar): then only
+    each row's argmax is needed, and a forward path may hand back that alone."""
+    return all(s.params.fast_greedy and s.matcher is None for s in seqs)
+
+
+def prepare_rows(out: ForwardOutput, seqs, mask_rows) -> tuple[torch.Tensor | None, list[int]]:
+    """The batch's logits as the sampler reads them, and each row's plain argmax.
+
+    Logits become float32 on the CPU where a row needs more than the argmax or a grammar
+    masks it (mask_rows(logits, [(row, matcher)]) forbids what each grammar disallows);
+    plain greedy rows take one argmax over the batch in the logits' own dtype (bfloat16
+    to float32 is exact, so the choice is the same)."""
+    if out.logits is None:
+        return None, out.argmax.tolist()
+    logits = out.logits
+    guided = [(r, s.matcher) for r, s in enumerate(seqs) if s.matcher is not None]
+    plain = all(s.params.fast_greedy for s in seqs)
+    if guided or logits.device.type != "cpu" or not plain:
+        logits = logits.float().cpu()
+    if guided:
+        mask_rows(logits, guided)
+    return logits, argmax_rows(logits)
+
+
+def sample_row(logits: torch.Tensor | None, r: int, seq, argmax: int) -> SampleResult:
+    """seq's next token from row r (argmax: that row's, for plain greedy)."""
+    p = seq.params
+    if p.fast_greedy:
+        return SampleResult(argmax, None, None)
+    if p.uses_penalties:  # only penalties read the token history
+        prompt, output = seq.prompt_tensor(), seq.output_tensor()
+    else:
+        prompt = output = _NO_HISTORY
+    return sample_one(logits[r], p, prompt, output, seq.generator)

@@ -147,7 +147,6 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.blocks.free_seq(seq)
-        seq.n_cached = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         out.preempted.append(seq)
@@ -182,7 +181,6 @@ class Scheduler:
             n = self._chunk(seq, budget)
             if n == 0 or not self.blocks.can_append(seq, n):
                 self.blocks.free_seq(seq)  # undo the prefix match; its blocks stay cached
-                seq.n_cached = 0
                 break
             self.waiting.pop(0)
             if self.blocks.prefix is not None:

@@ -1,4 +1,5 @@
-"""A request in flight: its tokens, its text so far, its random stream and its stop rules."""
+"""A request in flight: its tokens, its KV state, its place in the queue and its random
+stream; what its tokens become for the caller lives in engine/output.py."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 
 import torch
 
+from tokenworks.engine.output import SequenceOutput
 from tokenworks.engine.request import (
     CompletionOutput,
     FinishReason,
@@ -16,7 +18,6 @@ from tokenworks.engine.request import (
     TokenLogprob,
 )
 from tokenworks.engine.sampler import SampleResult
-from tokenworks.tokenizer import DecodeStream
 
 
 class SequenceStatus(enum.Enum):
@@ -29,7 +30,8 @@ class Sequence:
     """One completion. A request with n > 1 is a group of sequences forked after its prompt.
 
     KV state: `block_table` (the KV blocks holding its tokens), `n_cached` (how many of its
-    tokens have K/V written), `block_hashes`/`n_registered` (prefix-cache bookkeeping).
+    tokens have K/V written), `block_hashes`/`n_registered` (prefix-cache bookkeeping);
+    engine/kv_cache.BlockManager alone writes them.
     Scheduling: `priority` (lower runs first under the priority policy) and `arrival`
     (a counter: earlier arrivals first, and a preempted sequence keeps its place).
     """
@@ -78,14 +80,7 @@ class Sequence:
             seed = params.seed if params.seed is not None else random.getrandbits(63)
         self.generator = torch.Generator().manual_seed(seed)
         self._prompt_tensor = torch.tensor(self.prompt_ids, dtype=torch.long)
-        self._stop_ids = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            self._stop_ids |= set(eos_token_ids)
-        self._detok = DecodeStream(tokenizer, params.skip_special_tokens, prompt_ids)
-        self.text = ""
-        self._streamed = 0  # characters of self.text already handed to a stream
-        self._scanned = 0  # stop strings cannot start before this offset of self.text
-        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+        self.output = SequenceOutput(params, tokenizer, eos_token_ids, prompt_ids)
 
     def spawn(self, index: int) -> Sequence:
         """A sibling for parallel sampling, made right after the prompt: same prompt, own
@@ -152,22 +147,23 @@ class Sequence:
         self.finish_reason = reason
         self.stop_reason = stop_reason
 
+    @property
+    def text(self) -> str:
+        return self.output.text
+
+    @property
+    def logprobs(self) -> list[TokenLogprob] | None:
+        return self.output.logprobs
+
     def append(self, result: SampleResult) -> None:
-        """Record one sampled token, update the text, and decide whether to stop."""
+        """Record one sampled token and decide whether the sequence stops."""
         token = result.token_id
         self.output_ids.append(token)
         if self.matcher is not None:
             self.matcher.accept(token)
-        if self.logprobs is not None:
-            top = [(i, self.tokenizer.decode([i], False), lp) for i, lp in result.top or []]
-            text = self.tokenizer.decode([token], False)
-            self.logprobs.append(TokenLogprob(token, text, result.logprob, top))
-        if token in self._stop_ids:
-            self.text += self._detok.flush()
-            self.finish(FinishReason.STOP, token)
-            return
-        self.text += self._detok.step(token)
-        if self._check_stop_strings():
+        stop = self.output.add(result)
+        if stop is not None:
+            self.finish(*stop)
             return
         grammar_done = self.matcher is not None and self.matcher.stopped
         if (
@@ -175,40 +171,15 @@ class Sequence:
             or len(self.output_ids) >= self.params.max_tokens
             or self.num_tokens >= self.max_len
         ):
-            self.text += self._detok.flush()
-            self._check_stop_strings()
-            if not self.finished:
+            stop = self.output.end()
+            if stop is not None:
+                self.finish(*stop)
+            else:
                 self.finish(FinishReason.STOP if grammar_done else FinishReason.LENGTH)
 
-    def _check_stop_strings(self) -> bool:
-        if not self.params.stop:
-            return False
-        hits = [(self.text.find(s, self._scanned), s) for s in self.params.stop]
-        hits = [(i, s) for i, s in hits if i >= 0]
-        if not hits:
-            # A match found later must end in text not yet seen, so it starts after this.
-            longest = max(len(s) for s in self.params.stop)
-            self._scanned = max(0, len(self.text) - longest + 1)
-            return False
-        i, s = min(hits)
-        keep = i + len(s) if self.params.include_stop_str_in_output else i
-        self.text = self.text[:keep]
-        self.finish(FinishReason.STOP, s)
-        return True
-
     def take_stream_text(self) -> str:
-        """Text not yet streamed, holding back a tail that could still become a stop string."""
-        end = len(self.text)
-        if not self.finished and self.params.stop:
-            for s in self.params.stop:
-                for k in range(min(len(s) - 1, end), 0, -1):
-                    if self.text.endswith(s[:k]):
-                        end = min(end, len(self.text) - k)
-                        break
-        end = max(end, self._streamed)
-        piece = self.text[self._streamed : end]
-        self._streamed = end
-        return piece
+        """Text not yet streamed (engine/output.py holds back a possible stop string)."""
+        return self.output.take_stream_text(self.finished)
 
     def completion(self) -> CompletionOutput:
         return CompletionOutput(

@@ -19,7 +19,7 @@ _INITS = ("kaiming_uniform_", "uniform_", "normal_", "zeros_", "ones_")
 @contextlib.contextmanager
 def _without_random_init():
     """Modules made without drawing their random initial weights: load_weights writes
-    every parameter, and drawing 135M random numbers took 1.4 s of every start here."""
+    every parameter, and drawing the random numbers first would slow every start."""
     saved = {name: getattr(torch.nn.init, name) for name in _INITS}
     for name in _INITS:
         setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)

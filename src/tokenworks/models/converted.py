@@ -3,9 +3,9 @@ under $TOKENWORKS_HOME/converted/, keyed by the file's sha256 (catalogue models)
 path, size and modification time (any other .gguf).
 
 The gguf package builds a numpy view for every metadata string (the default model's
-tokenizer holds 98,000 of them: 4.5 s here) and dequantises in numpy (3 s more): every
-`generate` paid about 8 s before its first token. From the converted copy the same
-LoadedModel comes back in a fraction of a second; the copy takes the float32 size on disk
+tokenizer holds 98,000 of them) and dequantises in numpy: seconds before the first token of
+every `generate`. From the converted copy the same LoadedModel comes back in a fraction of
+a second; the copy takes the float32 size on disk
 (540 MB for the default model). TOKENWORKS_NO_CONVERTED=1 reads the GGUF every time.
 """
 

@@ -64,9 +64,6 @@ class LlamaModel(nn.Module):
         cos, sin = cos_sin_table(spec, spec.max_position)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-        # ops/fused_decode.LlamaDecodeKernel, set by the engine: the paged engine's batches
-        # then run on the C kernels (decode batches as one call) instead of the modules below
-        self.decode_kernel = None
 
     def load_weights(self, w: dict[str, torch.Tensor]) -> None:
         """Copy Hugging Face-named float32 weights in, fusing QKV and gate/up."""
@@ -102,14 +99,7 @@ class LlamaModel(nn.Module):
         cache=None,
         logits_rows: torch.Tensor | None = None,  # which of the T rows need logits; None: all
         float_logits: bool = True,  # False: logits in the weights' dtype (no float32 copy)
-        greedy: bool = False,  # only each row's argmax is wanted: see below
-    ) -> torch.Tensor:  # [N, vocab] float32
-        """Logits [N, vocab]; with greedy, the C decode step may return each row's argmax
-        instead ([N] int64, as torch.argmax of the logits), having written no logits."""
-        kernel = self.decode_kernel
-        if kernel is not None and cache is not None and kernel.accepts(input_ids.shape[0], meta):
-            window = self.spec.sliding_window
-            return kernel.run(input_ids, positions, meta, window, logits_rows, float_logits, greedy)
+    ) -> torch.Tensor:  # [N, vocab]
         x = self.embed(input_ids)
         cos = self.cos[positions].to(x.dtype).unsqueeze(1)  # [T, 1, D]
         sin = self.sin[positions].to(x.dtype).unsqueeze(1)

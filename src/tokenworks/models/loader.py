@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from tokenworks.models import catalogue
 from tokenworks.models.spec import ModelSpec, RopeScaling
+from tokenworks.shapes import from_hf_config
 
 log = logging.getLogger(__name__)
 
@@ -214,20 +215,28 @@ def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
 
 
 def spec_from_hf_config(cfg: dict, source: str = "") -> ModelSpec:
-    """Read a transformers config.json into a ModelSpec."""
+    """Read a transformers config.json into a ModelSpec: the shape through
+    shapes.from_hf_config (as the planners read it), RoPE and special tokens here."""
     mtype = cfg.get("model_type")
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+    if mtype not in ("llama", "mistral", "qwen2", "gpt2"):
+        raise ModelLoadError(
+            f"model_type {mtype!r} is not supported yet; supported: llama, mistral, qwen2, gpt2"
+        )
+    try:
+        shape = from_hf_config(cfg, cfg.get("_name_or_path", mtype))
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from e
+    dims = dict(
+        vocab_size=shape.vocab, hidden_size=shape.hidden, n_layers=shape.n_layers,
+        n_heads=shape.n_heads, n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
+        intermediate_size=shape.intermediate,
+    )  # fmt: skip
     if mtype == "gpt2":
         return ModelSpec(
             arch="gpt2",
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["n_embd"],
-            n_layers=cfg["n_layer"],
-            n_heads=cfg["n_head"],
-            n_kv_heads=cfg["n_head"],
-            head_dim=cfg["n_embd"] // cfg["n_head"],
-            intermediate_size=cfg.get("n_inner") or 4 * cfg["n_embd"],
+            **dims,
             max_position=cfg["n_positions"],
             norm_eps=cfg.get("layer_norm_epsilon", 1e-5),
             tie_embeddings=True,
@@ -236,11 +245,6 @@ def spec_from_hf_config(cfg: dict, source: str = "") -> ModelSpec:
             name=cfg.get("_name_or_path", "gpt2"),
             source=source,
         )
-    if mtype not in ("llama", "mistral", "qwen2"):
-        raise ModelLoadError(
-            f"model_type {mtype!r} is not supported yet; supported: llama, mistral, qwen2, gpt2"
-        )
-    n_heads = cfg["num_attention_heads"]
     rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     rope_theta = cfg.get("rope_theta", rs.get("rope_theta", 10000.0))
     scaling = None
@@ -253,24 +257,17 @@ def spec_from_hf_config(cfg: dict, source: str = "") -> ModelSpec:
         )
     elif rs.get("rope_type", rs.get("type")) not in (None, "default"):
         raise ModelLoadError(f"rope scaling {rs!r} is not supported yet")
-    window = (
-        cfg.get("sliding_window") if mtype == "mistral" or cfg.get("use_sliding_window") else None
-    )
+    # a window only where the model uses it (Qwen2 configs carry one they switch off)
+    window = shape.sliding_window if mtype == "mistral" or cfg.get("use_sliding_window") else None
     return ModelSpec(
         arch="llama",
-        vocab_size=cfg["vocab_size"],
-        hidden_size=cfg["hidden_size"],
-        n_layers=cfg["num_hidden_layers"],
-        n_heads=n_heads,
-        n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
-        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // n_heads,
-        intermediate_size=cfg["intermediate_size"],
+        **dims,
         max_position=cfg.get("max_position_embeddings", 2048),
         norm_eps=cfg.get("rms_norm_eps", 1e-6),
         rope_theta=float(rope_theta),
         rope_scaling=scaling,
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=mtype == "qwen2" or bool(cfg.get("attention_bias", False)),
+        tie_embeddings=shape.tie_embeddings,
+        qkv_bias=shape.qkv_bias,
         sliding_window=window,
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids,

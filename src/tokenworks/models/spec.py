@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenworks.shapes import ModelShape
+
 
 @dataclass(frozen=True)
 class RopeScaling:
@@ -51,3 +53,18 @@ class ModelSpec:
     @property
     def kv_size(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    @property
+    def shape(self) -> ModelShape:
+        """The sizing numbers of this model (parameters, FLOPs, KV bytes: shapes.py)."""
+        gpt2 = self.arch == "gpt2"
+        return ModelShape(
+            name=self.name or self.arch, n_layers=self.n_layers, hidden=self.hidden_size,
+            n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
+            intermediate=self.intermediate_size, vocab=self.vocab_size,
+            tie_embeddings=self.tie_embeddings, mlp="plain" if gpt2 else "gated",
+            norm="layer" if gpt2 else "rms", qkv_bias=self.qkv_bias, bias=gpt2,
+            learned_positions=self.max_position if gpt2 else 0,
+            sliding_window=self.sliding_window, max_context=self.max_position,
+            source=self.source,
+        )  # fmt: skip

@@ -12,22 +12,16 @@ Two paths compute the same thing:
   result never depends on what else is in the batch);
 - the fast path runs every decode sequence (one new token each) in one padded, masked
   attention call, which removes a per-sequence Python loop and many small kernels.
-Prefill chunks take the per-sequence path, or (the C kernels' batches, prefill_kernel)
-one call of ckernels.prefill_attention for all of them, on AMX tiles where the CPU has
-them: torch's attention at these sizes (16 prompts of 128 tokens) ran at about 45 GFLOP/s
-in 480 calls a step, 105 ms of a 1 s prefill step on SmolLM2-135M.
+Prefill chunks take the per-sequence path. (The C kernels lay batches out their own way:
+kernels/batch.py.)
 """
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-
-from tokenworks.ops.ckernels import prefill_attention
-from tokenworks.ops.paged_kernel import paged_decode_attention
 
 
 @dataclass
@@ -35,10 +29,8 @@ class DecodeBatch:
     """The decode sequences of a batch, laid out for one attention call."""
 
     token_rows: torch.Tensor  # [B] long: each decode token's row in the flat batch
-    kv_index: torch.Tensor | None  # [B, L] long: context slots, padded with 0 (torch path)
+    kv_index: torch.Tensor  # [B, L] long: context slots, padded with 0
     context_lens: torch.Tensor  # [B] long: keys each decode token attends to (itself included)
-    block_tables: torch.Tensor | None = None  # [B, max_blocks] long (C kernel path)
-    block_size: int = 0
     uniform: bool = False  # every context has the same length: no padding, no mask needed
     _masks: dict = field(default_factory=dict)  # window -> [B, 1, 1, L] bool, built once a step
 
@@ -82,22 +74,12 @@ class AttentionMetadata:
         block_size: int,
         device: torch.device | str = "cpu",
         batch_decode: bool = True,
-        decode_kernel: bool = False,
     ) -> AttentionMetadata:
         """Slots and gather indices from block tables (built once per step, used by every layer)."""
         slots: list[int] = []
-        kv_index, dec_rows, dec_seq, dec_tables, dec_lens = [], [], [], [], []
+        kv_index, dec_rows, dec_seq = [], [], []
         start = 0
         for n, ctx, table in zip(query_lens, context_lens, block_tables, strict=True):
-            if batch_decode and n == 1 and decode_kernel:
-                # the kernel reads through the block table itself: only the new slot
-                slots.append(table[ctx // block_size] * block_size + ctx % block_size)
-                dec_rows.append(start)
-                dec_tables.append(table)
-                dec_lens.append(ctx + 1)
-                kv_index.append(None)
-                start += n
-                continue
             total = ctx + n
             pos = torch.arange(total)
             blocks = torch.tensor(table, dtype=torch.long)[pos // block_size]
@@ -113,17 +95,12 @@ class AttentionMetadata:
         decode = None
         if dec_rows:
             rows = torch.tensor(dec_rows, device=device)
-            if decode_kernel:
-                width = max(len(t) for t in dec_tables)
-                tables = torch.tensor([t + [0] * (width - len(t)) for t in dec_tables])
-                decode = DecodeBatch(rows, None, torch.tensor(dec_lens), tables, block_size)
-            else:
-                lens = torch.tensor([len(x) for x in dec_seq])
-                padded = torch.zeros(len(dec_seq), int(lens.max()), dtype=torch.long)
-                for j, x in enumerate(dec_seq):
-                    padded[j, : len(x)] = x
-                uniform = int(lens.min()) == int(lens.max())
-                decode = DecodeBatch(rows, padded.to(device), lens.to(device), uniform=uniform)
+            lens = torch.tensor([len(x) for x in dec_seq])
+            padded = torch.zeros(len(dec_seq), int(lens.max()), dtype=torch.long)
+            for j, x in enumerate(dec_seq):
+                padded[j, : len(x)] = x
+            uniform = int(lens.min()) == int(lens.max())
+            decode = DecodeBatch(rows, padded.to(device), lens.to(device), uniform=uniform)
         slot_mapping = torch.tensor(slots, dtype=torch.long, device=device)
         return cls(query_lens, context_lens, slot_mapping, kv_index, decode)
 
@@ -142,12 +119,13 @@ def _causal_mask(n_q: int, n_k: int, window: int | None, device) -> torch.Tensor
     return allowed
 
 
-def _one_sequence(qi, keys, values, scale, window) -> torch.Tensor:
-    """qi [n, H, D]; keys, values [KVH, L, D] (the last n keys are qi's own) -> [n, H*D]."""
+def sequence_attention(qi, keys, values, scale, window) -> torch.Tensor:
+    """One sequence's causal attention: qi [n, H, D]; keys, values [KVH, L, D] (the last n
+    keys are qi's own) -> [n, H*D]."""
     n, n_heads, d = qi.shape
     n_kv, n_k = keys.shape[0], keys.shape[1]
     # SDPA takes 4-D [batch, heads, len, D]: only then does the CPU use its fused kernel
-    # (3-D inputs fall back to the unfused math path, ~15x slower at 512 tokens).
+    # (3-D inputs fall back to the unfused math path, many times slower).
     keys, values = keys[None], values[None]
     if n == 1 and (window is None or n_k <= window):
         # Decode: group the query heads that share a KV head; no mask is needed.
@@ -170,16 +148,8 @@ def _one_sequence(qi, keys, values, scale, window) -> torch.Tensor:
 def _decode_batch(q, k_pool, v_pool, dec: DecodeBatch, scale, window) -> torch.Tensor:
     """All decode tokens in one call: q [T, H, D] -> [B, H*D]."""
     n_heads, d = q.shape[1], q.shape[2]
-    if dec.block_tables is not None:
-        qd = q.index_select(0, dec.token_rows)
-        o = paged_decode_attention(
-            qd, k_pool, v_pool, dec.block_tables, dec.context_lens, dec.block_size, scale, window
-        )
-        if o is None:
-            raise RuntimeError("the C paged attention kernel is not available")
-        return o.reshape(qd.shape[0], n_heads * d)
     b, length = dec.kv_index.shape
-    # index_select on flat indices is a plain row copy, ~4x faster than advanced indexing
+    # index_select on flat indices is a plain row copy, faster than advanced indexing
     flat = dec.kv_index.reshape(-1)
     keys = (
         k_pool.index_select(0, flat).view(b, length, *k_pool.shape[1:]).transpose(1, 2)
@@ -219,33 +189,19 @@ def attention_over_pool(
     v_pool: torch.Tensor,
     scale: float,
     window: int | None = None,
-    prefill_kernel: bool = False,
 ) -> torch.Tensor:  # [T, H*D]
-    """prefill_kernel: prompt chunks (not sliding-window ones) go to the C kernel on AMX
-    tiles where it runs (ckernels.prefill_attention: the same computation as torch's
-    bfloat16 flash attention, summed in its own order), instead of one torch attention
-    call per sequence."""
     n_heads, d = q.shape[1], q.shape[2]
     if meta.decode is not None and meta.decode.token_rows.numel() == q.shape[0]:
         return _decode_batch(q, k_pool, v_pool, meta.decode, scale, window)  # decode only
     out = q.new_empty(q.shape[0], n_heads * d)
     if meta.decode is not None:
         out[meta.decode.token_rows] = _decode_batch(q, k_pool, v_pool, meta.decode, scale, window)
-    if prefill_kernel and window is None:
-        ends = itertools.accumulate(meta.query_lens)
-        chunks = [
-            (end - n, n, index)
-            for end, n, index in zip(ends, meta.query_lens, meta.kv_index, strict=True)
-            if index is not None
-        ]
-        if prefill_attention(q, k_pool, v_pool, chunks, scale, out):
-            return out
     start = 0
     for n, index in zip(meta.query_lens, meta.kv_index, strict=True):
         if index is not None:
             keys = k_pool.index_select(0, index).transpose(0, 1)  # [KVH, ctx + n, D]
             values = v_pool.index_select(0, index).transpose(0, 1)
-            out[start : start + n] = _one_sequence(
+            out[start : start + n] = sequence_attention(
                 q[start : start + n], keys, values, scale, window
             )
         start += n
@@ -257,7 +213,7 @@ def _uncached(q, k, v, meta, scale, window) -> torch.Tensor:
     for n in meta.query_lens:
         sl = slice(start, start + n)
         outs.append(
-            _one_sequence(q[sl], k[sl].transpose(0, 1), v[sl].transpose(0, 1), scale, window)
+            sequence_attention(q[sl], k[sl].transpose(0, 1), v[sl].transpose(0, 1), scale, window)
         )
         start += n
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

@@ -91,7 +91,7 @@ class Int4Linear(nn.Module):
         q, sz = int4_quantize(linear.weight.detach(), group)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
         self.register_buffer("packed", packed)
-        # the same grid in the blocks the C decode kernels read (ops/fused_decode.py)
+        # the same grid in the blocks the C kernels read (kernels/forward.py)
         self.register_buffer("q4_blocks", q4_blocks(q, sz) if group == INT4_GROUP else None)
         self.register_buffer("scales_and_zeros", sz.to(linear.weight.dtype))
         self.bias = linear.bias
@@ -132,7 +132,7 @@ class DenseForLargeBatches(nn.Module):
 
     The weight-only kernels win while a product is a pass over the weights (a few rows:
     single-stream decode) and lose once it is compute-bound (prefill, big decode batches:
-    on these CPUs from about 8 rows). Above `rows` this uses the dense copy: the same grid
+    on a 2-core CPU from about 8 rows). Above `rows` this uses the dense copy: the same grid
     of values, so the numerics barely move, at the memory cost of a dense copy.
     """
 
@@ -175,9 +175,8 @@ def quantized_linear(method: str, linear: nn.Linear, dense_from_rows: int | None
 class MatvecLinear(nn.Module):
     """A dense layer that multiplies a single row with a matrix-vector product.
 
-    Batch-1 decode is one row per layer, and on these CPUs torch's bfloat16 matrix product
-    for one row streams the weights at roughly half the rate of `torch.mv` on the same
-    tensors (12-20 GB/s against 18-26: a decode step went from about 52 to 36 ms). Two or
+    Batch-1 decode is one row per layer, and torch's bfloat16 matrix product for one row
+    streams the weights at well under the rate of `torch.mv` on the same tensors. Two or
     more rows take the ordinary product. The weights are the layer's own (shared, not
     copied), so a tied LM head stays tied. Rounding differs from the matrix product in the
     last bits, like any change of BLAS kernel: float32 and batch-invariant mode keep

@@ -1,4 +1,7 @@
-"""Rotary position embeddings (rotate-half layout, as in Hugging Face Llama)."""
+"""Rotary position embeddings (rotate-half layout, as in Hugging Face Llama).
+
+`spec` here is any object with head_dim, rope_theta, rope_scaling and extra (a
+models.spec.ModelSpec): ops/ imports nothing above it."""
 
 from __future__ import annotations
 
@@ -6,10 +9,8 @@ import math
 
 import torch
 
-from tokenworks.models.spec import ModelSpec
 
-
-def inv_frequencies(spec: ModelSpec) -> torch.Tensor:
+def inv_frequencies(spec) -> torch.Tensor:
     """[head_dim/2] float64 inverse frequencies, with Llama 3 scaling where the spec has it."""
     d = spec.head_dim
     inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
@@ -30,7 +31,7 @@ def inv_frequencies(spec: ModelSpec) -> torch.Tensor:
     return inv
 
 
-def cos_sin_table(spec: ModelSpec, n_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+def cos_sin_table(spec, n_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape [n_positions, head_dim] (each half repeated), float32."""
     # Match transformers: inv_freq is float32 and the product is taken in float32.
     inv = inv_frequencies(spec).float()

@@ -1,7 +1,7 @@
 """Measure this machine: the figures a roofline needs, from a few seconds of torch.
 
-- decode bandwidth: a weight-streaming matrix-vector product (`torch.mv`, the kernel the
-  engine's batch-1 decode uses, on a 128 MiB matrix), in bfloat16 and float32: bytes of
+- decode bandwidth: a weight-streaming matrix-vector product (`torch.mv`, what a batch-1
+  decode on torch's path runs, on a 128 MiB matrix), in bfloat16 and float32: bytes of
   the matrix per second. This, not a plain copy, is what bounds decode on a CPU;
 - copy bandwidth: a large tensor copy (read + write), for reference;
 - matmul rates: square products (2048 x 2048 by default) in bfloat16 and float32, FLOP/s.

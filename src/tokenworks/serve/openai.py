@@ -112,16 +112,18 @@ def _model_card(state: ServerState, name: str) -> dict:
 # ------------------------------------------------------------------ /v1/completions
 
 
-def _completion_logprobs(lps: list[TokenLogprob], offset: int) -> dict:
+def _completion_logprobs(lps: list[TokenLogprob], offset: int, as_ids: bool = False) -> dict:
+    """as_ids: tokens named "token_id:N" (return_tokens_as_token_ids), offsets still in text."""
     tokens, offsets, pos = [], [], offset
     for lp in lps:
-        tokens.append(lp.token)
+        tokens.append(f"token_id:{lp.token_id}" if as_ids else lp.token)
         offsets.append(pos)
         pos += len(lp.token)
+    tops = [{f"token_id:{i}" if as_ids else t: v for i, t, v in lp.top} for lp in lps]
     return {
         "tokens": tokens,
         "token_logprobs": [lp.logprob for lp in lps],
-        "top_logprobs": [{t: v for _, t, v in lp.top} for lp in lps],
+        "top_logprobs": tops,
         "text_offset": offsets,
     }
 
@@ -185,7 +187,9 @@ async def completions(body: CompletionRequest, request: Request):
                 {
                     "index": i * body.n + k,
                     "text": prefix + out["text"],
-                    "logprobs": _completion_logprobs(out["logprobs"], len(prefix))
+                    "logprobs": _completion_logprobs(
+                        out["logprobs"], len(prefix), body.return_tokens_as_token_ids
+                    )
                     if body.logprobs is not None
                     else None,
                     "finish_reason": out["finish_reason"],
@@ -269,7 +273,9 @@ async def _completion_stream(state, request, body, streams, ids, response_id, te
                     completion_tokens += len(d.token_ids)
                     logprobs = None
                     if body.logprobs is not None:
-                        logprobs = _completion_logprobs(d.logprobs or [], offsets.get(index, 0))
+                        logprobs = _completion_logprobs(
+                            d.logprobs or [], offsets.get(index, 0), body.return_tokens_as_token_ids
+                        )
                     offsets[index] = offsets.get(index, 0) + len(d.text)
                     if d.text or d.finish_reason or logprobs:
                         choices.append(

@@ -68,6 +68,8 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=1)
     logprobs: int | None = Field(default=None, ge=0, le=5)
+    # vLLM's extension: logprob tokens as "token_id:N", so a client can tell tokens apart
+    return_tokens_as_token_ids: bool = False
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = Field(default=None, ge=1)

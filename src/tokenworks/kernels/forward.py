@@ -1,24 +1,20 @@
-"""A Llama-family model's forward pass on the C kernels (csrc/decode.c), two ways.
+"""A Llama-family forward pass on the C kernels, two ways.
 
-`LlamaDecodeKernel.prepare(model, pool)` reads a built LlamaModel once: pointers to its
-weights (float32, bfloat16, int8 with row scales, or int4 in Q4_1-style blocks), float32
-copies of the small vectors (norms, biases, scales) and of the RoPE table, and each
-layer's K/V pool. Then `run` takes a batch of the paged engine and returns its logits:
+`LlamaForward.prepare(model, pool)` reads a built LlamaModel once: pointers to its weights
+(float32, bfloat16, int8 with row scales, or int4 in Q4_1-style blocks), float32 copies of
+the small vectors (norms, biases, scales) and of the RoPE table, and each layer's K/V pool.
+Then `run` takes a batch of the paged engine (kernels/batch.py) and returns its logits:
 
 - a decode-only batch of up to `max_rows` sequences runs the whole step in one C call
   (`tw_llama_decode`): each weight is read once for every sequence and no torch op runs
   per layer. Up to DOT_ROWS rows multiply with vector dot products on the model's own
-  weights (batch-1 decode); where the CPU has AMX or AVX-512 BF16 and every product's
-  shape suits it, bigger batches (up to PACK_MAX) multiply packed copies of the weights,
-  on AMX tiles or with AVX-512 BF16 dot products (ckernels.packed_available);
-- any other batch (prefill chunks, mixed batches, bigger decode batches without packed
-  products) runs `run_batched` when the weights are dense: the products on the packed
-  weights (on AMX tiles up to PACK_MAX rows, as dot products any number), oneDNN's
-  prepacked weights or torch, and C for what lies between the products, three calls a
-  layer.
+  weights (batch-1 decode); where the packed products run and every product's shape suits
+  them, bigger batches (up to PACK_MAX) multiply packed copies of the weights;
+- any other batch (prompt chunks, mixed batches, bigger decode batches without packed
+  products) runs `run_batched` when the weights are dense: the products through
+  kernels/products.product, and C for what lies between them, three calls a layer.
 
-Int4/int8 models without a dense copy take the first way only; batch-invariant mode and
-GPUs stay on the torch modules (`prepare` returns None).
+Int4/int8 models without a dense copy take the first way only.
 """
 
 from __future__ import annotations
@@ -28,21 +24,18 @@ import ctypes
 import torch
 from torch import nn
 
-from tokenworks.ops import ckernels as ck
-from tokenworks.ops.attention import attention_over_pool
+from tokenworks.kernels import abi as ck
+from tokenworks.kernels.attention import attend
+from tokenworks.kernels.batch import KernelBatch
+from tokenworks.kernels.build import library
+from tokenworks.kernels.products import PACK_MAX, pack_weight, packed_bias, product
 from tokenworks.ops.linear import DenseForLargeBatches, Int4Linear, Int8Linear, MatvecLinear
 from tokenworks.ops.rope import cos_sin_table
 
 MAX_ROWS = 8  # decode batches up to this size run the whole step in C (dot products)
 DOT_ROWS = 4  # packed, the whole step takes up to PACK_MAX rows; up to this many, dot products
 _MODULES = ("qkv", "o_proj", "gate_up", "down")  # a layer's products, as modules
-_PRODUCTS = ("qkv", "o", "gate_up", "down")  # the same, as ck.Layer fields
-PACK_ROWS = 64  # the batch size oneDNN tunes the big batches' packed weights for
-# More rows than this (prefill) multiply the plain weights where the packed products run on
-# AMX tiles (oneDNN is as fast there and the packing no longer pays). Without tiles they take
-# every batch: on an AMD EPYC (AVX-512 BF16, 2 threads) the 4 prefill steps of 64 prompts of
-# 128 tokens took 4.77 s against 4.96 with oneDNN's products (medians of 5 interleaved runs).
-PACK_MAX = 256
+_PRODUCTS = ("qkv", "o", "gate_up", "down")  # the same, as abi.Layer fields
 
 
 def _f32(t: torch.Tensor | None, keep: list) -> int | None:
@@ -59,19 +52,19 @@ def _linear(
     """The C view of a dense or int8 layer, or None for one the kernels cannot take.
 
     packs: where the packed products run (AMX tiles or AVX-512 BF16), a dict to hold the
-    packed copies of bfloat16 weights (ckernels.amx_pack, keyed by the weight's address):
+    packed copies of bfloat16 weights (products.pack_weight, keyed by the weight's address):
     those layers are multiplied on them, in the whole step and in run_batched alike.
-    glu: the layer is gate_up, packed for products that end in SwiGLU (ck.AMX_GLU)."""
+    glu: the layer is gate_up, packed for products that end in SwiGLU (ck.PACKED_GLU)."""
     if packs is not None and isinstance(layer, (nn.Linear, MatvecLinear)):
-        packed = ck.amx_pack(layer.weight, glu)
+        packed = pack_weight(layer.weight, glu)
         if packed is not None:
             packs[layer.weight.data_ptr()] = packed
             keep.append(packed)
             n, k = layer.out_features, layer.in_features
-            bias = ck.packed_bias(layer.bias, glu)
+            bias = packed_bias(layer.bias, glu)
             if bias is not None:
                 keep.append(bias)
-            code = ck.AMX_GLU if glu else ck.AMX
+            code = ck.PACKED_GLU if glu else ck.PACKED
             return ck.Linear(ck.ptr(packed), None, ck.ptr(bias), code, n, k)
     if isinstance(layer, DenseForLargeBatches):
         layer = layer.quantized
@@ -101,70 +94,15 @@ def _dense(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     return None
 
 
-def _swiglu(gu: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up of a gate_up product's output [M, 2I] (gate, then up): [M, I]."""
-    out = torch.empty(gu.shape[0], gu.shape[1] // 2, dtype=gu.dtype)
-    ck.library().tw_swiglu(
-        gu.data_ptr(), out.data_ptr(), ck.DTYPE_CODES[gu.dtype], gu.shape[0], out.shape[1],
-        torch.get_num_threads(),
-    )  # fmt: skip
-    return out
-
-
-def _product(
-    w: torch.Tensor,
-    bias: torch.Tensor | None,
-    packed: torch.Tensor | None = None,
-    glu: bool = False,
-):
-    """x -> x @ w.T (+ bias) through the packed kernel (ckernels.amx_product, on packed:
-    the weight's packed copy) where the CPU has AMX or AVX-512 BF16, on tiles for batches
-    of up to PACK_MAX rows; else oneDNN's prepacked weights for those; bigger batches
-    (prefill) on tiles or without packed products through torch's product.
-
-    glu: w is a gate_up weight (packed: its amx_pack(glu=True) copy) and the callable
-    returns SwiGLU's output, silu(gate) * up [M, I]: the packed product computes it in its
-    epilogue, the others' output goes through tw_swiglu."""
-
-    def plain(x):
-        return torch.mm(x, w.t()) if bias is None else torch.addmm(bias, x, w.t())
-
-    if glu:  # the same products, then SwiGLU where the packed one did not do it
-        amx = ck.amx_product(w, bias, packed, glu=True) if packed is not None else None
-        if amx is None:
-            inner = _product(w, bias)
-            return lambda x: _swiglu(inner(x))
-        return lambda x: (
-            amx(x) if x.shape[0] <= PACK_MAX or not ck.tiles_on() else _swiglu(plain(x))
-        )
-    amx = ck.amx_product(w, bias, packed) if packed is not None else None
-    if amx is not None:
-        return lambda x: amx(x) if x.shape[0] <= PACK_MAX or not ck.tiles_on() else plain(x)
-    if (
-        w.device.type == "cpu"
-        and w.dtype == torch.bfloat16
-        and torch.backends.mkldnn.is_available()
-    ):
-        try:
-            packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
-        except (RuntimeError, AttributeError):  # a torch without these ops: plain products
-            return plain
-        return lambda x: (
-            torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-            if x.shape[0] <= PACK_MAX
-            else plain(x)
-        )
-    return plain
-
-
-class LlamaDecodeKernel:
-    def __init__(self, lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs):
+class LlamaForward:
+    def __init__(self, lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles):
         self.lib, self.dims, self.keep, self.spec, self.max_rows = lib, dims, keep, spec, max_rows
         self.layers_c, self.model_c = dot  # the C structs on the model's own weights
         self.amx = amx  # (layers, model) on packed copies (AMX tiles or vector), or None
         self.packs = packs  # weight address -> its packed copy
         self._scratch: tuple | None = None  # (rows, buffers, ck.Scratch), see _buffers
         self.pool = pool
+        self.tiles = tiles  # prompt attention on AMX tiles (where granted)
         self.pool_ptrs = [(k.data_ptr(), v.data_ptr()) for k, v in zip(pool.k, pool.v, strict=True)]
         self.kv_dtype = ck.DTYPE_CODES[pool.k[0].dtype]
         # Bigger batches: torch's products on dense weights, the rest in C (run_batched)
@@ -180,12 +118,18 @@ class LlamaDecodeKernel:
 
     @classmethod
     def prepare(
-        cls, model: nn.Module, pool, max_rows: int | None = None
-    ) -> LlamaDecodeKernel | None:
-        """The kernel for model over pool, or None where it cannot run. max_rows: the
+        cls,
+        model: nn.Module,
+        pool,
+        max_rows: int | None = None,
+        packed: bool = True,
+        tiles: bool = True,
+    ) -> LlamaForward | None:
+        """The forward pass for model over pool, or None where it cannot run. max_rows: the
         biggest decode batch the whole-step call takes (None: PACK_MAX when every product
-        runs on packed weights, else MAX_ROWS)."""
-        lib = ck.library()
+        runs on packed weights, else MAX_ROWS). packed: use the packed products where this
+        CPU runs them; tiles: run prompt attention on AMX tiles where granted."""
+        lib = library()
         spec = getattr(model, "spec", None)
         if lib is None or spec is None or spec.arch != "llama":
             return None
@@ -223,10 +167,10 @@ class LlamaDecodeKernel:
         if dot is None:
             return None
         packs: dict = {}
-        amx = view(packs) if ck.packed_available() else None
+        amx = view(packs) if packed else None
         if amx is not None:
             codes = [amx[1].head.dtype] + [getattr(x, f).dtype for x in amx[0] for f in _PRODUCTS]
-            if not all(c in (ck.AMX, ck.AMX_GLU) for c in codes):
+            if not all(c in (ck.PACKED, ck.PACKED_GLU) for c in codes):
                 amx = None  # the packed weights still serve run_batched's products
         dims = ck.Dims(
             spec.hidden_size,
@@ -240,26 +184,16 @@ class LlamaDecodeKernel:
         )
         if max_rows is None:
             max_rows = PACK_MAX if amx is not None else MAX_ROWS
-        return cls(lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs)
+        return cls(lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles)
 
-    def accepts(self, n_tokens: int, meta) -> bool:
-        """Which batches run here: a decode-only batch of up to max_rows sequences (block
-        tables given) runs the whole step in C; with dense weights, any other batch of
-        the paged engine runs run_batched."""
-        if meta.slot_mapping is None:
-            return False  # no KV cache: the modules
-        return self._whole_step(n_tokens, meta) or self.dense is not None
+    def accepts(self, batch: KernelBatch) -> bool:
+        """Which batches run here: a decode-only batch of up to max_rows sequences runs the
+        whole step in C; with dense weights, any other batch of the paged engine runs
+        run_batched."""
+        return self._whole_step(batch) or self.dense is not None
 
-    @staticmethod
-    def _decode_only(n_tokens: int, meta) -> bool:
-        """Every row a decode token, with block tables for the C attention."""
-        dec = meta.decode
-        return (
-            dec is not None and dec.block_tables is not None and dec.token_rows.numel() == n_tokens
-        )
-
-    def _whole_step(self, n_tokens: int, meta) -> bool:
-        return n_tokens <= self.max_rows and self._decode_only(n_tokens, meta)
+    def _whole_step(self, batch: KernelBatch) -> bool:
+        return batch.num_tokens <= self.max_rows and batch.decode_only
 
     def _buffers(self, b: int) -> tuple:
         """Scratch memory for a whole step of b rows: one set, grown to the biggest batch
@@ -279,35 +213,40 @@ class LlamaDecodeKernel:
             self._scratch = (rows, bufs, scratch)
         return self._scratch[1:]
 
-    def _kv(self, meta, window: int | None) -> tuple:
+    def _kv(self, batch: KernelBatch, window: int | None) -> tuple:
         """The block tables and context lengths for C (each layer sets its own pools)."""
-        dec = meta.decode
-        tables = dec.block_tables.contiguous()
-        lens = dec.context_lens.contiguous()
-        kv = ck.kv_view(tables, lens, dec.block_size, window, self.kv_dtype)
+        tables = batch.block_tables.contiguous()
+        lens = batch.context_lens.contiguous()
+        kv = ck.kv_view(tables, lens, batch.block_size, window, self.kv_dtype)
         return kv, (tables, lens)  # the tensors must outlive the call
 
     def run(
-        self, input_ids, positions, meta, window, logits_rows=None, float_logits=True, greedy=False
-    ) -> torch.Tensor:
-        """logits [rows, vocab]: of logits_rows (None: every row) of the batch; float32,
-        or (float_logits False) whatever dtype the path computes them in. greedy: the
-        caller wants only each row's argmax; a whole decode step in C then returns those
-        [rows] (int64, as torch.argmax of the logits; on packed weights no logits are written)."""
+        self, input_ids, positions, batch: KernelBatch, window, logits_rows=None,
+        float_logits=True, greedy=False,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
+        """(logits, None): logits [rows, vocab] of logits_rows (None: every row) of the
+        batch, float32 or (float_logits False) the dtype the path computes them in. greedy:
+        the caller wants only each row's argmax; a whole decode step in C then returns
+        (None, argmax [rows] int64), the head having kept each row's best and written no
+        logits, where it runs on packed weights."""
         n = input_ids.shape[0]
-        if not self._whole_step(n, meta):
-            return self.run_batched(input_ids, positions, meta, window, logits_rows, float_logits)
-        out = self._run_whole_step(input_ids, positions, meta, window, greedy)
+        if not self._whole_step(batch):
+            logits = self.run_batched(
+                input_ids, positions, batch, window, logits_rows, float_logits
+            )
+            return logits, None
+        logits, choices = self._run_whole_step(input_ids, positions, batch, window, greedy)
         if logits_rows is not None and logits_rows.numel() != n:
-            out = out.index_select(0, logits_rows)
-        return out
+            logits = None if logits is None else logits.index_select(0, logits_rows)
+            choices = None if choices is None else choices.index_select(0, logits_rows)
+        return logits, choices
 
-    def _run_whole_step(self, input_ids, positions, meta, window, greedy=False) -> torch.Tensor:
+    def _run_whole_step(self, input_ids, positions, batch, window, greedy=False) -> tuple:
         b = input_ids.shape[0]
         ids = input_ids.contiguous()
         pos = positions.contiguous()
-        slots = meta.slot_mapping.contiguous()
-        kv, _alive = self._kv(meta, window)
+        slots = batch.slot_mapping.contiguous()
+        kv, _alive = self._kv(batch, window)
         _, scratch = self._buffers(b)
         x = torch.empty(b, self.spec.hidden_size)
         # a few rows: dot products on the model's weights; more: the packed products (AMX
@@ -334,10 +273,10 @@ class LlamaDecodeKernel:
             ck.ptr(choices),
             torch.get_num_threads(),
         )
-        return choices if choices is not None else logits
+        return (logits, None) if choices is None else (None, choices)
 
-    def _attend_in_torch(self, qkv, meta, layer, pos, slots, window, code, threads):
-        """RoPE and the cache write in C, then attention over the pool in torch."""
+    def _attend_chunks(self, qkv, batch, layer, pos, slots, window, code, threads):
+        """RoPE and the cache write in C, then attention over the pool (attention.attend)."""
         s = self.spec
         self.lib.tw_rope_store(
             ctypes.byref(self.dims), ck.ptr(self.pool.k[layer]), ck.ptr(self.pool.v[layer]),
@@ -345,9 +284,9 @@ class LlamaDecodeKernel:
             self.model_c.cos, self.model_c.sin, qkv.shape[0], threads,
         )  # fmt: skip
         q = qkv[:, : s.q_size].view(-1, s.n_heads, s.head_dim)
-        out = attention_over_pool(
-            q, meta, self.pool.k[layer], self.pool.v[layer], self.dims.attn_scale, window,
-            prefill_kernel=True,
+        out = attend(
+            q, batch, self.pool.k[layer], self.pool.v[layer], self.dims.attn_scale, window,
+            self.tiles,
         )  # fmt: skip
         return out.contiguous()
 
@@ -356,51 +295,46 @@ class LlamaDecodeKernel:
         gate_up's followed by SwiGLU (x -> silu(x @ Wg.T) * (x @ Wu.T)).
 
         For decode batches the weights are packed once (a copy: the model keeps its own
-        for prefill and small batches): into the packed layout of ckernels.amx_product
-        where the CPU has AMX tiles or AVX-512 BF16, else into oneDNN's blocked layout.
-        oneDNN's packed products were up to 2.8x faster than torch.mm on the plain weights
-        (the LM head: 7.7 against 2.8 ms for 64 rows here) with bit-identical results; the
-        AMX kernel, which streams each thread's weights as one prefetched run, took a
-        64-row decode step from 50.9 to 46.2 ms (medians of an interleaved A/B on
-        SmolLM2-135M, 2 threads), with results that round differently from torch's only
-        where the float32 sums do. Without AMX, the same layout's AVX-512 BF16 products
-        ran 64-row products at 386 to 404 GFLOP/s where oneDNN's ran at 293 to 366 (an
-        AMD EPYC, 2 threads).
+        for prefill and small batches): into the packed layout where the CPU runs the packed
+        products, else into oneDNN's blocked layout; both beat torch.mm on the plain weights
+        for tens of rows, and oneDNN's gives bit-identical results (the packed products
+        round differently only where the float32 sums do).
         """
         if self._packed is None:
             packs = self.packs
             self._packed = [
                 [
-                    _product(w, bias, packs.get(w.data_ptr()), glu=name == "gate_up")
+                    product(w, bias, packs.get(w.data_ptr()), glu=name == "gate_up")
                     for name, (w, bias) in zip(_MODULES, row, strict=True)
                 ]
                 for row in self.dense
             ]
             w, bias = self.dense_head
-            self._head = _product(w, bias, packs.get(w.data_ptr()))
+            self._head = product(w, bias, packs.get(w.data_ptr()))
         return self._packed
 
     def run_batched(
-        self, input_ids, positions, meta, window, logits_rows=None, float_logits=True
-    ) -> torch.Tensor:
+        self, input_ids, positions, batch: KernelBatch, window, logits_rows=None,
+        float_logits=True,
+    ) -> torch.Tensor:  # fmt: skip
         """Any other batch of the paged engine (big decode batches, prefill chunks, both
         mixed): torch multiplies, C does what lies between the products (residual +
         RMSNorm, RoPE + cache write, SwiGLU; decode-only batches: attention too) in 3
         calls a layer instead of about twenty torch ops; the residual stream stays float32.
-        Batches with prefill rows attend through ops/attention.attention_over_pool: prompt
+        Batches with prompt rows attend through kernels/attention.attend: prompt
         chunks in one C call (AMX tiles or AVX-512 BF16) where it runs, else torch's attention."""
         lib, s, threads = self.lib, self.spec, torch.get_num_threads()
         b, act = input_ids.shape[0], self.act_dtype
         code = ck.DTYPE_CODES[act]
         pos = positions.contiguous()
-        slots = meta.slot_mapping.contiguous()
-        decode_only = self._decode_only(b, meta)
+        slots = batch.slot_mapping.contiguous()
+        decode_only = batch.decode_only
         x = self.embed.index_select(0, input_ids).float().contiguous()  # [B, hidden]
         h = torch.empty(b, s.hidden_size, dtype=act)
         attn = torch.empty(b, s.q_size, dtype=act)
         px, ph, pattn = (t.data_ptr() for t in (x, h, attn))
         hid, eps = s.hidden_size, s.norm_eps
-        kv, _alive = self._kv(meta, window) if decode_only else (None, None)
+        kv, _alive = self._kv(batch, window) if decode_only else (None, None)
         dims, cos, sin = ctypes.byref(self.dims), self.model_c.cos, self.model_c.sin
         p_delta = None
         for i, (f_qkv, f_o, f_mlp, f_down) in enumerate(self._products()):
@@ -417,7 +351,7 @@ class LlamaDecodeKernel:
                 )  # fmt: skip
                 out = attn
             else:
-                out = self._attend_in_torch(qkv, meta, i, pos, slots, window, code, threads)
+                out = self._attend_chunks(qkv, batch, i, pos, slots, window, code, threads)
             proj = f_o(out)
             lib.tw_residual_norm(
                 px, proj.data_ptr(), code, layer.post_norm, eps, ph, code, b, hid, threads

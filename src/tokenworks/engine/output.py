@@ -1,0 +1,77 @@
+"""A sequence's output side: its tokens as text, its stop rules, logprobs and stream text.
+
+The engine side of a sequence (engine/sequence.py) holds its tokens and KV state; this
+turns each new token into what the caller sees: incrementally detokenised text, a stop at
+a stop token or stop string (trimmed as the request asks), logprobs with their token
+text, and the part of the text safe to stream (a tail that could still become a stop
+string is held back).
+"""
+
+from __future__ import annotations
+
+from tokenworks.engine.request import FinishReason, SamplingParams, TokenLogprob
+from tokenworks.engine.sampler import SampleResult
+from tokenworks.tokenizer import DecodeStream
+
+
+class SequenceOutput:
+    def __init__(
+        self, params: SamplingParams, tokenizer, eos_token_ids: tuple[int, ...], prompt_ids
+    ):
+        self.params, self.tokenizer = params, tokenizer
+        self._stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            self._stop_ids |= set(eos_token_ids)
+        self._detok = DecodeStream(tokenizer, params.skip_special_tokens, prompt_ids)
+        self.text = ""
+        self._streamed = 0  # characters of self.text already handed to a stream
+        self._scanned = 0  # stop strings cannot start before this offset of self.text
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
+
+    def add(self, result: SampleResult) -> tuple[FinishReason, str | int] | None:
+        """One new token: its text and logprobs; (reason, stop) where it stops the sequence."""
+        token = result.token_id
+        if self.logprobs is not None:
+            top = [(i, self.tokenizer.decode([i], False), lp) for i, lp in result.top or []]
+            text = self.tokenizer.decode([token], False)
+            self.logprobs.append(TokenLogprob(token, text, result.logprob, top))
+        if token in self._stop_ids:
+            self.text += self._detok.flush()
+            return FinishReason.STOP, token
+        self.text += self._detok.step(token)
+        return self._stop_string()
+
+    def end(self) -> tuple[FinishReason, str] | None:
+        """The sequence ends for another reason (length, grammar): the rest of the text,
+        and a stop string it may complete."""
+        self.text += self._detok.flush()
+        return self._stop_string()
+
+    def _stop_string(self) -> tuple[FinishReason, str] | None:
+        if not self.params.stop:
+            return None
+        hits = [(self.text.find(s, self._scanned), s) for s in self.params.stop]
+        hits = [(i, s) for i, s in hits if i >= 0]
+        if not hits:
+            # A match found later must end in text not yet seen, so it starts after this.
+            longest = max(len(s) for s in self.params.stop)
+            self._scanned = max(0, len(self.text) - longest + 1)
+            return None
+        i, s = min(hits)
+        keep = i + len(s) if self.params.include_stop_str_in_output else i
+        self.text = self.text[:keep]
+        return FinishReason.STOP, s
+
+    def take_stream_text(self, finished: bool) -> str:
+        """Text not yet streamed, holding back a tail that could still become a stop string."""
+        end = len(self.text)
+        if not finished and self.params.stop:
+            for s in self.params.stop:
+                for k in range(min(len(s) - 1, end), 0, -1):
+                    if self.text.endswith(s[:k]):
+                        end = min(end, len(self.text) - k)
+                        break
+        end = max(end, self._streamed)
+        piece = self.text[self._streamed : end]
+        self._streamed = end
+        return piece

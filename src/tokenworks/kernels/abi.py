@@ -1,0 +1,133 @@
+"""The C kernels' calling convention: dtype codes, the structs they take, raw pointers.
+
+Tensors cross into C as the addresses of contiguous CPU tensors; the caller keeps them
+alive during the call. The structs mirror the typedefs of csrc/ field for field.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+F32, BF16, I8, Q4 = 0, 1, 2, 3  # Q4: ops/linear.q4_blocks
+PACKED = 4  # a bfloat16 weight in products.pack_weight's layout
+PACKED_GLU = 5  # a gate_up weight packed with glu=True: its product ends in SwiGLU
+GLU = 101  # tw_packed_linear's y_dtype for PACKED_GLU weights: y is silu(gate) * up
+DTYPE_CODES = {torch.float32: F32, torch.bfloat16: BF16, torch.int8: I8}
+
+c_ptr = ctypes.c_void_p
+
+
+class Linear(ctypes.Structure):
+    _fields_ = [
+        ("w", c_ptr),
+        ("scale", c_ptr),
+        ("bias", c_ptr),
+        ("dtype", ctypes.c_int),
+        ("n", ctypes.c_int),
+        ("k", ctypes.c_int),
+    ]
+
+
+class KV(ctypes.Structure):
+    _fields_ = [
+        ("k_pool", c_ptr),
+        ("v_pool", c_ptr),
+        ("kv_dtype", ctypes.c_int),
+        ("block_tables", c_ptr),
+        ("max_blocks", ctypes.c_int),
+        ("context_lens", c_ptr),
+        ("block_size", ctypes.c_int),
+        ("window", ctypes.c_int),
+    ]
+
+
+class Dims(ctypes.Structure):
+    _fields_ = [
+        ("hidden", ctypes.c_int),
+        ("n_heads", ctypes.c_int),
+        ("n_kv_heads", ctypes.c_int),
+        ("head_dim", ctypes.c_int),
+        ("intermediate", ctypes.c_int),
+        ("vocab", ctypes.c_int),
+        ("eps", ctypes.c_float),
+        ("attn_scale", ctypes.c_float),
+    ]
+
+
+class Layer(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", c_ptr),
+        ("post_norm", c_ptr),
+        ("qkv", Linear),
+        ("o", Linear),
+        ("gate_up", Linear),
+        ("down", Linear),
+        ("k_pool", c_ptr),
+        ("v_pool", c_ptr),
+    ]
+
+
+class Model(ctypes.Structure):
+    _fields_ = [
+        ("embed", c_ptr),
+        ("embed_dtype", ctypes.c_int),
+        ("final_norm", c_ptr),
+        ("head", Linear),
+        ("cos", c_ptr),
+        ("sin", c_ptr),
+    ]
+
+
+class Scratch(ctypes.Structure):
+    _fields_ = [(name, c_ptr) for name in ("h", "hb", "qkv", "attn", "gu", "act")]
+
+
+def ptr(t: torch.Tensor | None) -> int | None:
+    """A contiguous CPU tensor's data address (None passes NULL)."""
+    if t is None:
+        return None
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError("the C kernels take contiguous CPU tensors")
+    return t.data_ptr()
+
+
+def kv_view(tables, lens, block_size, window, kv_dtype, k_pool=None, v_pool=None) -> KV:
+    """A KV struct over block tables [B, max_blocks] and context lengths [B] (int64,
+    contiguous: the caller keeps them alive during the call); pools may be set later."""
+    return KV(
+        ptr(k_pool), ptr(v_pool), kv_dtype, ptr(tables), tables.shape[1], ptr(lens),
+        block_size, window or 0,
+    )  # fmt: skip
+
+
+# the exported functions: name -> (restype, argtypes)
+_i, _f, _i64 = ctypes.c_int, ctypes.c_float, ctypes.c_int64
+SIGNATURES = {
+    "tw_paged_attention": (None, [ctypes.POINTER(KV), c_ptr, c_ptr, _i, _i, _i, _i, _f, _i]),
+    "tw_llama_decode": (None, [
+        ctypes.POINTER(Dims), ctypes.POINTER(Model), ctypes.POINTER(Layer), _i,
+        ctypes.POINTER(KV), c_ptr, c_ptr, c_ptr, _i, c_ptr, ctypes.POINTER(Scratch), c_ptr,
+        c_ptr, _i,
+    ]),
+    "tw_residual_norm": (None, [c_ptr, c_ptr, _i, c_ptr, _f, c_ptr, _i, _i, _i, _i]),
+    "tw_swiglu": (None, [c_ptr, c_ptr, _i, _i, _i, _i]),
+    "tw_rope_attend": (None, [
+        ctypes.POINTER(Dims), ctypes.POINTER(KV), c_ptr, c_ptr, _i, c_ptr, c_ptr, c_ptr, c_ptr,
+        _i, _i,
+    ]),
+    "tw_rope_store": (None, [
+        ctypes.POINTER(Dims), c_ptr, c_ptr, _i, c_ptr, _i, c_ptr, c_ptr, c_ptr, c_ptr, _i, _i,
+    ]),
+    "tw_argmax_rows": (None, [c_ptr, _i, _i, _i, c_ptr, _i]),
+    "tw_amx_init": (_i, []),
+    "tw_use_tiles": (_i, [_i]),
+    "tw_packed_kind": (_i, []),
+    "tw_pack_weight": (None, [c_ptr, _i, _i, c_ptr, _i]),
+    "tw_packed_linear": (_i, [c_ptr, _i, _i, c_ptr, _i, c_ptr, c_ptr, _i, _i]),
+    "tw_prefill_attention": (_i, [
+        c_ptr, c_ptr, _i, _i, c_ptr, _i64, c_ptr, c_ptr, c_ptr, c_ptr, c_ptr, _i, _f, c_ptr,
+        _i64, _i, _i,
+    ]),
+}  # fmt: skip

@@ -1,0 +1,122 @@
+"""Attention in C over the paged pool: decode tokens through their block tables, prompt
+chunks in one call for the whole batch (csrc/paged_attention.h, prefill_attention.h).
+
+Where a C path cannot take the inputs it says so (None or False, nothing written) and the
+caller runs torch's attention (ops/attention.py) for those rows instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from tokenworks.kernels.abi import DTYPE_CODES, kv_view, ptr
+from tokenworks.kernels.batch import KernelBatch
+from tokenworks.kernels.build import library
+from tokenworks.kernels.products import tiles_granted
+from tokenworks.ops.attention import sequence_attention
+
+
+def paged_decode_attention(
+    q, k_pool, v_pool, block_tables, context_lens, block_size, scale, window
+) -> torch.Tensor | None:
+    """q [B, H, D] -> [B, H, D], or None where the kernel cannot take these inputs."""
+    lib = library()
+    if lib is None or q.device.type != "cpu" or k_pool.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    b, n_heads, d = q.shape
+    qf = q.float().contiguous()
+    out = torch.empty_like(qf)
+    tables = block_tables.contiguous()
+    lens = context_lens.contiguous()
+    kv = kv_view(tables, lens, block_size, window, DTYPE_CODES[k_pool.dtype], k_pool, v_pool)
+    lib.tw_paged_attention(
+        ctypes.byref(kv), ptr(qf), ptr(out), b, n_heads, k_pool.shape[1], d, scale,
+        torch.get_num_threads(),
+    )  # fmt: skip
+    return out.to(q.dtype)
+
+
+@functools.cache
+def prefill_available() -> bool:
+    """Whether prefill_attention runs here: on AMX tiles or AVX-512 BF16 dot products
+    (asked of the library with an empty batch)."""
+    lib = library()
+    if lib is None:
+        return False
+    return lib.tw_prefill_attention(
+        None, None, 1, 1, None, 0, None, None, None, None, None, 0, 1.0, None, 0,
+        int(tiles_granted()), 1,
+    ) == 0  # fmt: skip
+
+
+def prefill_attention(
+    q: torch.Tensor,  # [T, H, D] bfloat16, heads contiguous within a row (RoPE applied)
+    k_pool: torch.Tensor,  # [slots, KVH, D] bfloat16, the chunks' own keys already written
+    v_pool: torch.Tensor,
+    seqs: list[tuple[int, int, torch.Tensor]],  # (first row, new rows, slots of every key)
+    scale: float,
+    out: torch.Tensor,  # [T, H * D] bfloat16, contiguous
+    amx: bool | None = None,  # the products on AMX tiles (None: where they are granted)
+) -> bool:
+    """Causal attention of prompt chunks in C, into the rows of out that belong to seqs;
+    each sequence's keys are its context then its new rows. False, with nothing written,
+    where the kernel cannot run: no C kernels, a CPU with neither AMX nor AVX-512 BF16, a
+    head_dim other than 64, or tensors not laid out as above."""
+    amx = tiles_granted() if amx is None else amx and tiles_granted()
+    _, h, d = q.shape
+    kvh = k_pool.shape[1]
+    if (
+        not seqs
+        or library() is None
+        or d != 64
+        or h % kvh
+        or q.dtype != torch.bfloat16
+        or k_pool.dtype != torch.bfloat16
+        or v_pool.dtype != torch.bfloat16
+        or out.dtype != torch.bfloat16
+        or q.device.type != "cpu"
+        or q.stride(2) != 1
+        or q.stride(1) != d
+        or not (k_pool.is_contiguous() and v_pool.is_contiguous() and out.is_contiguous())
+    ):
+        return False
+    starts = torch.tensor([s for s, _, _ in seqs], dtype=torch.long)
+    rows = torch.tensor([n for _, n, _ in seqs], dtype=torch.long)
+    keys = torch.tensor([len(x) for _, _, x in seqs], dtype=torch.long)
+    slots = torch.cat([x.to(torch.long) for _, _, x in seqs]).contiguous()
+    slot_start = torch.cumsum(keys, 0) - keys
+    done = library().tw_prefill_attention(
+        ptr(k_pool), ptr(v_pool), h, kvh, q.data_ptr(), q.stride(0), ptr(starts), ptr(rows),
+        ptr(slots), ptr(slot_start), ptr(keys), len(seqs), scale, ptr(out), out.stride(0),
+        int(amx), torch.get_num_threads(),
+    )  # fmt: skip
+    return done == 0
+
+
+def attend(q, batch: KernelBatch, k_pool, v_pool, scale, window, amx=None) -> torch.Tensor:
+    """Attention of a mixed batch (its new K/V already in the pool): q [T, H, D] ->
+    [T, H * D]. Decode rows through their block tables; prompt chunks (not sliding-window
+    ones) in one C call where it runs, else one torch attention call per chunk."""
+    n_heads, d = q.shape[1], q.shape[2]
+    out = q.new_empty(q.shape[0], n_heads * d)
+    if batch.decode_rows.numel():
+        qd = q.index_select(0, batch.decode_rows)
+        o = paged_decode_attention(
+            qd, k_pool, v_pool, batch.block_tables, batch.context_lens, batch.block_size,
+            scale, window,
+        )  # fmt: skip
+        if o is None:
+            raise RuntimeError("the C paged attention kernel cannot take these inputs")
+        out[batch.decode_rows] = o.reshape(qd.shape[0], n_heads * d)
+    if window is None and prefill_attention(q, k_pool, v_pool, batch.chunks, scale, out, amx):
+        return out
+    for start, n, index in batch.chunks:
+        keys = k_pool.index_select(0, index).transpose(0, 1)  # [KVH, ctx + n, D]
+        values = v_pool.index_select(0, index).transpose(0, 1)
+        out[start : start + n] = sequence_attention(
+            q[start : start + n], keys, values, scale, window
+        )
+    return out

@@ -1,0 +1,103 @@
+"""Build csrc/ with the system C compiler and load it with ctypes.
+
+The first use compiles csrc/kernels.c for this machine (`cc -O3 -march=native -fopenmp`,
+about a second) into `$TOKENWORKS_HOME/kernels/`, named by a hash of the sources, the
+flags and the CPU, so an edit, a new flag or another CPU builds afresh and a cached build
+is never used where it was not made. No torch headers are involved: tensors are passed as
+raw pointers. OpenMP comes from the libgomp torch has already loaded, so the kernels and
+torch share one thread pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from tokenworks.kernels.abi import SIGNATURES
+from tokenworks.paths import home
+
+log = logging.getLogger("tokenworks.kernels")
+CSRC = Path(__file__).parent / "csrc"
+SOURCE = CSRC / "kernels.c"  # the one translation unit; it includes the other files
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+
+
+def sources() -> list[Path]:
+    """Every file of the C source: kernels.c and the stages it includes."""
+    return sorted(CSRC.glob("*.[ch]"))
+
+
+def cpu_tag() -> str:
+    """What -march=native depends on: the CPU model and its feature flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        keep = [x for x in lines if x.startswith(("model name", "flags"))][:2]
+        return "\n".join(keep)
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def compiler() -> str | None:
+    """The C compiler the kernels are built with: $CC, else cc, else gcc (None: none)."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def build(cc: str) -> Path:
+    """The shared library for this source, compiler, flags and CPU (built if not cached)."""
+    digest = hashlib.sha256()
+    for path in sources():
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update("\0".join([cc, *FLAGS, cpu_tag()]).encode())
+    target = home() / "kernels" / f"kernels-{digest.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        run = subprocess.run(
+            [cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True
+        )
+        if run.returncode != 0:
+            raise RuntimeError(f"{cc} failed:\n{run.stderr.strip()}")
+        os.replace(tmp, target)  # atomic: concurrent builders never see half a file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@functools.cache
+def load() -> tuple[ctypes.CDLL | None, str]:
+    """(the loaded library, "") or (None, why it cannot be built or loaded here)."""
+    if not SOURCE.exists():
+        return None, f"the C source {SOURCE} is missing from this installation"
+    cc = compiler()
+    if cc is None:
+        return None, "no C compiler (cc, gcc or $CC) on this machine"
+    try:
+        lib = ctypes.CDLL(str(build(cc)))
+    except (OSError, RuntimeError) as e:
+        return None, f"the build failed: {e}"
+    for name, (restype, argtypes) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib, ""
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None where they cannot be built here (see `unavailable`)."""
+    return load()[0]
+
+
+def unavailable() -> str:
+    """Why the kernels cannot run here ("" where they can)."""
+    return load()[1]

@@ -1,0 +1,172 @@
+// A whole Llama-family decode step in one call.
+// (part of kernels.c, the one translation unit: included there, in order)
+
+// ---------------------------------------------------------------- the decode step ---
+
+typedef struct {
+  int hidden, n_heads, n_kv_heads, head_dim, intermediate, vocab;
+  float eps, attn_scale;
+} tw_dims;
+
+typedef struct {
+  const float* input_norm;  // [hidden] float32
+  const float* post_norm;
+  tw_linear qkv, o, gate_up, down;
+  void* k_pool;  // this layer's pool, [slots, kv_heads, head_dim]
+  void* v_pool;
+} tw_layer;
+
+typedef struct {
+  const void* embed;  // [vocab, hidden]
+  int embed_dtype;
+  const float* final_norm;
+  tw_linear head;
+  const float* cos;  // [positions, head_dim] float32, each half repeated
+  const float* sin;
+} tw_model;
+
+// Scratch memory for B rows, float32 unless said (the caller allocates it once per size).
+typedef struct {
+  float* h;       // [B, hidden]
+  uint16_t* hb;   // [B, max(hidden, intermediate, q_size)] bfloat16 copies of inputs
+  float* qkv;     // [B, q_size + 2 * kv_size]
+  float* attn;    // [B, q_size]
+  float* gu;      // [B, 2 * intermediate]
+  float* act;     // [B, intermediate]
+} tw_scratch;
+
+static void rope_row(float* v, const float* cos, const float* sin, int D) {
+  const int half = D / 2;
+  for (int i = 0; i < half; ++i) {
+    const float a = v[i], b = v[i + half];
+    v[i] = a * cos[i] - b * sin[i];
+    v[i + half] = b * cos[i + half] + a * sin[i + half];
+  }
+}
+
+// One token's row r [q + 2kv] (float32): RoPE on its q and k heads at `position`, then
+// its K and V into the pools at `slot`.
+static void rope_and_store(const tw_dims* d, float* r, int64_t position, int64_t slot,
+                           const float* cos, const float* sin, void* k_pool, void* v_pool,
+                           int kv_dtype) {
+  const int H = d->n_heads, KVH = d->n_kv_heads, D = d->head_dim;
+  const int q_size = H * D, kv_size = KVH * D;
+  const float *c = cos + position * D, *sn = sin + position * D;
+  for (int hh = 0; hh < H + KVH; ++hh) rope_row(r + hh * D, c, sn, D);
+  for (int hh = 0; hh < KVH; ++hh) {
+    row_from_f32(k_pool, kv_dtype, slot * KVH + hh, D, r + q_size + hh * D);
+    row_from_f32(v_pool, kv_dtype, slot * KVH + hh, D, r + q_size + kv_size + hh * D);
+  }
+}
+
+void tw_argmax_rows(const void* x, int dtype, int B, int n, int64_t* out, int threads);
+
+// One decode token for each of B sequences: ids [B], positions [B], slots [B] (where each
+// new K/V goes) -> logits [B, vocab]. kv gives the block tables and context lengths (its
+// pools are taken per layer from `layers`). argmax (NULL: none): each row's greedy choice
+// [B], as torch.argmax of its logits; with an AMX head no logits are written (logits may
+// then be NULL), else they are, then read back.
+void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers, int n_layers,
+                     const tw_kv* kv_in, const int64_t* ids, const int64_t* positions,
+                     const int64_t* slots, int B, float* x, const tw_scratch* s, float* logits,
+                     int64_t* argmax, int threads) {
+  if (B <= 0) return;
+  const int H = d->n_heads, KVH = d->n_kv_heads, D = d->head_dim, hid = d->hidden;
+  const int I = d->intermediate;
+  const int q_size = H * D, kv_size = KVH * D, nqkv = q_size + 2 * kv_size;
+  for (int b = 0; b < B; ++b) row_to_f32(m->embed, m->embed_dtype, ids[b], hid, x + b * hid);
+  int amx = m->head.dtype == TW_PACKED;  // any packed weights: shared runs, tiles where they run
+  for (int li = 0; li < n_layers; ++li) {
+    const tw_layer* L = &layers[li];
+    amx |= L->qkv.dtype == TW_PACKED || L->o.dtype == TW_PACKED || L->gate_up.dtype == TW_PACKED ||
+           L->gate_up.dtype == TW_PACKED_GLU || L->down.dtype == TW_PACKED;
+  }
+  (void)amx;
+  // argmax with a packed head: every thread's choices over its own panels, [threads][B]
+  tw_best* bests = NULL;
+  tw_run* runs = NULL;  // the packed products' shared runs of panels (packed_shared)
+#if defined(TW_PACKED_BUILT)
+  if (amx) runs = new_runs(threads);
+  if (argmax && m->head.dtype == TW_PACKED) {
+    bests = (tw_best*)malloc(sizeof(tw_best) * (size_t)threads * B);
+    for (int i = 0; i < threads * B; ++i) bests[i] = (tw_best){-INFINITY, 0, INT64_MAX};
+  }
+#endif
+#pragma omp parallel num_threads(threads)
+  {
+#if defined(TW_AMX_BUILT)
+    if (amx && tw_tiles) tiles_16x64();
+#endif
+    for (int li = 0; li < n_layers; ++li) {
+      const tw_layer* L = &layers[li];
+      tw_kv kv = *kv_in;
+      kv.k_pool = L->k_pool;
+      kv.v_pool = L->v_pool;
+#pragma omp for schedule(static)
+      for (int b = 0; b < B; ++b)
+        rms_norm_row(x + b * hid, L->input_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
+      linear_rows(&L->qkv, s->h, s->hb, s->qkv, B, 0, runs);
+      // RoPE on q and k, then this token's K and V into the pool.
+#pragma omp for schedule(static)
+      for (int b = 0; b < B; ++b)
+        rope_and_store(d, s->qkv + (int64_t)b * nqkv, positions[b], slots[b], m->cos, m->sin,
+                       L->k_pool, L->v_pool, kv.kv_dtype);
+      attention_tasks(&kv, s->qkv, nqkv, s->attn, q_size, B, H, KVH, D, d->attn_scale, threads);
+#pragma omp for schedule(static)
+      for (int b = 0; b < B; ++b) round_row(s->attn + b * q_size, s->hb + b * q_size, q_size);
+      linear_rows(&L->o, s->attn, s->hb, x, B, 1, runs);  // x += o_proj(attn)
+#pragma omp for schedule(static)
+      for (int b = 0; b < B; ++b)
+        rms_norm_row(x + b * hid, L->post_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
+      // SwiGLU's output in bfloat16, the down product's input. (gate_up is TW_PACKED_GLU only
+      // where every product is packed, so down reads act_b, never the float32 act.)
+      uint16_t* act_b = s->hb;
+#if defined(TW_PACKED_BUILT)
+      if (L->gate_up.dtype == TW_PACKED_GLU) {  // SwiGLU in the product (TW_GLU), into the
+        act_b = (uint16_t*)s->act;           // float32 rows' room: hb is its input
+        packed_rows(&L->gate_up, s->hb, act_b, TW_GLU, B, 0, runs);
+      } else
+#endif
+      {
+        linear_rows(&L->gate_up, s->h, s->hb, s->gu, B, 0, runs);
+        const int chunks = (I + 127) / 128;
+#pragma omp for schedule(static)
+        for (int c = 0; c < B * chunks; ++c) {  // SwiGLU: silu(gate) * up, 128 at a time
+          const int b = c / chunks, j = (c % chunks) * 128, len = I - j < 128 ? I - j : 128;
+          const float* g = s->gu + (int64_t)b * 2 * I + j;
+          float* a = s->act + (int64_t)b * I + j;
+          silu_mul(g, g + I, a, len);
+          round_row(a, s->hb + (int64_t)b * I + j, len);
+        }
+      }
+      linear_rows(&L->down, s->act, act_b, x, B, 1, runs);  // x += down(act)
+    }
+#pragma omp for schedule(static)
+    for (int b = 0; b < B; ++b)
+      rms_norm_row(x + b * hid, m->final_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
+#if defined(TW_PACKED_BUILT)
+    if (bests) {
+      int me, nt;
+      team(&me, &nt);
+      packed_shared(s->hb, B, m->head.k, (const uint16_t*)m->head.w, m->head.n, m->head.bias,
+                 bests + (int64_t)me * B, TW_ARGMAX, 0, runs);
+#pragma omp barrier
+#pragma omp for schedule(static)
+      for (int b = 0; b < B; ++b) {
+        tw_best r = bests[b];
+        for (int t = 1; t < nt; ++t) best_merge(&r, bests + (int64_t)t * B + b);
+        argmax[b] = r.index;
+      }
+    } else
+#endif
+      linear_rows(&m->head, s->h, s->hb, logits, B, 0, runs);
+#if defined(TW_AMX_BUILT)
+    if (amx && tw_tiles) _tile_release();
+#endif
+  }
+  const int from_logits = argmax && !bests;  // no AMX head: the choices from the logits
+  free(bests);
+  free(runs);
+  if (from_logits) tw_argmax_rows(logits, TW_F32, B, d->vocab, argmax, threads);
+}
+

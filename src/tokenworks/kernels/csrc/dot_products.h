@@ -1,0 +1,205 @@
+// Dot products of a weight row with an activation row (float32, bfloat16, int8, Q4), and a linear layer's rows.
+// (part of kernels.c, the one translation unit: included there, in order)
+
+// ---------------------------------------------------------------- dot products ------
+// x is float32; xb is the same vector rounded to bfloat16 (used by the BF16 path only).
+
+static inline float dot_f32(const float* w, const float* x, int k) {
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < k; ++i) s += w[i] * x[i];
+  return s;
+}
+
+static inline float dot_bf16(const uint16_t* w, const float* x, const uint16_t* xb, int k) {
+#if defined(__AVX512BF16__)
+  if (k % 32 == 0) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 64 <= k; i += 64) {
+      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(xb + i),
+                            (__m512bh)_mm512_loadu_si512(w + i));
+      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(xb + i + 32),
+                            (__m512bh)_mm512_loadu_si512(w + i + 32));
+    }
+    if (i < k)
+      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(xb + i),
+                            (__m512bh)_mm512_loadu_si512(w + i));
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  }
+#endif
+  (void)xb;
+  float s = 0.f;
+  for (int i = 0; i < k; ++i) s += bf16_to_f32(w[i]) * x[i];
+  return s;
+}
+
+static inline float dot_i8(const int8_t* w, const float* x, int k) {
+#if defined(__AVX512F__)
+  if (k % 32 == 0) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+    for (int i = 0; i < k; i += 32) {
+      __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + i))));
+      __m512 w1 =
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + i + 16))));
+      a0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + i), a0);
+      a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + i + 16), a1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  }
+#endif
+  float s = 0.f;
+  for (int i = 0; i < k; ++i) s += (float)w[i] * x[i];
+  return s;
+}
+
+// A Q4 row times x: sum over blocks of d * (q . x) + m * (sum of x over the block); xsum
+// holds those sums, computed once per input row.
+static inline float dot_q4(const uint8_t* row, const float* x, const float* xsum, int k) {
+  const int blocks = k / Q4_BLOCK;
+  float mins = 0.f;
+  for (int g = 0; g < blocks; ++g) mins += bf16_to_f32(((const uint16_t*)(row + g * Q4_BYTES))[1]) * xsum[g];
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi32(0xF);
+  for (int g = 0; g < blocks; ++g) {
+    const uint8_t* blk = row + g * Q4_BYTES;
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(blk + 4)));
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(q, low));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4));
+    __m512 t = _mm512_mul_ps(lo, _mm512_loadu_ps(x + g * Q4_BLOCK));
+    t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + g * Q4_BLOCK + 16), t);
+    acc = _mm512_fmadd_ps(t, _mm512_set1_ps(bf16_to_f32(*(const uint16_t*)blk)), acc);
+  }
+  return _mm512_reduce_add_ps(acc) + mins;
+#else
+  float s = 0.f;
+  for (int g = 0; g < blocks; ++g) {
+    const uint8_t* blk = row + g * Q4_BYTES;
+    float t = 0.f;
+    for (int j = 0; j < 16; ++j)
+      t += (blk[4 + j] & 0xF) * x[g * Q4_BLOCK + j] + (blk[4 + j] >> 4) * x[g * Q4_BLOCK + 16 + j];
+    s += bf16_to_f32(*(const uint16_t*)blk) * t;
+  }
+  return s + mins;
+#endif
+}
+
+// One linear layer's weights: w [n, k] of `dtype`; scale [n] (int8 only) and bias [n] may
+// be NULL.
+typedef struct {
+  const void* w;
+  const float* scale;
+  const float* bias;
+  int dtype;
+  int n, k;
+} tw_linear;
+
+// Weight rows are requested about this many bytes ahead of the one being multiplied: a
+// decode step streams every weight once, and a core alone keeps too few reads in flight.
+#define PREFETCH_BYTES 4096
+
+// The packed products' shared runs of panels (see packed_shared); declared for every build,
+// as the decode step passes them on whether or not the packed products are compiled in.
+typedef struct tw_run tw_run;
+
+// A row's greedy choice so far, as torch.argmax makes it: the first index of the largest
+// value, or of the first NaN where there is one. index starts past every column.
+typedef struct {
+  float value;
+  int nan;
+  int64_t index;
+} tw_best;
+
+#if defined(TW_PACKED_BUILT)
+static void packed_rows(const tw_linear* L, const uint16_t* xb, void* y, int y_dtype, int B,
+                     int accumulate, tw_run* runs);
+#endif
+
+// y[b, j] (+)= W[j] . x[b] for b < B: the output rows are shared among the threads (call
+// inside a parallel region). With accumulate the result is added to y (a residual).
+// TW_PACKED weights go to packed_rows (runs: see packed_shared).
+
+static void linear_rows(const tw_linear* L, const float* x, const uint16_t* xb, float* y, int B,
+                        int accumulate, tw_run* runs) {
+#if defined(TW_PACKED_BUILT)
+  if (L->dtype == TW_PACKED) {
+    packed_rows(L, xb, y, TW_F32, B, accumulate, runs);
+    return;
+  }
+#endif
+  (void)runs;
+  const int n = L->n, k = L->k;
+  const int64_t row_bytes = L->dtype == TW_Q4 ? (int64_t)k / Q4_BLOCK * Q4_BYTES
+                            : (int64_t)k * (L->dtype == TW_F32 ? 4 : L->dtype == TW_BF16 ? 2 : 1);
+  float* xsum = NULL;  // Q4: each input row's sums over blocks (every thread its own)
+  if (L->dtype == TW_Q4) {
+    xsum = (float*)malloc(sizeof(float) * (size_t)B * (k / Q4_BLOCK));
+    for (int b = 0; b < B; ++b)
+      for (int g = 0; g < k / Q4_BLOCK; ++g) {
+        float t = 0.f;
+        for (int j = 0; j < Q4_BLOCK; ++j) t += x[(int64_t)b * k + g * Q4_BLOCK + j];
+        xsum[b * (k / Q4_BLOCK) + g] = t;
+      }
+  }
+  const int ahead_rows = (int)((PREFETCH_BYTES + row_bytes - 1) / row_bytes);
+#pragma omp for schedule(static)
+  for (int j = 0; j < n; ++j) {
+    if (j + ahead_rows < n) {  // the hardware prefetcher alone leaves bandwidth unused
+      const char* ahead = (const char*)L->w + ((int64_t)j + ahead_rows) * row_bytes;
+      for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(ahead + o, 0, 3);
+    }
+    for (int b = 0; b < B; ++b) {
+      const float* xr = x + (int64_t)b * k;
+      float s;
+      if (L->dtype == TW_BF16)
+        s = dot_bf16((const uint16_t*)L->w + (int64_t)j * k, xr, xb + (int64_t)b * k, k);
+      else if (L->dtype == TW_I8)
+        s = dot_i8((const int8_t*)L->w + (int64_t)j * k, xr, k);
+      else if (L->dtype == TW_Q4)
+        s = dot_q4((const uint8_t*)L->w + j * row_bytes, xr, xsum + b * (k / Q4_BLOCK), k);
+      else
+        s = dot_f32((const float*)L->w + (int64_t)j * k, xr, k);
+      if (L->scale) s *= L->scale[j];
+      if (L->bias) s += L->bias[j];
+      float* out = y + (int64_t)b * n + j;
+      *out = accumulate ? *out + s : s;
+    }
+  }
+  free(xsum);
+}
+
+static inline void round_row(const float* x, uint16_t* xb, int n) {
+  row_from_f32(xb, TW_BF16, 0, n, x);
+}
+
+// sum of x[i]^2 (16 partial sums where the CPU has AVX-512: a strict left-to-right float
+// sum cannot be vectorised by the compiler, and is 16x slower)
+static inline float sum_squares(const float* x, int n) {
+  float ss = 0.f;
+  int i = 0;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    acc = _mm512_fmadd_ps(v, v, acc);
+  }
+  ss = _mm512_reduce_add_ps(acc);
+#endif
+  for (; i < n; ++i) ss += x[i] * x[i];
+  return ss;
+}
+
+// out = x / sqrt(mean(x^2) + eps) * w over n values (float32)
+static void rms_norm(const float* x, const float* w, float eps, float* out, int n) {
+  const float r = 1.f / sqrtf(sum_squares(x, n) / n + eps);
+  for (int i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
+}
+
+// rms_norm, plus the result rounded to bfloat16 for the BF16 products
+static void rms_norm_row(const float* x, const float* w, float eps, float* out, uint16_t* outb,
+                         int n) {
+  rms_norm(x, w, eps, out, n);
+  round_row(out, outb, n);
+}
+

@@ -1,0 +1,119 @@
+"""EngineConfig owns every engine option: flags made from its fields, renamed options named."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from tokenworks.config import (
+    EngineConfig,
+    add_engine_arguments,
+    engine_argv,
+    engine_kwargs,
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_engine_arguments(p)
+    return p
+
+
+def test_every_field_has_a_flag_with_its_default_and_help():
+    p = _parser()
+    actions = {a.dest: a for a in p._actions}
+    for f in dataclasses.fields(EngineConfig):
+        assert f.name in actions, f"{f.name} has no flag"
+        assert actions[f.name].default == f.default
+        assert actions[f.name].help, f"{f.name} has no help"
+    assert engine_kwargs(p.parse_args([])) == {
+        f.name: f.default for f in dataclasses.fields(EngineConfig) if f.name != "model"
+    }
+
+
+def test_flags_parse_into_a_config_and_back_into_the_same_flags():
+    argv = [
+        "--kernels", "torch", "--no-packed-products", "--no-amx-tiles", "--dtype", "float32",
+        "--max-num-seqs", "8", "--kv-cache-memory", "0.5", "--no-prefix-caching",
+        "--batch-invariant", "--no-warmup", "--scheduling-policy", "priority", "-m", "toy",
+    ]  # fmt: skip
+    args = _parser().parse_args(argv)
+    config = EngineConfig(model=args.model, **engine_kwargs(args))
+    assert (config.kernels, config.packed_products, config.amx_tiles) == ("torch", False, False)
+    assert (config.max_num_seqs, config.kv_cache_memory, config.model) == (8, 0.5, "toy")
+    assert not config.enable_prefix_caching and config.batch_invariant and not config.warmup
+    again = _parser().parse_args(engine_argv(args))
+    assert vars(again) == vars(args)
+    assert "--model" in engine_argv(args) and "--no-prefix-caching" in engine_argv(args)
+
+
+def test_every_field_lands_in_the_record():
+    record = EngineConfig(kernels="torch", amx_tiles=False).to_dict()
+    assert set(record) == {f.name for f in dataclasses.fields(EngineConfig)}
+    assert record["kernels"] == "torch" and record["amx_tiles"] is False
+    assert record["dtype"] == "bfloat16"  # auto, resolved
+
+
+def test_renamed_options_name_their_replacement(monkeypatch, capsys):
+    with pytest.raises(TypeError, match="kernels"):
+        EngineConfig.build(attention="cpp")
+    p = argparse.ArgumentParser()
+    add_engine_arguments(p)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--attention", "sdpa"])
+    assert "--kernels" in capsys.readouterr().err
+    for name, new in (("TOKENWORKS_NO_AMX", "amx_tiles"), ("TOKENWORKS_NO_PACKED", "packed"),
+                      ("TOKENWORKS_NO_C_KERNELS", "kernels='torch'")):  # fmt: skip
+        monkeypatch.setenv(name, "1")
+        with pytest.raises(ValueError, match=new):
+            EngineConfig()
+        monkeypatch.delenv(name)
+
+
+def test_bad_kernel_choices_say_what_to_use():
+    with pytest.raises(ValueError, match="auto, c, torch"):
+        EngineConfig(kernels="cpp")
+    with pytest.raises(ValueError, match="without batch_invariant"):
+        EngineConfig(kernels="c", batch_invariant=True)
+
+
+def test_an_engine_says_why_it_runs_torch(toy_llm):
+    from tokenworks import LLM
+
+    loaded = toy_llm.engine.loaded
+    torch_llm = LLM("toy", dtype="float32", loaded=loaded, kernels="torch", warmup=False)
+    assert torch_llm.engine.c_kernels is None
+    assert "kernels='torch'" in torch_llm.engine.describe()
+    auto = LLM("toy", dtype="float32", loaded=loaded, warmup=False)
+    assert auto.engine.c_kernels is None and "float32" in auto.engine.kernels()
+
+
+def test_kernels_c_refuses_a_model_it_cannot_run(tmp_path):
+    """A GPT-2 (random weights, saved by transformers) is not a model the C forward pass
+    takes: kernels="c" says so, "auto" runs torch and says why; a Llama-family one is."""
+    import torch
+    import transformers
+
+    from tokenworks.engine.kv_cache import KVPool
+    from tokenworks.kernels import CKernels, KernelsUnavailableError, build
+    from tokenworks.models import build_model, load
+    from tokenworks.models.toy import toy_spec, toy_weights
+
+    if build.library() is None:
+        pytest.skip("the C kernels cannot be built here")
+    spec = toy_spec()
+    llama = build_model(spec, toy_weights(spec, seed=1), torch.bfloat16)
+    pool = KVPool(spec.n_layers, 8, 4, spec.n_kv_heads, spec.head_dim, torch.bfloat16)
+    kernels, why = CKernels.open(llama, pool, 4, kernels="c")
+    assert kernels is not None and why == ""
+    cfg = transformers.GPT2Config(vocab_size=320, n_embd=64, n_layer=2, n_head=4, n_positions=64)
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    loaded = load(str(tmp_path))
+    gpt2 = build_model(loaded.spec, loaded.weights, torch.bfloat16)
+    pool2 = KVPool(2, 8, 4, 4, 16, torch.bfloat16)
+    with pytest.raises(KernelsUnavailableError, match="Llama-family"):
+        CKernels.open(gpt2, pool2, 4, kernels="c")
+    off, why = CKernels.open(gpt2, pool2, 4, kernels="auto")
+    assert off is None and "does not fit" in why
