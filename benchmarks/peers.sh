@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the peers' virtual environments under ${PEERS:-peers/} (not committed; see
-# ../shared/PEERS.md). Each peer gets its own venv: their pins conflict with ours.
+# docs/measurement.md). Each peer gets its own venv: their pins conflict with ours.
 set -euo pipefail
 PEERS=${PEERS:-peers}
 mkdir -p "$PEERS"
@@ -16,7 +16,7 @@ GGML_CPU="-DGGML_NATIVE=OFF -DGGML_AVX=$(has avx) -DGGML_AVX2=$(has avx2) -DGGML
   -DGGML_AVX512_VBMI=$(has avx512vbmi) -DGGML_AVX512_VNNI=$(has avx512_vnni)
   -DGGML_AVX512_BF16=$(has avx512_bf16) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
   -DGGML_AMX_BF16=OFF"
-CMAKE_ARGS="$GGML_CPU" "$PEERS/llamacpp/bin/pip" install --no-cache-dir llama-cpp-python numpy
+CMAKE_ARGS="$GGML_CPU" "$PEERS/llamacpp/bin/pip" install --no-cache-dir llama-cpp-python==0.3.36 numpy
 # llama.cpp's own batched server (parallel slots), built from the sources vendored in the
 # same llama-cpp-python sdist (~20 min on 2 cores), so both peers are one llama.cpp version.
 LCPP_SRC=$(mktemp -d)

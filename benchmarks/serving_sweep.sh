@@ -6,7 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 TW=${TW:-.venv/bin/tokenworks}
-PEERS=${PEERS:-/work/peers}
+PEERS=${PEERS:-peers}
 OUT=${OUT:-benchmarks/results}
 SWEEP=(--num-prompts 16 --input-tokens 128 --output-tokens 32 --seed 0
        --request-rate 1,2,4 --max-concurrency 1,4,16 --slo-ttft 2.0 --slo-tpot 0.2)
