@@ -2,8 +2,10 @@
 
 The record (tests/data/greedy_golden.json) holds, per dtype and per product path, the
 tokens each prompt gets alone and all of them batched together. bfloat16 results depend on
-the order of the float32 sums, so each path of the packed products (AMX tiles, AVX-512
-BF16 dot products, none) has its own entry; a path with no entry yet is skipped, and
+the order of the float32 sums, so each path has its own entry: "tiles" (AMX), "vector"
+(the packed products as AVX-512 BF16 dot products on a CPU with tiles, whose prompt
+attention still runs on tiles), "vector-only" (a CPU without AMX) and "none"; a path
+with no entry yet is skipped, and
 `python tests/test_greedy_golden.py` adds entries for the paths this CPU runs (it never
 replaces one).
 """
@@ -30,12 +32,12 @@ THREADS = 2
 
 
 def products_path() -> str:
-    """Which packed products this CPU runs by default: tiles, vector or none."""
+    """Which packed products this CPU runs by default: tiles, vector-only or none."""
     from tokenworks.kernels import products
 
     if products.tiles_granted():
         return "tiles"
-    return "vector" if products.packed_built() else "none"
+    return "vector-only" if products.packed_built() else "none"
 
 
 def run(loaded, dtype: str) -> dict:
