@@ -61,7 +61,7 @@ def _decode_step(model, pool, ctx_lens, fused: bool, greedy: bool = False):
         if not fused:
             return model(ids, pos, AttentionMetadata.paged([1] * b, ctx_lens, tables, bs), pool)
         batch = KernelBatch.build([1] * b, ctx_lens, tables, bs)
-        assert model.c_forward.accepts(batch)
+        assert model.c_forward.accepts(batch.query_lens)
         logits, choices = model.c_forward.run(
             ids, pos, batch, model.spec.sliding_window, greedy=greedy
         )
@@ -126,15 +126,16 @@ def test_which_batches_the_kernel_takes():
     decode2 = KernelBatch.build([1] * 2, [3, 3], tables[:2], 4)
     mixed = KernelBatch.build([4, 1], [0, 3], tables[:2], 4)
     assert decode2.decode_only and not mixed.decode_only and len(mixed.chunks) == 1
-    assert kernel.accepts(decode2) and kernel._whole_step(decode2)
-    assert kernel.accepts(decode3)  # beyond max_rows: run_batched (dense weights)
-    assert not kernel._whole_step(decode3)
-    assert kernel.accepts(mixed) and not kernel._whole_step(mixed)  # prefill: run_batched
+    assert kernel.accepts(decode2.query_lens) and kernel._whole_step(decode2.query_lens)
+    assert kernel.accepts(decode3.query_lens)  # beyond max_rows: run_batched (dense weights)
+    assert not kernel._whole_step(decode3.query_lens)
+    # prefill in the batch: run_batched
+    assert kernel.accepts(mixed.query_lens) and not kernel._whole_step(mixed.query_lens)
     int8, pool8 = _model_and_pool(spec, torch.float32, "int8")
     kernel8 = LlamaForward.prepare(int8, pool8, max_rows=2)
-    assert kernel8.accepts(decode2)
-    assert not kernel8.accepts(decode3)  # int8 without a dense copy: the modules
-    assert not kernel8.accepts(mixed)
+    assert kernel8.accepts(decode2.query_lens)
+    assert not kernel8.accepts(decode3.query_lens)  # int8 without a dense copy: the modules
+    assert not kernel8.accepts(mixed.query_lens)
 
 
 def test_amx_takes_the_whole_step_for_bigger_decode_batches():
@@ -151,7 +152,7 @@ def test_amx_takes_the_whole_step_for_bigger_decode_batches():
     assert model_c.head.dtype == abi.PACKED and layers[0].down.dtype == abi.PACKED
     assert kernel.layers_c[0].down.dtype == abi.BF16  # small batches: dot products
     tables = [[i] for i in range(40)]
-    assert kernel._whole_step(KernelBatch.build([1] * 40, [2] * 40, tables, 4))
+    assert kernel._whole_step(KernelBatch.build([1] * 40, [2] * 40, tables, 4).query_lens)
     toy = toy_spec()  # a vocabulary no multiple of 32: no AMX head, so no AMX whole step
     model2, pool2 = _model_and_pool(toy, torch.bfloat16)
     kernel2 = LlamaForward.prepare(model2, pool2)

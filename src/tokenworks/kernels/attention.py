@@ -16,7 +16,7 @@ from tokenworks.kernels.abi import DTYPE_CODES, kv_view, ptr
 from tokenworks.kernels.batch import KernelBatch
 from tokenworks.kernels.build import library
 from tokenworks.kernels.products import tiles_granted
-from tokenworks.ops.attention import sequence_attention
+from tokenworks.ops.attention import chunk_attention
 
 
 def paged_decode_attention(
@@ -114,9 +114,7 @@ def attend(q, batch: KernelBatch, k_pool, v_pool, scale, window, amx=None) -> to
     if window is None and prefill_attention(q, k_pool, v_pool, batch.chunks, scale, out, amx):
         return out
     for start, n, index in batch.chunks:
-        keys = k_pool.index_select(0, index).transpose(0, 1)  # [KVH, ctx + n, D]
-        values = v_pool.index_select(0, index).transpose(0, 1)
-        out[start : start + n] = sequence_attention(
-            q[start : start + n], keys, values, scale, window
+        out[start : start + n] = chunk_attention(
+            q[start : start + n], k_pool, v_pool, index, scale, window
         )
     return out

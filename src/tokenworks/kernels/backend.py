@@ -27,8 +27,8 @@ class KernelsUnavailableError(ValueError):
 
 
 class CKernels:
-    def __init__(self, forward: LlamaForward, block_size: int, window: int | None, tiles: bool):
-        self.forward_pass, self.block_size, self.window = forward, block_size, window
+    def __init__(self, forward: LlamaForward, block_size: int, tiles: bool):
+        self.forward_pass, self.block_size = forward, block_size
         self.tiles = tiles  # the packed products on AMX tiles (the library's switch, per call)
 
     @classmethod
@@ -71,7 +71,7 @@ class CKernels:
             )
             if forward is not None:
                 tiles = amx_tiles and tiles_granted()
-                return cls(forward, block_size, spec.sliding_window, tiles), ""
+                return cls(forward, block_size, tiles), ""
             arch = spec.arch if spec is not None else type(model).__name__
             why = (
                 f"the C forward pass takes Llama-family models with float32 or bfloat16 "
@@ -93,8 +93,9 @@ class CKernels:
         self, query_lens: list[int], context_lens: list[int], tables: list[list[int]]
     ) -> KernelBatch | None:
         """The batch laid out for C, or None where the torch model is to run it."""
-        batch = KernelBatch.build(query_lens, context_lens, tables, self.block_size)
-        return batch if self.forward_pass.accepts(batch) else None
+        if not self.forward_pass.accepts(query_lens):
+            return None
+        return KernelBatch.build(query_lens, context_lens, tables, self.block_size)
 
     def forward(
         self, input_ids, positions, batch: KernelBatch, logits_rows, greedy: bool
@@ -103,6 +104,7 @@ class CKernels:
         step runs in C, (None, each row's argmax [rows])."""
         use_tiles(self.tiles)
         return self.forward_pass.run(
-            input_ids, positions, batch, self.window, logits_rows, float_logits=False,
+            input_ids, positions, batch, self.forward_pass.spec.sliding_window, logits_rows,
+            float_logits=False,
             greedy=greedy,
         )  # fmt: skip

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenworks.ops.attention import context_slots
+
 
 @dataclass
 class KernelBatch:
@@ -41,9 +43,7 @@ class KernelBatch:
                 dec_tables.append(table)
                 dec_lens.append(ctx + 1)
             else:
-                pos = torch.arange(ctx + n)
-                blocks = torch.tensor(table, dtype=torch.long)[pos // block_size]
-                index = blocks * block_size + pos % block_size  # [ctx + n]
+                index = context_slots(table, ctx + n, block_size)
                 slots.extend(index[ctx:].tolist())
                 chunks.append((start, n, index))
             start += n
@@ -66,4 +66,10 @@ class KernelBatch:
     @property
     def decode_only(self) -> bool:
         """Every row a decode token."""
-        return not self.chunks and self.num_tokens > 0
+        return decode_only(self.query_lens)
+
+
+def decode_only(query_lens: list[int]) -> bool:
+    """Whether a batch of these query lengths is decode tokens only (each read through its
+    block table), known before the batch is laid out."""
+    return bool(query_lens) and all(n == 1 for n in query_lens)

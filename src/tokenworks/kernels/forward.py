@@ -26,7 +26,7 @@ from torch import nn
 
 from tokenworks.kernels import abi as ck
 from tokenworks.kernels.attention import attend
-from tokenworks.kernels.batch import KernelBatch
+from tokenworks.kernels.batch import KernelBatch, decode_only
 from tokenworks.kernels.build import library
 from tokenworks.kernels.products import PACK_MAX, pack_weight, packed_bias, product
 from tokenworks.ops.linear import DenseForLargeBatches, Int4Linear, Int8Linear, MatvecLinear
@@ -186,14 +186,14 @@ class LlamaForward:
             max_rows = PACK_MAX if amx is not None else MAX_ROWS
         return cls(lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles)
 
-    def accepts(self, batch: KernelBatch) -> bool:
-        """Which batches run here: a decode-only batch of up to max_rows sequences runs the
-        whole step in C; with dense weights, any other batch of the paged engine runs
-        run_batched."""
-        return self._whole_step(batch) or self.dense is not None
+    def accepts(self, query_lens: list[int]) -> bool:
+        """Which batches run here (asked before one is laid out): a decode-only batch of up
+        to max_rows sequences runs the whole step in C; with dense weights, any other batch
+        of the paged engine runs run_batched."""
+        return self._whole_step(query_lens) or self.dense is not None
 
-    def _whole_step(self, batch: KernelBatch) -> bool:
-        return batch.num_tokens <= self.max_rows and batch.decode_only
+    def _whole_step(self, query_lens: list[int]) -> bool:
+        return len(query_lens) <= self.max_rows and decode_only(query_lens)
 
     def _buffers(self, b: int) -> tuple:
         """Scratch memory for a whole step of b rows: one set, grown to the biggest batch
@@ -230,7 +230,7 @@ class LlamaForward:
         (None, argmax [rows] int64), the head having kept each row's best and written no
         logits, where it runs on packed weights."""
         n = input_ids.shape[0]
-        if not self._whole_step(batch):
+        if not self._whole_step(batch.query_lens):
             logits = self.run_batched(
                 input_ids, positions, batch, window, logits_rows, float_logits
             )

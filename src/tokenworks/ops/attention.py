@@ -24,6 +24,22 @@ import torch
 import torch.nn.functional as F
 
 
+def context_slots(table: list[int], n_tokens: int, block_size: int) -> torch.Tensor:
+    """[n_tokens] int64: the pool slot of each of a sequence's first n_tokens positions,
+    through its block table."""
+    pos = torch.arange(n_tokens)
+    blocks = torch.tensor(table, dtype=torch.long)[pos // block_size]
+    return blocks * block_size + pos % block_size
+
+
+def chunk_attention(q, k_pool, v_pool, index, scale, window) -> torch.Tensor:
+    """A prompt chunk's attention over the pool (its own K/V already written): q [n, H, D],
+    index the slots of its context then its rows -> [n, H*D]."""
+    keys = k_pool.index_select(0, index).transpose(0, 1)  # [KVH, ctx + n, D]
+    values = v_pool.index_select(0, index).transpose(0, 1)
+    return sequence_attention(q, keys, values, scale, window)
+
+
 @dataclass
 class DecodeBatch:
     """The decode sequences of a batch, laid out for one attention call."""
@@ -80,10 +96,7 @@ class AttentionMetadata:
         kv_index, dec_rows, dec_seq = [], [], []
         start = 0
         for n, ctx, table in zip(query_lens, context_lens, block_tables, strict=True):
-            total = ctx + n
-            pos = torch.arange(total)
-            blocks = torch.tensor(table, dtype=torch.long)[pos // block_size]
-            index = blocks * block_size + pos % block_size  # [ctx + n]
+            index = context_slots(table, ctx + n, block_size)
             slots.extend(index[ctx:].tolist())
             if batch_decode and n == 1:
                 dec_rows.append(start)
@@ -199,10 +212,8 @@ def attention_over_pool(
     start = 0
     for n, index in zip(meta.query_lens, meta.kv_index, strict=True):
         if index is not None:
-            keys = k_pool.index_select(0, index).transpose(0, 1)  # [KVH, ctx + n, D]
-            values = v_pool.index_select(0, index).transpose(0, 1)
-            out[start : start + n] = sequence_attention(
-                q[start : start + n], keys, values, scale, window
+            out[start : start + n] = chunk_attention(
+                q[start : start + n], k_pool, v_pool, index, scale, window
             )
         start += n
     return out
