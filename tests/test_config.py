@@ -117,3 +117,18 @@ def test_kernels_c_refuses_a_model_it_cannot_run(tmp_path):
         CKernels.open(gpt2, pool2, 4, kernels="c")
     off, why = CKernels.open(gpt2, pool2, 4, kernels="auto")
     assert off is None and "does not fit" in why
+
+
+def test_env_says_which_kernel_paths_run_and_why_the_others_do_not(capsys):
+    import json
+
+    from tokenworks.cli import main
+    from tokenworks.kernels import build, products
+
+    assert main(["env", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    paths = {p["path"].split(" (")[0]: p for p in info["kernels"]}
+    assert paths["C kernels"]["active"] == (build.library() is not None)
+    assert paths["AMX tiles"]["active"] == products.tiles_granted()
+    assert all(p["why_not"] for p in info["kernels"] if not p["active"])
+    assert info["versions"]["torch"] and info["cpu"]["cores"] >= 1

@@ -30,7 +30,7 @@ ALLOWED = {
     "plan": {"shapes", "units"},
     "serve": {"config", "engine", "models", "tokenizer", "units"},
     "bench": {"config", "engine", "models", "serve", "tokenizer", "units", "top", "plan"},
-    "env_report": {"kernels", "paths"},
+    "env_report": {"bench", "kernels", "paths"},
     "cli": {"bench", "config", "env_report", "models", "plan", "serve", "top", "units"},
     "top": {"engine", "llm"},
 }

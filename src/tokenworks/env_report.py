@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 import platform
 import sys
-from pathlib import Path
+
+from tokenworks.bench.peer_engines import cpu_flags
+from tokenworks.bench.record import hardware
 
 PACKAGES = (
     "tokenworks", "torch", "numpy", "tokenizers", "gguf", "safetensors", "llguidance",
@@ -22,21 +23,8 @@ FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", 
 
 def cpu() -> dict:
     """The CPU's model name, core count and the instruction sets the kernels care about."""
-    name, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and ":" in line:
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and ":" in line:
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    return {
-        "model": name,
-        "cores": os.cpu_count(),
-        "features": {f: f in flags for f in FEATURES},
-    }
+    hw, flags = hardware(), cpu_flags()
+    return {"model": hw["cpu"], "cores": hw["cores"], "features": {f: f in flags for f in FEATURES}}
 
 
 def versions() -> dict:
