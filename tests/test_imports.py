@@ -25,7 +25,7 @@ ALLOWED = {
     "models": {"ops", "paths", "shapes", "units"},
     "tokenizer": {"models"},
     "config": {"kernels", "models"},
-    "engine": {"config", "kernels", "models", "ops", "shapes", "tokenizer", "units"},
+    "engine": {"config", "kernels", "models", "ops", "plan", "shapes", "tokenizer", "units"},
     "llm": {"config", "engine", "models"},
     "plan": {"shapes", "units"},
     "serve": {"config", "engine", "models", "tokenizer", "units"},

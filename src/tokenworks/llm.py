@@ -25,11 +25,13 @@ class LLM:
         dtype: str = "auto",
         device: str = "cpu",
         loaded: LoadedModel | None = None,
+        draft: LoadedModel | None = None,
         **kw,
     ):
-        """kw: any EngineConfig field. `loaded` reuses weights already read by `load()`."""
+        """kw: any EngineConfig field (speculative_config: a dict or JSON string). `loaded`
+        reuses weights already read by `load()`; `draft`, a drafter's, for speculation."""
         self.config = EngineConfig.build(model=model, dtype=dtype, device=device, **kw)
-        self.engine = LLMEngine(self.config, loaded)
+        self.engine = LLMEngine(self.config, loaded, draft)
         self.tokenizer = self.engine.tokenizer
 
     def generate(

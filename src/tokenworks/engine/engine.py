@@ -34,6 +34,7 @@ from tokenworks.engine.scheduler import (
     SchedulerOutput,
 )
 from tokenworks.engine.sequence import Sequence
+from tokenworks.engine.speculative import open_speculator
 from tokenworks.engine.structured import GrammarCompiler
 from tokenworks.kernels import CKernels
 from tokenworks.models import build_model, load
@@ -67,6 +68,18 @@ class StepStats:
     prefix_hit_tokens: int  # prompt tokens admitted from the prefix cache this step
     preemptions: int
     cow_copies: int
+    generated_tokens: int = 0  # tokens the step added to sequences
+    spec_draft_tokens: int = 0  # proposed tokens the step verified (speculative decoding)
+    spec_accepted_tokens: int = 0  # of those, the ones the target accepted
+
+
+@dataclass
+class StepCounts:
+    """Tokens one step emitted and verified, as it samples."""
+
+    emitted: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 def available_memory_bytes() -> int:
@@ -78,7 +91,12 @@ def available_memory_bytes() -> int:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        loaded: LoadedModel | None = None,
+        draft: LoadedModel | None = None,  # speculative decoding's drafter, already read
+    ):
         self.config = config
         if config.threads is not None:
             torch.set_num_threads(config.threads)
@@ -97,12 +115,6 @@ class LLMEngine:
             config.batch_invariant,
             config.dense_from_rows,
         )
-        # what records and tokenizers need of the model; the float32 weights it was built
-        # from go (the model holds its own copy; a caller's `loaded` is the caller's)
-        self.loaded = dataclasses.replace(loaded, weights={}) if own else loaded
-        del loaded
-        if own and config.device == "cpu":
-            release_freed_memory()
         self.max_model_len = min(
             config.max_model_len or self.spec.max_position, self.spec.max_position
         )
@@ -125,6 +137,14 @@ class LLMEngine:
         )
         self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.blocks)
+        # speculative decoding, checked against the target now rather than at a request
+        self.speculator = open_speculator(config, loaded, num_blocks, draft)
+        # what records and tokenizers need of the model; the float32 weights it was built
+        # from go (the model holds its own copy; a caller's `loaded` is the caller's)
+        self.loaded = dataclasses.replace(loaded, weights={}) if own else loaded
+        del loaded, draft
+        if own and config.device == "cpu":
+            release_freed_memory()
         # the C kernels where they run for this model and these options (why not, if not)
         self.c_kernels, self.kernels_off_because = CKernels.open(
             self.model,
@@ -175,6 +195,7 @@ class LLMEngine:
             f"({gib:.2f} GiB, {blocks.num_blocks * blocks.block_size} tokens, pages touched "
             f"as used); context {self.max_model_len}; up to {c.max_num_seqs} sequences, "
             f"{c.max_num_batched_tokens} tokens a step; {torch.get_num_threads()} threads"
+            + (f"; speculative: {self.speculator.describe()}" if self.speculator else "")
         )
 
     def _start_counts(self) -> None:
@@ -187,6 +208,8 @@ class LLMEngine:
             "generation_tokens": 0,
             "preemptions": 0,
             "steps": 0,
+            "spec_draft_tokens": 0,  # speculative decoding: proposed tokens verified
+            "spec_accepted_tokens": 0,  # and accepted
         }
 
     WARMUP_PROMPT = 128  # tokens in each of the warm-up's prompts
@@ -314,38 +337,65 @@ class LLMEngine:
     # ------------------------------------------------------------------ the loop
 
     def step(self) -> list[Sequence]:
-        """Run one forward pass; return the sequences that got a new token."""
+        """Run one forward pass; return the sequences that got new tokens."""
         t0 = time.perf_counter()
-        out = self.scheduler.schedule()
-        sampled: list[Sequence] = []
+        spec = self.speculator
+        drafts = spec.propose(self.scheduler.running) if spec is not None else None
+        out = self.scheduler.schedule(drafts)
+        sampled, counts = [], StepCounts()
         if out.scheduled:
             try:
                 self.pool.copy_blocks(out.copies)
-                sampling = [item.seq for item in out.scheduled if item.sample]
-                forward = self.runner.run(out.scheduled, argmax_only=argmax_only(sampling))
+                items = [item for item in out.scheduled if item.sample]
+                greedy = argmax_only([item.seq for item in items])
+                forward = self.runner.run(out.scheduled, argmax_only=greedy)
                 for item in out.scheduled:
-                    self.blocks.computed(item.seq, item.n_tokens)
-                sampled = self._sample_all(sampling, forward)
+                    if not item.draft:  # a verify chunk's count waits for the verdict
+                        self.blocks.computed(item.seq, item.n_tokens)
+                sampled = self._sample_all(items, forward, counts)
             except Exception:
                 self._fail(out)
                 raise
-        self._record(out, sampled, time.perf_counter() - t0)
+        duration = time.perf_counter() - t0
+        if spec is not None:
+            spec.end_step(out.scheduled, self.scheduler.running, duration)
+        self._record(out, counts, duration)
         return sampled
 
-    def _sample_all(self, sampling: list[Sequence], forward: ForwardOutput) -> list[Sequence]:
-        """Each sampling sequence's next token (its siblings' too, once its prompt is done);
-        a sequence whose grammar or sampling raises fails its own request alone."""
+    def _sample_all(
+        self, items: list, forward: ForwardOutput, counts: StepCounts
+    ) -> list[Sequence]:
+        """Each sampling sequence's next token (its siblings' too, once its prompt is done),
+        or the tokens a verify chunk accepts; a sequence whose grammar or sampling raises
+        fails its own request alone."""
+        rows, matchers = [], []  # each logits row's sequence and grammar state
+        for item in items:
+            rows += [item.seq] * (1 + len(item.draft))
+            if item.draft:
+                matchers += self.speculator.row_matchers(item.seq, item.draft)
+            else:
+                matchers.append(item.seq.matcher)
         logits, argmax = prepare_rows(
-            forward, sampling, lambda x, rows: self._mask(x, rows, sampling)
+            forward, rows, lambda x, guided: self._mask(x, guided, rows), matchers
         )
         sampled: list[Sequence] = []
-        for r, (seq, top) in enumerate(zip(sampling, argmax, strict=True)):
+        end = 0
+        for item in items:
+            seq, r = item.seq, end
+            end += 1 + len(item.draft)
             if seq.finished:  # its grammar failed above
                 continue
             try:
-                group = self._fork(seq)
+                if item.draft:
+                    group = [seq]
+                    rows_logits = None if logits is None else logits[r:end]
+                    self._accept(item, rows_logits, argmax[r:end], counts)
+                else:
+                    group = self._fork(seq)
+                    for s in group:
+                        s.append(sample_row(logits, r, s, argmax[r]))
+                        counts.emitted += 1
                 for s in group:
-                    s.append(sample_row(logits, r, s, top))
                     if s.finished:
                         self.scheduler.remove(s)
                         if s.group_finished:
@@ -354,6 +404,23 @@ class LLMEngine:
             except Exception as e:
                 self._fail_request(seq, e)
         return [s for s in sampled if s.request_id not in self.failures]
+
+    def _accept(self, item, logits, argmax: list[int], counts: StepCounts) -> None:
+        """A verify chunk's verdict: the accepted guesses and the target's own token join
+        the sequence; the K/V of its last real token and of the accepted guesses count as
+        computed, and the blocks written only for rejected guesses go back."""
+        seq = item.seq
+        results = self.speculator.verify(seq, item.draft, logits, argmax)
+        counts.draft_tokens += len(item.draft)
+        counts.accepted_tokens += len(results) - 1
+        self.blocks.computed(seq, len(results))
+        self.blocks.trim(seq)
+        for result in results:
+            seq.append(result)
+            counts.emitted += 1
+            if seq.finished:  # a stop inside the accepted run: the rest is dropped
+                break
+        self.blocks.commit(seq, seq.n_cached)  # the accepted tokens' full blocks
 
     def _fork(self, seq: Sequence) -> list[Sequence]:
         """seq, and where its prompt is done for a request of n > 1, its n - 1 siblings,
@@ -406,10 +473,12 @@ class LLMEngine:
         for item in out.scheduled:
             self.abort_request(item.seq.request_id)
 
-    def _record(self, out: SchedulerOutput, sampled: list[Sequence], duration: float) -> None:
+    def _record(self, out: SchedulerOutput, counts: StepCounts, duration: float) -> None:
         t = self.totals
         t["prefill_tokens"] += out.num_prefill_tokens
-        t["generation_tokens"] += len(sampled)
+        t["generation_tokens"] += counts.emitted
+        t["spec_draft_tokens"] += counts.draft_tokens
+        t["spec_accepted_tokens"] += counts.accepted_tokens
         t["preemptions"] += len(out.preempted)
         t["steps"] += 1
         self.stats.append(
@@ -426,5 +495,8 @@ class LLMEngine:
                 prefix_hit_tokens=out.prefix_hit_tokens,
                 preemptions=len(out.preempted),
                 cow_copies=self.blocks.cow_copies,
+                generated_tokens=counts.emitted,
+                spec_draft_tokens=counts.draft_tokens,
+                spec_accepted_tokens=counts.accepted_tokens,
             )
         )

@@ -259,6 +259,15 @@ class BlockManager:
         """A forward pass wrote the K/V of seq's next n_tokens into its blocks."""
         seq.n_cached += n_tokens
 
+    def trim(self, seq) -> None:
+        """Give back seq's blocks past its cached tokens: those a speculative step took for
+        proposals the target rejected (never registered in the prefix cache, which only
+        sees real tokens)."""
+        keep = self.blocks_for(seq.n_cached)
+        for b in seq.block_table[keep:]:
+            self._decref(b)
+        del seq.block_table[keep:]
+
     def free_seq(self, seq) -> None:
         """seq gives back its blocks (cached ones stay findable) and holds no K/V."""
         for b in seq.block_table:

@@ -22,30 +22,38 @@ class ModelRunner:
         device: str,
         batch_decode: bool = True,
         kernels=None,  # kernels.CKernels, or None: the torch model runs every batch
+        rows_up_to: int = 0,  # chunks this short run as decode rows (see rows_as_decodes)
     ):
         self.model, self.pool, self.block_size = model, pool, block_size
         self.device, self.batch_decode = device, batch_decode
         self.kernels = kernels
+        self.rows_up_to = rows_up_to
 
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSeq], argmax_only: bool = False) -> ForwardOutput:
-        """Feed each sequence its scheduled tokens; return the logits [sampling seqs, V] of
+        """Feed each sequence its scheduled tokens; return the logits [sampling rows, V] of
         the sequences whose chunk reaches their last token (the others are mid-prompt and
-        sample nothing yet), in batch order and in the dtype the model computes them.
+        sample nothing yet; a verify chunk has 1 + k rows), in batch order and in the
+        dtype the model computes them.
         argmax_only: every sampling row is plain greedy, and a forward path that can may
         hand back each row's argmax instead (the C decode step writes no logits then)."""
         ids, positions, q_lens, ctx_lens, tables, last_rows = [], [], [], [], [], []
         end = 0
         for item in batch:
-            s, n = item.seq, item.n_tokens
-            ids.extend(s.ids_between(s.n_cached, s.n_cached + n))
+            s, n, draft = item.seq, item.n_tokens, item.draft
+            ids.extend(s.ids_between(s.n_cached, s.n_cached + n - len(draft)))
+            ids.extend(draft)
             positions.extend(range(s.n_cached, s.n_cached + n))
             q_lens.append(n)
             ctx_lens.append(s.n_cached)
             tables.append(s.block_table)
             end += n
-            if item.sample:
-                last_rows.append(end - 1)
+            if item.sample:  # a verify chunk: a row for its last real token and each guess
+                last_rows.extend(range(end - 1 - len(draft), end))
+        short = self.rows_up_to
+        split = [bool(it.draft) or 1 < n <= short for it, n in zip(batch, q_lens, strict=True)]
+        if any(split):
+            q_lens, ctx_lens, tables = rows_as_decodes(split, q_lens, ctx_lens, tables)
         ids_t = torch.tensor(ids, device=self.device)
         pos_t = torch.tensor(positions, device=self.device)
         rows = torch.tensor(last_rows, dtype=torch.long, device=self.device)
@@ -70,3 +78,23 @@ class ModelRunner:
             AttentionMetadata.single(n),
             None,
         )
+
+
+def rows_as_decodes(split, query_lens, context_lens, tables) -> tuple[list, list, list]:
+    """The batch with each chunk marked in split (speculative decoding's verify chunks, a
+    drafter's short catch-ups) laid out as one decode row per token: row j attends to the
+    context and the chunk's rows up to j, read through the block table like any decode
+    token (every row's K/V is in the pool before any row attends). A few sequences
+    verifying a few guesses each then run as a decode batch (the whole step in C, or
+    batched decode attention in torch) instead of one prompt chunk each."""
+    q, ctx, tab = [], [], []
+    for cut, n, c, t in zip(split, query_lens, context_lens, tables, strict=True):
+        if cut:
+            q += [1] * n
+            ctx += range(c, c + n)
+            tab += [t] * n
+        else:
+            q.append(n)
+            ctx.append(c)
+            tab.append(t)
+    return q, ctx, tab

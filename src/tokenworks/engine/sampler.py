@@ -88,10 +88,20 @@ def sample_one(
     if params.greedy:
         token = int(torch.argmax(x))
     else:
-        x = x / params.temperature
-        x = filter_min_p(filter_top_p(filter_top_k(x, params.top_k), params.top_p), params.min_p)
-        probs = x.softmax(-1)
-        token = int(torch.multinomial(probs, 1, generator=generator))
+        token = int(torch.multinomial(distribution(x, params), 1, generator=generator))
+    return with_logprobs(token, logits, params)
+
+
+def distribution(x: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The probabilities a sampled token is drawn from ([..., V]): the logits after
+    penalties (x), divided by the temperature, through top-k, top-p and min-p."""
+    x = x / params.temperature
+    x = filter_min_p(filter_top_p(filter_top_k(x, params.top_k), params.top_p), params.min_p)
+    return x.softmax(-1)
+
+
+def with_logprobs(token: int, logits: torch.Tensor, params: SamplingParams) -> SampleResult:
+    """token's result, with its logprob and the top ones from the raw logits where asked."""
     if params.logprobs is None:
         return SampleResult(token, None, None)
     raw = logits.log_softmax(-1)
@@ -122,8 +132,13 @@ def argmax_only(seqs) -> bool:
     return all(s.params.fast_greedy and s.matcher is None for s in seqs)
 
 
-def prepare_rows(out: ForwardOutput, seqs, mask_rows) -> tuple[torch.Tensor | None, list[int]]:
+def prepare_rows(
+    out: ForwardOutput, seqs, mask_rows, matchers=None
+) -> tuple[torch.Tensor | None, list[int]]:
     """The batch's logits as the sampler reads them, and each row's plain argmax.
+    seqs: each row's sequence; matchers: each row's grammar state where it is not its
+    sequence's own (a row verifying a proposed token sees the grammar after the tokens
+    proposed before it).
 
     Logits become float32 on the CPU where a row needs more than the argmax or a grammar
     masks it (mask_rows(logits, [(row, matcher)]) forbids what each grammar disallows);
@@ -132,7 +147,9 @@ def prepare_rows(out: ForwardOutput, seqs, mask_rows) -> tuple[torch.Tensor | No
     if out.logits is None:
         return None, out.argmax.tolist()
     logits = out.logits
-    guided = [(r, s.matcher) for r, s in enumerate(seqs) if s.matcher is not None]
+    if matchers is None:
+        matchers = [s.matcher for s in seqs]
+    guided = [(r, m) for r, m in enumerate(matchers) if m is not None]
     plain = all(s.params.fast_greedy for s in seqs)
     if guided or logits.device.type != "cpu" or not plain:
         logits = logits.float().cpu()

@@ -42,9 +42,12 @@ class RequestTooLargeError(ValueError):
 @dataclass
 class ScheduledSeq:
     seq: Sequence
-    n_tokens: int  # tokens fed this step (a prefill chunk, or 1 for a decode)
+    n_tokens: int  # tokens fed this step (a prefill chunk, 1 for a decode, 1 + k to verify)
     sample: bool  # the chunk reaches the sequence's last token, so a new token is sampled
     prefill: bool  # a prompt chunk (or a recompute after preemption), not a decode step
+    # proposed tokens fed after the sequence's last one (speculative decoding): the target
+    # scores each, and only those it accepts become the sequence's
+    draft: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -138,12 +141,22 @@ class Scheduler:
             return 0
         return n
 
-    def _take(self, seq: Sequence, n: int, out: SchedulerOutput) -> None:
-        """Put n tokens of seq in this step: room in the pool, prefix hashes, the entry."""
+    def _take(self, seq: Sequence, n: int, out: SchedulerOutput, draft=()) -> None:
+        """Put n tokens of seq in this step (the last len(draft) of them proposed): room in
+        the pool, prefix hashes of its real tokens only, the entry."""
         out.copies += self.blocks.append(seq, n)
-        self.blocks.commit(seq, seq.n_cached + n)
-        decode = n == 1 and seq.num_tokens - seq.n_cached == 1 and bool(seq.output_ids)
-        out.scheduled.append(ScheduledSeq(seq, n, seq.n_cached + n == seq.num_tokens, not decode))
+        real = n - len(draft)
+        self.blocks.commit(seq, seq.n_cached + real)
+        decode = real == 1 and seq.num_tokens - seq.n_cached == 1 and bool(seq.output_ids)
+        sample = seq.n_cached + real == seq.num_tokens
+        out.scheduled.append(ScheduledSeq(seq, n, sample, not decode, list(draft)))
+
+    def _with_draft(self, seq: Sequence, draft: list[int], budget: int) -> list[int]:
+        """The proposals of a decoding seq that fit the step's budget and the pool."""
+        draft = draft[: max(0, budget - 1)]
+        while draft and not self.blocks.can_append(seq, 1 + len(draft)):
+            draft = draft[:-1]
+        return draft
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.blocks.free_seq(seq)
@@ -152,7 +165,8 @@ class Scheduler:
         out.preempted.append(seq)
         bisect.insort(self.waiting, seq, key=self._key)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, drafts: dict | None = None) -> SchedulerOutput:
+        """drafts: {seq: proposed tokens} for running sequences that decode this step."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         run = list(self.running)
@@ -163,13 +177,15 @@ class Scheduler:
             if n == 0:
                 i += 1
                 continue
+            draft = self._with_draft(seq, drafts[seq], budget) if drafts and seq in drafts else []
+            n += len(draft)
             while not self.blocks.can_append(seq, n):
                 victim = run.pop()  # the newest, or lowest priority
                 self._preempt(victim, out)
                 if victim is seq:
                     break
             else:
-                self._take(seq, n, out)
+                self._take(seq, n, out, draft)
                 budget -= n
                 i += 1
         self.running = run

@@ -90,6 +90,10 @@ class TokenMatcher:
         """The grammar is complete (or broken): nothing more may be generated."""
         return self._m.is_stopped() or self._m.is_error()
 
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of tokens, in order, the grammar allows from here (state unchanged)."""
+        return self._m.validate_tokens(tokens)
+
     def fork(self) -> TokenMatcher:
         return TokenMatcher(self._m.deep_copy())
 

@@ -65,6 +65,36 @@ class ServerMetrics:
             "tokenworks:prefix_cache_hits", "Prompt tokens found in the prefix cache."
         )
         self.preemptions = counter("tokenworks:num_preemptions", "Sequences preempted.")
+        # speculative decoding (vLLM's spec_decode names), with the time each side took
+        self._spec = {
+            "num_drafts": counter(
+                "tokenworks:spec_decode_num_drafts", "Proposals verified (one per sequence-step)."
+            ),
+            "num_draft_tokens": counter(
+                "tokenworks:spec_decode_num_draft_tokens", "Proposed tokens verified."
+            ),
+            "num_accepted_tokens": counter(
+                "tokenworks:spec_decode_num_accepted_tokens", "Proposed tokens accepted."
+            ),
+            "num_emitted_tokens": counter(
+                "tokenworks:spec_decode_num_emitted_tokens",
+                "Tokens verify steps produced (accepted plus the target's own).",
+            ),
+            "draft_seconds": counter(
+                "tokenworks:spec_decode_draft_seconds", "Seconds spent proposing."
+            ),
+            "verify_seconds": counter(
+                "tokenworks:spec_decode_verify_seconds",
+                "Seconds of steps that verified proposals, less their proposing.",
+            ),
+        }
+        self._per_pos = Counter(
+            "tokenworks:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted proposals by their position in the proposal.",
+            ["model_name", "position"],
+            registry=r,
+        )
+        self._spec_seen: dict = {}
         self._finished = Counter(
             "tokenworks:request_success",
             "Finished requests by finish reason.",
@@ -89,6 +119,23 @@ class ServerMetrics:
             self.prefix_queries.inc(max(0, prefix.queried_tokens - self._queried))
             self.prefix_hits.inc(max(0, prefix.hit_tokens - self._hits))
             self._queried, self._hits = prefix.queried_tokens, prefix.hit_tokens
+
+        spec = getattr(engine, "speculator", None)
+        if spec is not None:
+            self._count_speculation(spec.metrics)
+
+    def _count_speculation(self, m) -> None:
+        """The speculator's running totals, as deltas since the last step."""
+        for name, c in self._spec.items():
+            value = getattr(m, name)
+            c.inc(max(0, value - self._spec_seen.get(name, 0)))
+            self._spec_seen[name] = value
+        for pos, value in enumerate(m.accepted_per_pos):
+            key = ("pos", pos)
+            delta = value - self._spec_seen.get(key, 0)
+            if delta > 0:
+                self._per_pos.labels(position=str(pos), **self._labels).inc(delta)
+            self._spec_seen[key] = value
 
     def on_inter_token(self, seconds: float) -> None:
         self.itl.observe(seconds)

@@ -1,0 +1,174 @@
+"""The engine's door to speculative decoding: propose before the scheduler, verify after
+the forward pass, measure and roll back at the end of the step.
+
+A running sequence in its decode phase may get k proposed tokens; the scheduler then
+gives it k + 1 query rows beside other sequences' prompt chunks and plain decodes, and the
+target returns logits for every one of them. `verify` applies the acceptance rule
+(acceptance.py); the engine appends what it returns, marks that many tokens' K/V as
+computed and trims the blocks written for the rejected ones.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from tokenworks.config import SpeculativeConfig
+from tokenworks.engine.sampler import SampleResult
+from tokenworks.engine.speculative.acceptance import verify
+from tokenworks.engine.speculative.controller import Controller
+
+_NO_HISTORY = torch.empty(0, dtype=torch.long)
+
+
+@dataclass
+class SpeculativeMetrics:
+    """Running totals (vLLM's spec_decode counters, and the time spent each side)."""
+
+    num_drafts: int = 0  # sequences' proposals verified
+    num_draft_tokens: int = 0  # proposed tokens verified
+    num_accepted_tokens: int = 0
+    num_emitted_tokens: int = 0  # tokens verify steps produced (accepted + the target's)
+    accepted_per_pos: list[int] = field(default_factory=list)  # passes of the j-th guess
+    draft_seconds: float = 0.0  # proposing (the drafter's passes, or the n-gram lookups)
+    verify_seconds: float = 0.0  # steps that verified proposals, less their proposing
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        """Tokens emitted per verified proposal (accepted guesses plus the target's own)."""
+        return self.num_emitted_tokens / self.num_drafts if self.num_drafts else None
+
+    def to_dict(self) -> dict:
+        return {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_emitted_tokens": self.num_emitted_tokens,
+            "accepted_per_pos": list(self.accepted_per_pos),
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
+        }
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, proposer, draft_cost: float = 0.0):
+        """draft_cost: a proposal round's cost in target passes, as far as it is known
+        before anything runs (a drafter's parameters over the target's)."""
+        self.config, self.proposer = config, proposer
+        self.k = config.num_speculative_tokens
+        self.controller = Controller(
+            self.k, config.adaptive, proposer.name == "draft_model", draft_cost
+        )
+        self.metrics = SpeculativeMetrics(accepted_per_pos=[0] * self.k)
+        self._q: dict[int, torch.Tensor | None] = {}  # id(seq) -> the drafter's q rows
+        self._propose_s = 0.0
+        self._rounds = 0
+
+    def describe(self) -> str:
+        mode = "adaptive" if self.config.adaptive else "always"
+        return f"{self.proposer.describe()}, up to {self.k} tokens a step ({mode})"
+
+    @staticmethod
+    def decoding(seq) -> bool:
+        """In its decode phase: past its prompt, one token not yet in the cache."""
+        return bool(seq.output_ids) and seq.num_tokens - seq.n_cached == 1 and not seq.finished
+
+    def propose(self, running: list) -> dict:
+        """{seq: proposed tokens} for this step's running sequences."""
+        t0 = time.perf_counter()
+        self._q.clear()
+        self._rounds = 0
+        seqs = [s for s in running if self.decoding(s)]
+        costs = self.controller.costs
+        if not seqs or (self.config.adaptive and not costs.plain_known(len(seqs))):
+            self._propose_s = time.perf_counter() - t0
+            return {}  # a plain step first: what speculation is measured against
+        wants = []
+        for seq in seqs:
+            # guesses past max_tokens could never be kept; past the context, not scored
+            limit = min(seq.params.max_tokens - len(seq.output_ids), seq.max_len - seq.num_tokens)
+            k = self.controller.choose(seq, len(seqs), limit)
+            if k:
+                wants.append((seq, k))
+        drafts = {}
+        for seq, (tokens, q) in self.proposer.propose(wants).items():
+            if seq.matcher is not None:  # the grammar checks each guess
+                tokens = tokens[: seq.matcher.valid_prefix(tokens)]
+            if tokens:
+                drafts[seq] = tokens
+                self._q[id(seq)] = q
+                self._rounds = max(self._rounds, len(tokens))
+        self._propose_s = time.perf_counter() - t0
+        return drafts
+
+    def row_matchers(self, seq, draft: list[int]) -> list:
+        """The grammar state each verify row is masked with: after the guesses before it."""
+        if seq.matcher is None:
+            return [None] * (len(draft) + 1)
+        rows, m = [seq.matcher], seq.matcher
+        for token in draft:
+            m = m.fork()
+            m.accept(token)
+            rows.append(m)
+        return rows
+
+    def verify(self, seq, draft: list[int], logits, argmax: list[int]) -> list[SampleResult]:
+        """The tokens seq emits from its k + 1 verify rows (logits [k + 1, V] or None where
+        the forward pass gave argmaxes only); counts the verdict."""
+        q = self._q.get(id(seq))
+        if q is not None:
+            q = q[: len(draft)]
+        p = seq.params
+        history = p.uses_penalties
+        results = verify(
+            logits,
+            argmax,
+            draft,
+            q,
+            p,
+            seq.prompt_tensor() if history else _NO_HISTORY,
+            seq.output_tensor() if history else _NO_HISTORY,
+            seq.generator,
+        )
+        accepted = len(results) - 1
+        m = self.metrics
+        m.num_drafts += 1
+        m.num_draft_tokens += len(draft)
+        m.num_accepted_tokens += accepted
+        m.num_emitted_tokens += len(results)
+        for j in range(accepted):
+            m.accepted_per_pos[j] += 1
+        self.controller.state(seq).update(len(draft), accepted)
+        return results
+
+    def end_step(self, scheduled: list, running: list, seconds: float) -> None:
+        """Timings into the cost model (decode-only steps: a prompt chunk would blur them),
+        the drafter rolled back to the real tokens, state of departed sequences dropped."""
+        m = self.metrics
+        drafted = [item for item in scheduled if item.draft]
+        m.draft_seconds += self._propose_s
+        if drafted:
+            m.verify_seconds += seconds - self._propose_s
+        if scheduled and not any(item.prefill for item in scheduled):
+            costs, batch = self.controller.costs, len(scheduled)
+            if not drafted:
+                costs.observe_plain(batch, seconds)
+            else:
+                rows = round(sum(item.n_tokens for item in scheduled) / batch)
+                costs.observe_verify(batch, rows, seconds - self._propose_s)
+                per_round = self.controller.rounds_per_token
+                costs.observe_round(
+                    batch, self._propose_s / max(1, self._rounds) if per_round else self._propose_s
+                )
+        self.controller.step += 1
+        self.controller.forget_except(running)
+        self.proposer.end_step(running)
+        self._q.clear()

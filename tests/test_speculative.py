@@ -1,0 +1,305 @@
+"""Speculative decoding: the output is the target's, token for token under greedy and in
+distribution under sampling; rejected guesses leave nothing behind; bad configurations
+fail at startup."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from tokenworks import LLM
+from tokenworks.config import EngineConfig, SpeculativeConfig
+from tokenworks.engine.engine import LLMEngine
+from tokenworks.engine.request import SamplingParams
+from tokenworks.engine.sampler import distribution
+from tokenworks.engine.speculative import DraftModelError, acceptance
+from tokenworks.engine.speculative.ngram import lookup
+from tokenworks.models import load
+from tokenworks.models.toy import toy_weights
+
+CODE = (
+    "def area(width, height):\n    return width * height\n\n\n"
+    "def perimeter(width, height):\n    return 2 * (width + height)\n\n\n"
+    "Repeat the two functions above exactly, with a docstring added to each:\n"
+)
+STORY = "Once upon a time, there was a little"
+
+
+def toy_draft(seed: int = 1):
+    """A drafter with the toy's tokenizer and shape but other random weights."""
+    toy = load("toy")
+    return dataclasses.replace(toy, weights=toy_weights(toy.spec, seed), model_id=f"toy-{seed}")
+
+
+# ---------------------------------------------------------------- the pieces
+
+
+def test_ngram_lookup_takes_the_latest_longest_match():
+    ids = torch.tensor([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3]).numpy()
+    assert lookup(ids, 2, 3, 2) == [7, 5]  # "1 2 3" last followed by 7 5
+    assert lookup(ids, 2, 3, 8) == [7, 5, 1, 2, 3]  # up to k, but not past the end
+    assert lookup(torch.tensor([4, 5, 6]).numpy(), 1, 3, 2) == []
+
+
+def test_greedy_keeps_the_matching_prefix_and_the_targets_token():
+    tokens = [r.token_id for r in acceptance.greedy_prefix([5, 6, 7], [5, 6, 9, 4])]
+    assert tokens == [5, 6, 9]
+    tokens = [r.token_id for r in acceptance.greedy_prefix([5, 6], [5, 6, 8])]
+    assert tokens == [5, 6, 8]  # all accepted, then the bonus token
+
+
+def test_the_residual_is_what_p_has_beyond_q():
+    p = torch.tensor([0.5, 0.3, 0.2])
+    q = torch.tensor([0.2, 0.6, 0.2])
+    assert torch.allclose(acceptance.residual(p, q, 1), torch.tensor([1.0, 0.0, 0.0]))
+    # a point mass on token 0: the residual is p without it
+    assert torch.allclose(acceptance.residual(p, None, 0), torch.tensor([0.0, 0.6, 0.4]))
+
+
+def chi_square_p(observed: dict, expected: dict, draws: int) -> float:
+    """The chi-square test's p-value, cells expected fewer than 5 times pooled."""
+    stat, df, pooled_o, pooled_e = 0.0, -1, 0.0, 0.0
+    for cell, prob in expected.items():
+        e = prob * draws
+        if e < 5:
+            pooled_o, pooled_e = pooled_o + observed.get(cell, 0), pooled_e + e
+            continue
+        stat += (observed.get(cell, 0) - e) ** 2 / e
+        df += 1
+    unseen = sum(n for cell, n in observed.items() if cell not in expected)
+    pooled_o += unseen
+    if pooled_e > 0:
+        stat += (pooled_o - pooled_e) ** 2 / pooled_e
+        df += 1
+    elif unseen:
+        return 0.0  # tokens the target can never give
+    return float(torch.special.gammaincc(torch.tensor(df / 2), torch.tensor(stat / 2)))
+
+
+def test_rejection_sampling_two_deep_gives_the_targets_distribution():
+    """The rule alone, on fixed rows: the first two emitted tokens follow p1 x p2 even
+    where q differs, and always accepting follows q instead."""
+    g = torch.Generator().manual_seed(0)
+    v = 6
+    logits = torch.randn(3, v, generator=g) * 1.5
+    q_logits = torch.randn(2, v, generator=g) * 1.5
+    params = SamplingParams(temperature=1.0, max_tokens=8)
+    p = distribution(logits, params)
+    q = distribution(q_logits, params)
+    expected = {(a, b): float(p[0, a] * p[1, b]) for a in range(v) for b in range(v)}
+    draws = 20_000
+
+    def sample(rule):
+        seen: dict = {}
+        for _ in range(draws):
+            draft = [int(torch.multinomial(q[j], 1, generator=g)) for j in range(2)]
+            out = rule(logits, list(logits.argmax(-1)), draft, q, params, None, None, g)
+            cell = (out[0].token_id, out[1].token_id) if len(out) > 1 else None
+            if cell is None:  # rejected at once: the second token comes next round
+                second = int(torch.multinomial(p[1], 1, generator=g))
+                cell = (out[0].token_id, second)
+            seen[cell] = seen.get(cell, 0) + 1
+        return seen
+
+    assert chi_square_p(sample(acceptance.verify), expected, draws) > 0.001
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_bad_configurations_fail_at_startup():
+    with pytest.raises(ValueError, match="speculative method 'medusa'"):
+        EngineConfig.build(speculative_config={"method": "medusa"})
+    with pytest.raises(ValueError, match="num_speculative_tokens must be an integer >= 1"):
+        EngineConfig.build(speculative_config={"method": "ngram", "num_speculative_tokens": 0})
+    with pytest.raises(ValueError, match='needs "model"'):
+        EngineConfig.build(speculative_config={"method": "draft_model"})
+    with pytest.raises(ValueError, match="unknown key"):
+        EngineConfig.build(speculative_config={"method": "ngram", "k": 3})
+    with pytest.raises(ValueError, match="not valid JSON"):
+        EngineConfig.build(speculative_config="{method: ngram}")
+    # vLLM's shape: a model alone means a draft model
+    spec = SpeculativeConfig.parse('{"model": "toy", "num_speculative_tokens": 2}')
+    assert spec.method == "draft_model"
+
+
+def test_a_draft_with_another_vocabulary_is_refused(smol_loaded):
+    config = EngineConfig(model="toy", dtype="float32", warmup=False,
+                          speculative_config={"model": "smollm2-135m"})  # fmt: skip
+    with pytest.raises(DraftModelError, match="vocabulary of 49152 tokens"):
+        LLMEngine(config, load("toy"), smol_loaded)
+
+
+def test_a_draft_larger_than_the_target_is_refused():
+    toy = load("toy")
+    big_spec = dataclasses.replace(toy.spec, n_layers=4)
+    big = dataclasses.replace(toy, spec=big_spec, weights=toy_weights(big_spec), model_id="big")
+    config = EngineConfig(model="toy", dtype="float32", warmup=False,
+                          speculative_config={"model": "big"})  # fmt: skip
+    with pytest.raises(DraftModelError, match="more than the target"):
+        LLMEngine(config, toy, big)
+
+
+# ---------------------------------------------------------------- the real model
+
+
+def prompts_16() -> list[tuple[str, SamplingParams]]:
+    """Sixteen mixed requests: copy-heavy and free text, short and long, greedy (checked)
+    beside sampled neighbours (which only share the steps)."""
+    rng = random.Random(0)
+    out = []
+    for i in range(16):
+        text = [CODE, STORY, "List the days of the week: Monday, Tuesday,", CODE * 2][i % 4]
+        if i % 5 == 4:
+            params = SamplingParams(max_tokens=rng.randint(8, 24), temperature=0.8, seed=i)
+        else:
+            params = SamplingParams(max_tokens=rng.randint(8, 40), temperature=0)
+        out.append((text, params))
+    return out
+
+
+def run(llm, requests):
+    texts = [t for t, _ in requests]
+    return [o.outputs[0].token_ids for o in llm.generate(texts, [p for _, p in requests])]
+
+
+@pytest.fixture(scope="module")
+def smol_reference(smol_llm):
+    solo = run(smol_llm, [(CODE, SamplingParams(max_tokens=48, temperature=0))])
+    batch = run(smol_llm, prompts_16())
+    return solo, batch
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_greedy_output_is_unchanged_by_speculation(method, smol_loaded, smol_reference):
+    solo_ref, batch_ref = smol_reference
+    greedy = [i for i, (_, p) in enumerate(prompts_16()) if p.temperature == 0]
+    for k in range(1, 9):
+        spec = {"method": method, "num_speculative_tokens": k, "adaptive": False}
+        if method == "draft_model":  # the target's own weights in bfloat16: no download
+            spec |= {"model": "smollm2-135m", "dtype": "bfloat16"}
+        llm = LLM("smollm2-135m", dtype="float32", loaded=smol_loaded, threads=2,
+                  max_num_seqs=16, kv_cache_memory=0.5, warmup=False,
+                  speculative_config=spec)  # fmt: skip
+        solo = run(llm, [(CODE, SamplingParams(max_tokens=48, temperature=0))])
+        assert solo == solo_ref, f"k={k}: solo"
+        batch = run(llm, prompts_16())
+        for i in greedy:
+            assert batch[i] == batch_ref[i], f"k={k}: request {i} of the batch"
+        m = llm.engine.speculator.metrics
+        assert m.num_draft_tokens > 0 and m.num_accepted_tokens > 0, f"k={k}: nothing verified"
+        assert llm.engine.blocks.usage == 0
+        llm.engine.blocks.check()
+
+
+# ---------------------------------------------------------------- the distribution
+
+
+def first_two_distribution(target, prompt_ids, params) -> dict:
+    """The target's exact probability of each pair of first two tokens."""
+    runner = target.engine.runner
+
+    def probs(ids):
+        return distribution(runner.run_uncached(ids)[-1].float(), params)
+
+    p1 = probs(prompt_ids)
+    out = {}
+    for a in torch.nonzero(p1 > 0).flatten().tolist():
+        if a in target.engine.tokenizer.eos_token_ids:  # the end: no second token
+            out[(a,)] = float(p1[a])
+            continue
+        p2 = probs(prompt_ids + [a])
+        for b in torch.nonzero(p2 > 0).flatten().tolist():
+            out[(a, b)] = float(p1[a] * p2[b])
+    return out
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_sampled_output_follows_the_targets_distribution(top_p, monkeypatch):
+    toy = load("toy")
+    target = LLM("toy", dtype="float32", loaded=toy, warmup=False)
+    prompt = target.tokenizer.encode("O")
+    params = SamplingParams(max_tokens=2, temperature=1.0, top_p=top_p)
+    expected = first_two_distribution(target, prompt, params)
+    spec = {"model": "toy-1", "num_speculative_tokens": 3, "adaptive": False}
+
+    def draws(n):
+        llm = LLM("toy", dtype="float32", loaded=toy, draft=toy_draft(), warmup=False,
+                  max_num_seqs=1024, max_num_batched_tokens=4096, max_waiting=n,
+                  speculative_config=spec)  # fmt: skip
+        seeded = [dataclasses.replace(params, seed=s) for s in range(n)]
+        outs = llm.generate([prompt] * n, seeded, use_tqdm=False)
+        m = llm.engine.speculator.metrics
+        assert m.num_draft_tokens > 0.9 * n  # the second tokens were verified guesses
+        assert m.num_accepted_tokens > 0
+        seen: dict = {}
+        for o in outs:
+            cell = tuple(o.outputs[0].token_ids)
+            seen[cell] = seen.get(cell, 0) + 1
+        return seen
+
+    assert chi_square_p(draws(20_000), expected, 20_000) > 0.001
+    assert acceptance.accept_probability(0.25, 0.5) == 0.5  # what was just run: p/q
+    # the test has power: a rule that keeps every guess gives the drafter's distribution
+    monkeypatch.setattr(acceptance, "accept_probability", lambda p, q: 1.0)
+    assert chi_square_p(draws(4_000), expected, 4_000) < 0.001
+
+
+# ---------------------------------------------------------------- memory
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_rejections_and_cancellations_leave_the_pools_empty(method):
+    toy = load("toy")
+    spec = {"method": method, "num_speculative_tokens": 4, "adaptive": False}
+    if method == "draft_model":
+        spec["model"] = "toy-1"
+    config = EngineConfig(model="toy", dtype="float32", warmup=False, max_num_seqs=8,
+                          kv_cache_memory=0.002, block_size=4,
+                          speculative_config=spec)  # fmt: skip
+    engine = LLMEngine(config, toy, toy_draft() if method == "draft_model" else None)
+    rng = random.Random(1)
+    words = ["ab", "ab ab", "abc abc abc", "the cat sat on the mat, the cat sat"]
+    for i in range(60):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 6)))
+        params = SamplingParams(
+            max_tokens=rng.randint(1, 30),
+            temperature=rng.choice([0, 0.7, 1.0]),
+            n=rng.choice([1, 1, 2]),
+            seed=i,
+        )
+        engine.add_request(prompt=text, params=params, request_id=f"r{i}")
+        for _ in range(rng.randint(0, 3)):
+            engine.step()
+        if i % 7 == 3:
+            engine.abort_request(f"r{rng.randint(0, i)}")
+    while engine.has_unfinished():
+        engine.step()
+    m = engine.speculator.metrics
+    assert m.num_draft_tokens > m.num_accepted_tokens > 0  # guesses were kept and thrown
+    assert engine.blocks.usage == 0
+    engine.blocks.check()
+    if method == "draft_model":
+        drafter = engine.speculator.proposer
+        assert drafter.blocks.num_free == drafter.blocks.num_blocks
+        drafter.blocks.check()
+
+
+def test_a_seed_fixes_the_output_with_speculation():
+    """Adaptive speculation decides a seeded request's k from its own verdicts and fixed
+    costs, never from timings: the same seed gives the same tokens."""
+    toy = load("toy")
+    small = dataclasses.replace(toy.spec, n_layers=1)
+    drafter = dataclasses.replace(toy, spec=small, weights=toy_weights(small, 1), model_id="s")
+    spec = {"model": "s", "num_speculative_tokens": 3}
+    outs = []
+    for _ in range(2):
+        llm = LLM("toy", dtype="float32", loaded=toy, draft=drafter, warmup=False,
+                  speculative_config=spec)  # fmt: skip
+        params = SamplingParams(max_tokens=40, temperature=0.9, seed=7, ignore_eos=True)
+        outs.append(llm.generate(["abc abc"], params, use_tqdm=False)[0].outputs[0].token_ids)
+        assert llm.engine.speculator.metrics.num_draft_tokens > 0
+    assert outs[0] == outs[1]
