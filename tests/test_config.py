@@ -38,12 +38,14 @@ def test_flags_parse_into_a_config_and_back_into_the_same_flags():
         "--kernels", "torch", "--no-packed-products", "--no-amx-tiles", "--dtype", "float32",
         "--max-num-seqs", "8", "--kv-cache-memory", "0.5", "--no-prefix-caching",
         "--batch-invariant", "--no-warmup", "--scheduling-policy", "priority", "-m", "toy",
+        "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}',
     ]  # fmt: skip
     args = _parser().parse_args(argv)
     config = EngineConfig(model=args.model, **engine_kwargs(args))
     assert (config.kernels, config.packed_products, config.amx_tiles) == ("torch", False, False)
     assert (config.max_num_seqs, config.kv_cache_memory, config.model) == (8, 0.5, "toy")
     assert not config.enable_prefix_caching and config.batch_invariant and not config.warmup
+    assert config.speculative_config.num_speculative_tokens == 3
     again = _parser().parse_args(engine_argv(args))
     assert vars(again) == vars(args)
     assert "--model" in engine_argv(args) and "--no-prefix-caching" in engine_argv(args)

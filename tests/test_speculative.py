@@ -4,16 +4,19 @@ fail at startup."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import random
 
+import httpx
+import openai
 import pytest
 import torch
 
 from tokenworks import LLM
-from tokenworks.config import EngineConfig, SpeculativeConfig
+from tokenworks.config import EngineConfig, SpeculativeConfig, add_engine_arguments
 from tokenworks.engine.engine import LLMEngine
-from tokenworks.engine.request import SamplingParams
+from tokenworks.engine.request import SamplingParams, StructuredOutput
 from tokenworks.engine.sampler import distribution
 from tokenworks.engine.speculative import DraftModelError, acceptance
 from tokenworks.engine.speculative.ngram import lookup
@@ -126,6 +129,13 @@ def test_bad_configurations_fail_at_startup():
     assert spec.method == "draft_model"
 
 
+def test_a_bad_flag_value_says_what_is_wrong():
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_engine_arguments(p)
+    with pytest.raises(argparse.ArgumentError, match="num_speculative_tokens must be"):
+        p.parse_args(["--speculative-config", '{"method": "ngram", "num_speculative_tokens": -1}'])
+
+
 def test_a_draft_with_another_vocabulary_is_refused(smol_loaded):
     config = EngineConfig(model="toy", dtype="float32", warmup=False,
                           speculative_config={"model": "smollm2-135m"})  # fmt: skip
@@ -193,6 +203,58 @@ def test_greedy_output_is_unchanged_by_speculation(method, smol_loaded, smol_ref
         assert m.num_draft_tokens > 0 and m.num_accepted_tokens > 0, f"k={k}: nothing verified"
         assert llm.engine.blocks.usage == 0
         llm.engine.blocks.check()
+
+
+def test_grammars_penalties_and_logprobs_work_with_speculation(smol_loaded, smol_llm):
+    """A grammar checks each guess and masks each verify row; penalties and logprobs see
+    each row's own history: the same tokens as without speculation."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"},
+              "langs": {"type": "array", "items": {"type": "string"}}},
+              "required": ["name", "langs"]}  # fmt: skip
+    copy = 'Repeat this JSON exactly: {"name": "Ada Lovelace", "langs": ["python", "c"]}\n'
+    guided = StructuredOutput.json(schema)
+    requests = [
+        (copy, SamplingParams(max_tokens=40, temperature=0, structured=guided)),
+        (CODE, SamplingParams(max_tokens=40, temperature=0, repetition_penalty=1.2)),
+        (CODE, SamplingParams(max_tokens=30, temperature=0, frequency_penalty=0.5, logprobs=2)),
+    ]  # fmt: skip
+    llm = LLM("smollm2-135m", dtype="float32", loaded=smol_loaded, threads=2, warmup=False,
+              kv_cache_memory=0.25,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                  "adaptive": False})  # fmt: skip
+    texts, params = [t for t, _ in requests], [p for _, p in requests]
+    ours = llm.generate(texts, params, use_tqdm=False)
+    theirs = smol_llm.generate(texts, params, use_tqdm=False)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    for a, b in zip(ours[2].outputs[0].logprobs, theirs[2].outputs[0].logprobs, strict=True):
+        assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+    assert llm.engine.speculator.metrics.num_accepted_tokens > 0
+
+
+def test_the_server_counts_speculation_in_its_metrics(smol_loaded):
+    from conftest import start_server
+
+    srv = start_server(smol_loaded, speculative_config='{"method": "ngram"}', warmup=False)
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        r = client.completions.create(model="smollm2-135m", prompt=CODE, max_tokens=32,
+                                      temperature=0)  # fmt: skip
+        assert r.usage.completion_tokens == 32
+        text = httpx.get(srv.url + "/metrics").text
+        counts = {}
+        for line in text.splitlines():
+            if line.startswith("tokenworks:spec_decode_") and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                counts[name.split("{")[0]] = counts.get(name.split("{")[0], 0) + float(value)
+        assert counts["tokenworks:spec_decode_num_draft_tokens_total"] > 0
+        assert counts["tokenworks:spec_decode_num_accepted_tokens_total"] > 0
+        assert (
+            counts["tokenworks:spec_decode_num_accepted_tokens_per_pos_total"]
+            == (counts["tokenworks:spec_decode_num_accepted_tokens_total"])
+        )
+    finally:
+        srv.stop()
 
 
 # ---------------------------------------------------------------- the distribution
