@@ -207,6 +207,13 @@ def cmd_bench_report(args) -> int:
     return 0
 
 
+def cmd_bench_spec(args) -> int:
+    from tokenworks.bench.speculative import run_speculative
+
+    run_speculative(args)
+    return 0
+
+
 def cmd_bench_pool(args) -> int:
     from tokenworks.bench.pooled import pool, summary_line, write_report
     from tokenworks.bench.report import load_records
@@ -497,6 +504,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default="benchmarks/report/pooled", help="directory for pooled-PEER.md + PNG"
     )
     p.set_defaults(fn=cmd_bench_pool)
+
+    p = bsub.add_parser(
+        "spec",
+        help="speculative decoding: speed-up, acceptance and plan spec's prediction per "
+        "method and k, copy-heavy and free text, batch 1 and a concurrency",
+    )
+    add_engine_arguments(p)
+    p.add_argument("--methods", default="ngram", help="comma-separated: ngram, draft_model")
+    p.add_argument("--k", default="2,4,8", help="comma-separated num_speculative_tokens")
+    p.add_argument("--draft-model", default=None, help="the drafter for draft_model")
+    p.add_argument("--workloads", default="copy,free", help="comma-separated: copy, free")
+    p.add_argument("--concurrency", default="1,16", help="comma-separated; 1 is one at a time")
+    p.add_argument("--requests", type=int, default=4, help="prompts per batch-1 cell")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=1, help="runs of each cell (median kept)")
+    p.add_argument(
+        "--llamacpp-python", default=None, metavar="PYTHON",
+        help="llama-cpp-python's venv python: its n-gram lookup at batch 1 as the peer",
+    )  # fmt: skip
+    p.add_argument("--out", default="benchmarks/results", help="directory for the record")
+    p.set_defaults(fn=cmd_bench_spec)
     from tokenworks.plan.commands import add_plan_parser
 
     add_plan_parser(sub)

@@ -31,6 +31,7 @@ class SpeculativeMetrics:
     num_draft_tokens: int = 0  # proposed tokens verified
     num_accepted_tokens: int = 0
     num_emitted_tokens: int = 0  # tokens verify steps produced (accepted + the target's)
+    num_rejections: int = 0  # proposals cut short by a rejected guess
     accepted_per_pos: list[int] = field(default_factory=list)  # passes of the j-th guess
     draft_seconds: float = 0.0  # proposing (the drafter's passes, or the n-gram lookups)
     verify_seconds: float = 0.0  # steps that verified proposals, less their proposing
@@ -50,6 +51,7 @@ class SpeculativeMetrics:
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
             "num_emitted_tokens": self.num_emitted_tokens,
+            "num_rejections": self.num_rejections,
             "accepted_per_pos": list(self.accepted_per_pos),
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
@@ -144,6 +146,7 @@ class Speculator:
         m.num_draft_tokens += len(draft)
         m.num_accepted_tokens += accepted
         m.num_emitted_tokens += len(results)
+        m.num_rejections += accepted < len(draft)
         for j in range(accepted):
             m.accepted_per_pos[j] += 1
         self.controller.state(seq).update(len(draft), accepted)
