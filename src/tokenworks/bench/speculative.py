@@ -10,6 +10,7 @@ prompts one at a time; a concurrency of N submits N at once. Greedy, EOS honoure
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -22,6 +23,7 @@ from tokenworks.bench.record import make_record, model_record, write_record
 from tokenworks.bench.speculative_prompts import WORKLOADS
 from tokenworks.config import engine_kwargs
 from tokenworks.engine.request import SamplingParams
+from tokenworks.engine.speculative import open_speculator
 from tokenworks.plan.speculative import expected_tokens, speedup
 
 BASELINE = "off"
@@ -181,28 +183,40 @@ def run_speculative(args) -> Path:
     threads = args.threads or 2
     loaded = load(args.model)
     draft = load(args.draft_model) if args.draft_model else None
-    kw = {**engine_kwargs(args), "threads": threads, "enable_prefix_caching": False}
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    kw = {**engine_kwargs(args), "threads": threads, "enable_prefix_caching": False,
+          "max_num_seqs": max(concurrencies)}  # fmt: skip
     kw.pop("speculative_config", None)
     configs = configurations(args)
-    llms = {}
-    for name, config in tqdm(configs.items(), desc="engines"):
-        llms[name] = LLM(args.model, loaded=loaded, draft=draft, speculative_config=config, **kw)
-    tok = llms[BASELINE].tokenizer
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    # one engine; each configuration is a speculator swapped into it (drafters shared), so
+    # the target's weights are in memory once
+    llm = LLM(args.model, loaded=loaded, **kw)
+    speculators, built, engine_configs = {}, {}, {}
+    for name, config in tqdm(configs.items(), desc="speculators"):
+        engine_configs[name] = dataclasses.replace(llm.config, speculative_config=config)
+        speculators[name] = open_speculator(
+            engine_configs[name], loaded, llm.engine.blocks.num_blocks, draft, built
+        )
+    for weights in (loaded.weights, draft.weights if draft else {}):
+        weights.clear()  # the engine and drafters hold their own copies now
+    tok = llm.tokenizer
     cells, prompt_ids = {}, {}
     for workload in args.workloads.split(","):
         conversations = WORKLOADS[workload]()
         texts = [tok.apply_chat_template(c, add_generation_prompt=True) for c in conversations]
         for conc in concurrencies:
             chosen = texts[:: max(1, len(texts) // args.requests)][: args.requests]
-            chosen = chosen if conc == 1 else (texts * conc)[:conc]
+            # a concurrency of N: 3N requests through N slots, so N stay in flight (a
+            # closed batch of N would wait on its longest request whatever the others gain)
+            chosen = chosen if conc == 1 else (texts * 3 * conc)[: 3 * conc]
             cells[(workload, conc)] = chosen
             prompt_ids[(workload, conc)] = [tok.encode(t) for t in chosen]
     results: dict[str, dict] = {}
     work = [(cell, name) for cell in cells for _ in range(args.rounds) for name in configs]
     for (workload, conc), name in tqdm(work, desc="cells"):
         key = f"{workload}/c{conc}"
-        got = run_cell(llms[name], cells[(workload, conc)], conc, args.max_tokens)
+        llm.engine.speculator = speculators[name]
+        got = run_cell(llm, cells[(workload, conc)], conc, args.max_tokens)
         runs = results.setdefault(key, {}).setdefault(name, [])
         runs.append(got)
     summary: dict[str, dict] = {}
@@ -232,14 +246,14 @@ def run_speculative(args) -> Path:
             table[key][name] = row
     peers = {}
     if args.llamacpp_python:
-        gguf = llms[BASELINE].engine.loaded.file_path
+        gguf = llm.engine.loaded.file_path
         peers["llama.cpp"] = run_peer_llamacpp(args.llamacpp_python, gguf, prompt_ids, args)
     else:
         peers["llama.cpp"] = {"status": "NOT_RUN", "reason": "no --llamacpp-python given"}
     record = make_record(
         kind="speculative",
-        engine={name: llm.config.to_dict() for name, llm in llms.items()},
-        model=model_record(llms[BASELINE]),
+        engine={name: c.to_dict() for name, c in engine_configs.items()},
+        model=model_record(llm),
         workload={
             "workloads": args.workloads,
             "concurrency": concurrencies,

