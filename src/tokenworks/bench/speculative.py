@@ -214,7 +214,7 @@ def run_speculative(args) -> Path:
     results: dict[str, dict] = {}
     work = [(cell, name) for cell in cells for _ in range(args.rounds) for name in configs]
     for (workload, conc), name in tqdm(work, desc="cells"):
-        key = f"{workload}/c{conc}"
+        key = f"{workload}-c{conc}"
         llm.engine.speculator = speculators[name]
         got = run_cell(llm, cells[(workload, conc)], conc, args.max_tokens)
         runs = results.setdefault(key, {}).setdefault(name, [])
@@ -264,7 +264,7 @@ def run_speculative(args) -> Path:
             "eos": "honoured",
             "threads": threads,
             "draft_model": args.draft_model,
-            "prompts": {f"{w}/c{c}": ids for (w, c), ids in prompt_ids.items()},
+            "prompts": {f"{w}-c{c}": ids for (w, c), ids in prompt_ids.items()},
         },
         results={"table": table, "cells": summary},
         peers=peers,
