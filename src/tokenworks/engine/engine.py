@@ -358,7 +358,7 @@ class LLMEngine:
                 raise
         duration = time.perf_counter() - t0
         if spec is not None:
-            spec.end_step(out.scheduled, self.scheduler.running, duration)
+            spec.end_step(out.scheduled, self.scheduler.running, duration, counts.emitted)
         self._record(out, counts, duration)
         return sampled
 

@@ -7,8 +7,11 @@ expected gain of proposing k tokens is the expected tokens per step,
 (1 - alpha^(k+1)) / (1 - alpha) (plan/speculative.py), over the cost of the step relative
 to a plain one. Each sequence takes the k with the best gain; when no k gains at least 1
 it stops proposing for a while (8 decode steps, doubling up to 256 while it keeps losing)
-and then probes with one token to measure its acceptance again. A seeded request weighs
-fixed costs instead of timings, so that its output depends on its seed alone.
+and then probes with one token to measure its acceptance again. Above the estimates, the
+end result is watched: where decode steps with guesses emit fewer tokens a second than
+steps without at the same batch size, only one step in 16 guesses until that changes. A
+seeded request weighs fixed costs instead of timings, so that its output depends on its
+seed alone.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ DECAY = 0.8  # weight an acceptance verdict keeps per newer one
 PRIOR_ALPHA, PRIOR_WEIGHT = 0.7, 2.0  # before any verdict: guesses are worth trying
 PRIOR_ROW_COST = 0.1  # a verify row's cost relative to a plain step, before it is measured
 MIN_OFF, MAX_OFF = 8, 256  # decode steps a losing sequence waits before it probes
+PROBE_EVERY = 16  # while guesses lose at a batch size, one step in this many still guesses
 
 
 def bucket(batch: int) -> int:
@@ -38,6 +42,10 @@ class StepCosts:
         self.plain_count: dict[int, int] = {}
         self.verify: dict[tuple[int, int], float] = {}
         self.round: dict[int, float] = {}
+        # tokens a second from decode steps, with guesses and without: the end result
+        # every estimate above is a means to, compared directly
+        self.rate: dict[tuple[int, bool], float] = {}
+        self.losing_steps: dict[int, int] = {}
 
     @staticmethod
     def _ema(table: dict, key, value: float) -> None:
@@ -54,6 +62,20 @@ class StepCosts:
 
     def observe_round(self, batch: int, seconds: float) -> None:
         self._ema(self.round, bucket(batch), seconds)
+
+    def observe_rate(self, batch: int, speculated: bool, tokens_per_s: float) -> None:
+        self._ema(self.rate, (bucket(batch), speculated), tokens_per_s)
+
+    def losing(self, batch: int) -> bool:
+        """Whether steps with guesses have been emitting fewer tokens a second than steps
+        without, at this batch size; every PROBE_EVERY-th such step says no, so the rate
+        with guesses keeps being measured and a change of fortune is seen."""
+        b = bucket(batch)
+        spec, plain = self.rate.get((b, True)), self.rate.get((b, False))
+        if spec is None or plain is None or spec >= plain:
+            return False
+        n = self.losing_steps[b] = self.losing_steps.get(b, 0) + 1
+        return n % PROBE_EVERY != 0
 
     def plain_known(self, batch: int) -> bool:
         return self.plain_count.get(bucket(batch), 0) >= 2

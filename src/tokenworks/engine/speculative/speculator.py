@@ -93,8 +93,13 @@ class Speculator:
         if not seqs or (self.config.adaptive and not costs.plain_known(len(seqs))):
             self._propose_s = time.perf_counter() - t0
             return {}  # a plain step first: what speculation is measured against
+        # guesses that have been losing at this batch size: only the seeded requests, whose
+        # choices may not hang on timings, still decide for themselves
+        losing = self.config.adaptive and costs.losing(len(seqs))
         wants = []
         for seq in seqs:
+            if losing and seq.params.seed is None:
+                continue
             # guesses past max_tokens could never be kept; past the context, not scored
             limit = min(seq.params.max_tokens - len(seq.output_ids), seq.max_len - seq.num_tokens)
             k = self.controller.choose(seq, len(seqs), limit)
@@ -152,9 +157,10 @@ class Speculator:
         self.controller.state(seq).update(len(draft), accepted)
         return results
 
-    def end_step(self, scheduled: list, running: list, seconds: float) -> None:
+    def end_step(self, scheduled: list, running: list, seconds: float, emitted: int) -> None:
         """Timings into the cost model (decode-only steps: a prompt chunk would blur them),
-        the drafter rolled back to the real tokens, state of departed sequences dropped."""
+        the drafter rolled back to the real tokens, state of departed sequences dropped.
+        emitted: the tokens the step added."""
         m = self.metrics
         drafted = [item for item in scheduled if item.draft]
         m.draft_seconds += self._propose_s
@@ -162,6 +168,8 @@ class Speculator:
             m.verify_seconds += seconds - self._propose_s
         if scheduled and not any(item.prefill for item in scheduled):
             costs, batch = self.controller.costs, len(scheduled)
+            if seconds > 0:
+                costs.observe_rate(batch, bool(drafted), emitted / seconds)
             if not drafted:
                 costs.observe_plain(batch, seconds)
             else:
