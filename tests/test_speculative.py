@@ -365,3 +365,16 @@ def test_a_seed_fixes_the_output_with_speculation():
         outs.append(llm.generate(["abc abc"], params, use_tqdm=False)[0].outputs[0].token_ids)
         assert llm.engine.speculator.metrics.num_draft_tokens > 0
     assert outs[0] == outs[1]
+
+
+def test_a_drafter_reads_a_prompt_longer_than_a_step_in_pieces():
+    toy = load("toy")
+    config = EngineConfig(model="toy", dtype="float32", warmup=False, max_num_batched_tokens=32,
+                          speculative_config={"model": "toy-1", "adaptive": False})  # fmt: skip
+    engine = LLMEngine(config, toy, toy_draft())
+    engine.add_request(prompt="abcdefgh " * 12, params=SamplingParams(max_tokens=12))
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.speculator.metrics.num_draft_tokens > 0
+    drafter = engine.speculator.proposer
+    assert drafter.blocks.num_free == drafter.blocks.num_blocks

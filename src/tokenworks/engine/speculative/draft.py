@@ -81,12 +81,16 @@ class DraftModelProposer:
     @torch.inference_mode()
     def propose(self, wants: list[tuple[object, int]]) -> dict:
         """{seq: (k tokens, q [k, V] float32 or None for greedy)}; wants: (seq, k). A
-        sequence whose catch-up does not fit this pass's budget, or whose blocks the pool
-        cannot give, gets no proposal this step."""
-        active, budget, free = [], self.budget, self.blocks.num_free
-        for seq, k in wants:
+        sequence whose catch-up does not fit what is left of this pass's budget, or whose
+        blocks the pool cannot give, gets no proposal this step."""
+        active, budget = [], self.budget
+        for seq, _ in wants:
             st = self._state(seq)
             self._roll_back(st)
+            self._prefill_long(st)
+        free = self.blocks.num_free
+        for seq, k in wants:
+            st = self.states[id(seq)]
             catch_up = seq.num_tokens - st.n_cached
             need = self.blocks.blocks_needed(st, catch_up + k - 1)
             if catch_up > budget or need > free:
@@ -120,6 +124,16 @@ class DraftModelProposer:
             q = None if qs[seq][0] is None else torch.stack(qs[seq])
             out[seq] = (tokens[seq], q)
         return out
+
+    def _prefill_long(self, st: DraftState) -> None:
+        """A prompt longer than one pass's budget: the drafter reads it a budget at a time,
+        leaving the last stretch for the round that guesses."""
+        while st.seq.num_tokens - st.n_cached > self.budget:
+            if not self.blocks.can_append(st, self.budget):
+                return
+            self.blocks.append(st, self.budget)
+            self.runner.run([ScheduledSeq(st, self.budget, sample=False, prefill=True)])
+            self.blocks.computed(st, self.budget)
 
     def _choose(self, row: torch.Tensor, seq) -> tuple[int, torch.Tensor | None]:
         """The drafter's guess, and the distribution it drew it from (None: greedy)."""
