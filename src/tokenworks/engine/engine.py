@@ -25,7 +25,7 @@ from tokenworks.config import EngineConfig
 from tokenworks.engine.host_memory import keep_freed_memory, release_freed_memory
 from tokenworks.engine.kv_cache import BlockManager, KVPool
 from tokenworks.engine.request import FinishReason, SamplingParams
-from tokenworks.engine.runner import ModelRunner
+from tokenworks.engine.runner import ModelRunner, open_kernels
 from tokenworks.engine.sampler import ForwardOutput, argmax_only, prepare_rows, sample_row
 from tokenworks.engine.scheduler import (
     QueueFullError,
@@ -36,7 +36,6 @@ from tokenworks.engine.scheduler import (
 from tokenworks.engine.sequence import Sequence
 from tokenworks.engine.speculative import open_speculator
 from tokenworks.engine.structured import GrammarCompiler
-from tokenworks.kernels import CKernels
 from tokenworks.models import build_model, load
 from tokenworks.models.loader import LoadedModel
 from tokenworks.shapes import kv_bytes_per_token
@@ -146,16 +145,7 @@ class LLMEngine:
         if own and config.device == "cpu":
             release_freed_memory()
         # the C kernels where they run for this model and these options (why not, if not)
-        self.c_kernels, self.kernels_off_because = CKernels.open(
-            self.model,
-            self.pool,
-            bs,
-            kernels=config.kernels,
-            device=config.device,
-            batch_invariant=config.batch_invariant,
-            packed_products=config.packed_products,
-            amx_tiles=config.amx_tiles,
-        )
+        self.c_kernels, self.kernels_off_because = open_kernels(self.model, self.pool, config)
         self.runner = ModelRunner(
             self.model,
             self.pool,

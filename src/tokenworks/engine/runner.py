@@ -10,7 +10,23 @@ import torch
 
 from tokenworks.engine.sampler import ForwardOutput
 from tokenworks.engine.scheduler import ScheduledSeq
+from tokenworks.kernels import CKernels
 from tokenworks.ops.attention import AttentionMetadata
+
+
+def open_kernels(model, pool, config) -> tuple:
+    """CKernels.open for a model over its pool with an EngineConfig's kernel options:
+    (the kernels or None, why not)."""
+    return CKernels.open(
+        model,
+        pool,
+        config.block_size,
+        kernels=config.kernels,
+        device=config.device,
+        batch_invariant=config.batch_invariant,
+        packed_products=config.packed_products,
+        amx_tiles=config.amx_tiles,
+    )
 
 
 class ModelRunner:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from tokenworks.config import DTYPES, EngineConfig
 from tokenworks.engine.kv_cache import KVPool
+from tokenworks.engine.runner import open_kernels
 from tokenworks.engine.speculative.draft import DraftModelProposer
 from tokenworks.engine.speculative.ngram import NgramProposer
 from tokenworks.engine.speculative.speculator import Speculator
-from tokenworks.kernels import CKernels
 from tokenworks.models import build_model, load
 from tokenworks.models.loader import LoadedModel
 from tokenworks.tokenizer import TokenizerWrapper
@@ -76,16 +76,7 @@ def open_speculator(
     model = build_model(draft.spec, draft.weights, dtype, config.device, spec.quantization)
     s, bs = draft.spec, config.block_size
     pool = KVPool(s.n_layers, num_blocks, bs, s.n_kv_heads, s.head_dim, dtype, config.device)
-    kernels, _ = CKernels.open(
-        model,
-        pool,
-        bs,
-        kernels=config.kernels,
-        device=config.device,
-        batch_invariant=config.batch_invariant,
-        packed_products=config.packed_products,
-        amx_tiles=config.amx_tiles,
-    )
+    kernels, _ = open_kernels(model, pool, config)
     label = f"draft model {draft.model_id}"
     if spec.quantization:
         label += f", {spec.quantization}"
