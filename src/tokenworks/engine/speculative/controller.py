@@ -9,7 +9,8 @@ to a plain one. Each sequence takes the k with the best gain; when no k gains at
 it stops proposing for a while (8 decode steps, doubling up to 256 while it keeps losing)
 and then probes with one token to measure its acceptance again. Above the estimates, the
 end result is watched: where decode steps with guesses emit fewer tokens a second than
-steps without at the same batch size, only one step in 16 guesses until that changes. A
+steps without at the same batch size, no step guesses; one step in 16 takes the other
+side, so that both rates stay current. A
 seeded request weighs fixed costs instead of timings, so that its output depends on its
 seed alone.
 """
@@ -25,7 +26,7 @@ DECAY = 0.8  # weight an acceptance verdict keeps per newer one
 PRIOR_ALPHA, PRIOR_WEIGHT = 0.7, 2.0  # before any verdict: guesses are worth trying
 PRIOR_ROW_COST = 0.1  # a verify row's cost relative to a plain step, before it is measured
 MIN_OFF, MAX_OFF = 8, 256  # decode steps a losing sequence waits before it probes
-PROBE_EVERY = 16  # while guesses lose at a batch size, one step in this many still guesses
+PROBE_EVERY = 16  # one step in this many tries the side the rates do not favour
 
 
 def bucket(batch: int) -> int:
@@ -45,7 +46,7 @@ class StepCosts:
         # tokens a second from decode steps, with guesses and without: the end result
         # every estimate above is a means to, compared directly
         self.rate: dict[tuple[int, bool], float] = {}
-        self.losing_steps: dict[int, int] = {}
+        self.decided: dict[int, int] = {}  # steps losing() has answered, by bucket
 
     @staticmethod
     def _ema(table: dict, key, value: float) -> None:
@@ -67,15 +68,16 @@ class StepCosts:
         self._ema(self.rate, (bucket(batch), speculated), tokens_per_s)
 
     def losing(self, batch: int) -> bool:
-        """Whether steps with guesses have been emitting fewer tokens a second than steps
-        without, at this batch size; every PROBE_EVERY-th such step says no, so the rate
-        with guesses keeps being measured and a change of fortune is seen."""
+        """Whether this step should not guess: steps with guesses have been emitting fewer
+        tokens a second than steps without at this batch size. Every PROBE_EVERY-th step
+        takes the other side, so both rates stay measured and a change of fortune (longer
+        contexts, other requests) is seen."""
         b = bucket(batch)
         spec, plain = self.rate.get((b, True)), self.rate.get((b, False))
-        if spec is None or plain is None or spec >= plain:
+        if spec is None or plain is None:
             return False
-        n = self.losing_steps[b] = self.losing_steps.get(b, 0) + 1
-        return n % PROBE_EVERY != 0
+        n = self.decided[b] = self.decided.get(b, 0) + 1
+        return (spec < plain) != (n % PROBE_EVERY == 0)
 
     def plain_known(self, batch: int) -> bool:
         return self.plain_count.get(bucket(batch), 0) >= 2
