@@ -112,7 +112,7 @@ def with_logprobs(token: int, logits: torch.Tensor, params: SamplingParams) -> S
     return SampleResult(token, float(raw[token]), top)
 
 
-_NO_HISTORY = torch.empty(0, dtype=torch.long)  # what sample_one gets without penalties
+NO_HISTORY = torch.empty(0, dtype=torch.long)  # what sample_one gets without penalties
 
 
 @dataclass
@@ -166,5 +166,5 @@ def sample_row(logits: torch.Tensor | None, r: int, seq, argmax: int) -> SampleR
     if p.uses_penalties:  # only penalties read the token history
         prompt, output = seq.prompt_tensor(), seq.output_tensor()
     else:
-        prompt = output = _NO_HISTORY
+        prompt = output = NO_HISTORY
     return sample_one(logits[r], p, prompt, output, seq.generator)

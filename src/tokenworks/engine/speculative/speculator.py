@@ -16,11 +16,9 @@ from dataclasses import dataclass, field
 import torch
 
 from tokenworks.config import SpeculativeConfig
-from tokenworks.engine.sampler import SampleResult
+from tokenworks.engine.sampler import NO_HISTORY, SampleResult
 from tokenworks.engine.speculative.acceptance import verify
 from tokenworks.engine.speculative.controller import Controller
-
-_NO_HISTORY = torch.empty(0, dtype=torch.long)
 
 
 @dataclass
@@ -141,8 +139,8 @@ class Speculator:
             draft,
             q,
             p,
-            seq.prompt_tensor() if history else _NO_HISTORY,
-            seq.output_tensor() if history else _NO_HISTORY,
+            seq.prompt_tensor() if history else NO_HISTORY,
+            seq.output_tensor() if history else NO_HISTORY,
             seq.generator,
         )
         accepted = len(results) - 1
