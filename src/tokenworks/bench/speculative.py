@@ -43,15 +43,13 @@ def configurations(args) -> dict[str, dict | None]:
     return out
 
 
-def _snapshot(llm) -> tuple[int, dict]:
-    spec = llm.engine.speculator
-    return llm.engine.totals["steps"], (spec.metrics.to_dict() if spec else {})
-
-
 def run_cell(llm, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
     """Generate the cell's prompts; its time, tokens, outputs and what speculation did."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
-    steps0, before = _snapshot(llm)
+    spec = llm.engine.speculator
+    # a copy of the counts now (the list too: the speculator appends in place)
+    m = spec.metrics if spec else None
+    before = dataclasses.replace(m, accepted_per_pos=list(m.accepted_per_pos)) if m else None
     n_stats = len(llm.engine.stats)
     t = time.perf_counter()
     outs = []
@@ -76,20 +74,9 @@ def run_cell(llm, prompts: list[str], concurrency: int, max_tokens: int) -> dict
     result["decode_step_s_median"] = statistics.median(decode) if decode else None
     result["verify_step_s_median"] = statistics.median(verify) if verify else None
     result["plain_step_s_median"] = statistics.median(plain) if plain else None
-    if llm.engine.speculator is not None:
-        _, after = _snapshot(llm)
-        delta = {
-            k: after[k] - before[k]
-            for k in after
-            if isinstance(after[k], (int, float)) and k in before and before[k] is not None
-        }
+    if spec is not None:
+        delta = spec.metrics.since(before).to_dict()
         drafts = delta["num_drafts"]
-        delta["acceptance_rate"] = (
-            delta["num_accepted_tokens"] / delta["num_draft_tokens"]
-            if delta["num_draft_tokens"]
-            else None
-        )
-        delta["mean_accepted_length"] = delta["num_emitted_tokens"] / drafts if drafts else None
         delta["mean_proposed"] = delta["num_draft_tokens"] / drafts if drafts else None
         delta["verify_steps"] = len(verify)
         delta["decode_steps"] = len(decode)  # the others found nothing to propose
@@ -103,7 +90,7 @@ def predict(cell: dict, baseline: dict, method: str) -> dict:
     s = cell.get("speculative") or {}
     if not s.get("num_drafts"):
         return {"status": "no proposal was verified"}
-    proposed, accepted = s["num_draft_tokens"], s["num_accepted_tokens"]
+    accepted = s["num_accepted_tokens"]
     # per-guess acceptance: each accepted guess one success, each rejection one failure
     trials = accepted + s["num_rejections"]
     alpha = min(accepted / trials, 0.999) if trials else 0.0
@@ -120,7 +107,7 @@ def predict(cell: dict, baseline: dict, method: str) -> dict:
         "plan_spec_speedup": speedup(alpha, k, c),
         "expected_tokens_per_verify": expected_tokens(alpha, k),
         "measured_speedup": cell["output_tok_s"] / baseline["output_tok_s"],
-        "acceptance_rate": proposed and accepted / proposed,
+        "acceptance_rate": s["acceptance_rate"],
     }
     out["verify_fraction_of_decode_steps"] = s["verify_steps"] / max(1, s["decode_steps"])
     if verify_s and plain_s:

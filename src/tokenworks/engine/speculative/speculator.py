@@ -10,6 +10,7 @@ computed and trims the blocks written for the rejected ones.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -42,6 +43,18 @@ class SpeculativeMetrics:
     def mean_accepted_length(self) -> float | None:
         """Tokens emitted per verified proposal (accepted guesses plus the target's own)."""
         return self.num_emitted_tokens / self.num_drafts if self.num_drafts else None
+
+    def since(self, earlier: SpeculativeMetrics) -> SpeculativeMetrics:
+        """What was counted after `earlier` (a copy taken then)."""
+        counts = {
+            f.name: getattr(self, f.name) - getattr(earlier, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "accepted_per_pos"
+        }
+        per_pos = [
+            a - b for a, b in zip(self.accepted_per_pos, earlier.accepted_per_pos, strict=True)
+        ]
+        return SpeculativeMetrics(**counts, accepted_per_pos=per_pos)
 
     def to_dict(self) -> dict:
         return {
