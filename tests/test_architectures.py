@@ -1,7 +1,11 @@
 """Random-weight models built with transformers (no download) against the engine and oracle.
 
 Each config is saved as a Hugging Face directory (config.json + safetensors) and loaded by
-the engine's own loader, so the directory path of the loader is tested too.
+the engine's own loader, so the directory path of the loader is tested too. The families
+added with the architecture registry (Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3)
+are built with sharper weights than transformers' initialisation: matrices x5, norms and
+biases (DeepSeek's routing bias included) drawn at random, so attention is peaked and the
+routers' choices are decisive rather than near ties.
 """
 
 from __future__ import annotations
@@ -45,27 +49,87 @@ CONFIGS = {
     "mistral-window": lambda: transformers.MistralConfig(
         **SMALL, num_key_value_heads=1, sliding_window=8
     ),
+    "qwen3": lambda: transformers.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16),
+    "mixtral": lambda: transformers.MixtralConfig(
+        **SMALL, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2
+    ),
+    "qwen2-moe": lambda: transformers.Qwen2MoeConfig(
+        **SMALL,
+        num_key_value_heads=2,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+    ),  # fmt: skip
+    "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
+        **SMALL,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+    ),  # fmt: skip
+    "deepseek-v3": lambda: transformers.DeepseekV3Config(
+        **SMALL,
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        moe_intermediate_size=32,
+        kv_lora_rank=32,
+        q_lora_rank=48,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        routed_scaling_factor=2.5,
+    ),  # fmt: skip
 }
+SHARPENED = {"qwen3", "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3"}
+MOE = {"mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3"}
+
+
+def sharpen(model) -> None:
+    """Matrices x5; norms ~ 1 + N(0, 0.3) and biases ~ N(0, 0.3), routing bias too."""
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+            if "norm" in name or "bias" in name:
+                noise = torch.randn(p.shape, generator=g) * 0.3
+                p.copy_(noise + (1.0 if "norm" in name else 0.0))
+            elif p.dim() >= 2:
+                p.mul_(5.0)
+
+
+def hf_model(name: str):
+    torch.manual_seed(0)
+    cfg = CONFIGS[name]()
+    cfg._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    if name in SHARPENED:
+        sharpen(model)
+    return model
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def saved(request, tmp_path_factory):
-    torch.manual_seed(0)
-    cfg = CONFIGS[request.param]()
-    cfg._attn_implementation = "eager"
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    model = hf_model(request.param)
     path = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(path)
     return request.param, model, path
 
 
-def test_logits_match_transformers_within_1e_4(saved, device):
+@pytest.mark.parametrize("n", [1, 17, 64])
+def test_logits_match_transformers_within_1e_4(saved, device, n):
     name, hf, path = saved
     loaded = load(str(path))
     ours = build_model(loaded.spec, loaded.weights, torch.float32, device)
-    ids = torch.randint(0, 320, (40,), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 320, (n,), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        a = ours(ids.to(device), torch.arange(40, device=device), AttentionMetadata.single(40))
+        a = ours(ids.to(device), torch.arange(n, device=device), AttentionMetadata.single(n))
         b = hf(ids[None]).logits[0]
     assert (a.cpu() - b).abs().max().item() < 1e-4, name
 
@@ -91,7 +155,7 @@ def test_decoding_through_paged_blocks_matches_one_full_pass(saved, batch_decode
     model = build_model(spec, loaded.weights, torch.float32, device)
     ids = torch.arange(5, 25, device=device)
     table = [5, 0, 3, 6, 1]  # block size 4: 20 tokens in 5 blocks, out of order on purpose
-    pool = KVPool(spec.n_layers, 8, 4, spec.n_kv_heads, spec.head_dim, torch.float32, device)
+    pool = KVPool.for_spec(spec, 8, 4, torch.float32, device)
 
     def run(start, n):
         meta = AttentionMetadata.paged([n], [start], [table], 4, device, batch_decode)
@@ -102,3 +166,194 @@ def test_decoding_through_paged_blocks_matches_one_full_pass(saved, batch_decode
         full = model(ids, torch.arange(20, device=device), AttentionMetadata.single(20))
         steps = [run(0, 3), run(3, 7)] + [run(i, 1) for i in range(10, 20)]
     assert (torch.cat(steps) - full).abs().max().item() < 1e-4
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+@pytest.fixture(scope="module")
+def new_family_dirs(tmp_path_factory):
+    """The registry's families saved once for the engine tests: name -> (hf model, dir)."""
+    out = {}
+    for name in sorted(SHARPENED):
+        model = hf_model(name)
+        path = tmp_path_factory.mktemp(f"engine-{name}")
+        model.save_pretrained(path)
+        out[name] = (model, path)
+    return out
+
+
+def _loaded(path):
+    """load(path) with a byte tokenizer: the random models come without one."""
+    from tokenworks.models.toy import byte_tokenizer
+
+    loaded = load(str(path))
+    loaded.tokenizer_source = {"kind": "object", "tokenizer": byte_tokenizer()}
+    return loaded
+
+
+def _hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+PROMPTS = [[7], [3, 9, 27, 81, 243], list(range(10, 50)), [100 + i % 7 for i in range(23)]]
+
+
+@pytest.mark.parametrize("name", sorted(SHARPENED))
+def test_greedy_generation_matches_transformers_solo_and_batched(new_family_dirs, name):
+    from tokenworks import LLM, SamplingParams
+
+    hf, path = new_family_dirs[name]
+    expected = [_hf_greedy(hf, p, 8) for p in PROMPTS]
+    llm = LLM(str(path), dtype="float32", loaded=_loaded(path), warmup=False, block_size=4)
+    greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    solo = [llm.generate([p], greedy, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]
+    together = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+    assert solo == expected, name
+    assert together == expected, name
+
+
+def test_an_unknown_architecture_names_the_ones_there_are(tmp_path):
+    import json
+
+    from tokenworks.models import ModelLoadError
+
+    cfg = transformers.LlamaConfig(**SMALL).to_dict() | {"model_type": "falcon_h9"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="falcon_h9.*supported: .*deepseek_v3.*mixtral"):
+        load(str(tmp_path))
+
+
+# --------------------------------------------------------------------------- MLA
+
+
+def test_mla_cache_bytes_per_token_equal_the_planners(new_family_dirs, capsys):
+    """The engine's pool for DeepSeek-V3 holds kv_lora_rank + qk_rope_head_dim numbers per
+    token and layer: what `tokenworks plan kv` says for the same config.json."""
+    import json
+
+    from tokenworks.cli import main
+    from tokenworks.config import EngineConfig
+    from tokenworks.engine.engine import LLMEngine
+
+    _, path = new_family_dirs["deepseek-v3"]
+    engine = LLMEngine(EngineConfig(model=str(path), dtype="bfloat16", warmup=False), _loaded(path))
+    pool = engine.pool
+    measured = pool.nbytes / (pool.num_blocks * pool.block_size)
+    assert main(["plan", "kv", "--model", str(path / "config.json"), "--kv-dtype", "bf16",
+                 "--json"]) == 0  # fmt: skip
+    planned = json.loads(capsys.readouterr().out)["per_token_bytes"]
+    assert measured == planned == 2 * 2 * (32 + 8)  # bf16, 2 layers, latent 32 + RoPE key 8
+    assert engine.kv_bytes_per_token == planned
+
+
+def test_mla_absorbed_decode_equals_the_expanded_form(new_family_dirs):
+    from tokenworks.engine.kv_cache import KVPool
+
+    _, path = new_family_dirs["deepseek-v3"]
+    loaded = load(str(path))
+    model = build_model(loaded.spec, loaded.weights, torch.float32)
+    ids = torch.randint(0, 320, (30,), generator=torch.Generator().manual_seed(4))
+    tables = [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]]
+    out = {}
+    for absorb in (True, False):
+        for layer in model.layers:
+            layer.mla.absorb = absorb
+        pool = KVPool.for_spec(loaded.spec, 16, 4, torch.float32)
+        rows = []
+        with torch.no_grad():
+            meta = AttentionMetadata.paged([20, 13], [0, 0], tables, 4)
+            model(torch.cat([ids[:20], ids[:13]]), torch.cat([torch.arange(20), torch.arange(13)]),
+                  meta, pool)  # fmt: skip
+            for i in range(8):  # two sequences decoding together, contexts 20+ and 13+
+                meta = AttentionMetadata.paged([1, 1], [20 + i, 13 + i], tables, 4)
+                tok = ids[20 + i : 21 + i].repeat(2)
+                pos = torch.tensor([20 + i, 13 + i])
+                rows.append(model(tok, pos, meta, pool))
+        out[absorb] = torch.cat(rows)
+    assert (out[True] - out[False]).abs().max().item() < 1e-5
+
+
+# --------------------------------------------------------------------------- MoE
+
+
+def _moe_model(new_family_dirs, name="mixtral", **kw):
+    _, path = new_family_dirs[name]
+    loaded = load(str(path))
+    return build_model(loaded.spec, loaded.weights, torch.float32, **kw)
+
+
+def _two_sequences(model, a, b):
+    """Logits of sequences a and b run in one batch (no cache), split back apart."""
+    with torch.no_grad():
+        ids = torch.cat([a, b])
+        pos = torch.cat([torch.arange(len(a)), torch.arange(len(b))])
+        meta = AttentionMetadata([len(a), len(b)], [0, 0])
+        both = model(ids, pos, meta)
+        return both[: len(a)], both[len(a) :]
+
+
+def _alone(model, a):
+    with torch.no_grad():
+        return model(a, torch.arange(len(a)), AttentionMetadata.single(len(a)))
+
+
+@pytest.mark.parametrize("strategy", ["loop", "grouped", "dense"])
+@pytest.mark.parametrize("name", sorted(MOE))
+def test_every_moe_strategy_computes_the_same_layer(new_family_dirs, name, strategy):
+    ids = torch.randint(0, 320, (37,), generator=torch.Generator().manual_seed(5))
+    base = _alone(_moe_model(new_family_dirs, name, moe_strategy="loop"), ids)
+    other = _alone(_moe_model(new_family_dirs, name, moe_strategy=strategy), ids)
+    assert (base - other).abs().max().item() < 1e-4
+
+
+def test_with_a_capacity_limit_a_tokens_output_depends_on_its_neighbours(new_family_dirs):
+    a = torch.randint(0, 320, (12,), generator=torch.Generator().manual_seed(6))
+    crowd = torch.randint(0, 320, (40,), generator=torch.Generator().manual_seed(7))
+    free = _moe_model(new_family_dirs)
+    alone, (together, _) = _alone(free, a), _two_sequences(free, a, crowd)
+    assert (alone - together).abs().max().item() < 1e-4  # off: neighbours change nothing
+    capped = _moe_model(new_family_dirs, moe_capacity_factor=1.0)
+    alone, (together, _) = _alone(capped, a), _two_sequences(capped, a, crowd)
+    assert (alone - together).abs().max().item() > 1e-2  # on: the crowd takes the capacity
+    assert capped.routing.dropped > 0
+
+
+@pytest.mark.parametrize("name", ["mixtral", "deepseek-v3"])
+def test_batch_invariant_mode_holds_for_moe(new_family_dirs, name):
+    """16 mixed prompts together give the tokens each gives alone (as for Llama:
+    test_batching), and the same log-probabilities to float32 rounding."""
+    from tokenworks import LLM, SamplingParams
+
+    _, path = new_family_dirs[name]
+    llm = LLM(str(path), dtype="float32", loaded=_loaded(path), warmup=False,
+              batch_invariant=True, block_size=4)  # fmt: skip
+    g = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, 320, (int(n),), generator=g).tolist()
+               for n in torch.randint(1, 40, (16,), generator=g)]  # fmt: skip
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2)
+    alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0] for p in prompts]
+    together = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+    for x, y in zip(alone, together, strict=True):
+        assert x.token_ids == y.token_ids
+        for a, b in zip(x.logprobs, y.logprobs, strict=True):
+            assert [t for t, _, _ in a.top] == [t for t, _, _ in b.top]
+            assert max(abs(p - q) for (_, _, p), (_, _, q) in zip(a.top, b.top, strict=True)) < 1e-5
+
+
+def test_routing_statistics_count_every_token_and_expert(new_family_dirs):
+    from tokenworks.models.moe import routing_summary
+
+    model = _moe_model(new_family_dirs, "qwen3-moe")
+    _alone(model, torch.arange(30))
+    counts = model.routing.take()
+    assert counts.shape == (2, 8)  # 2 MoE layers x 8 experts
+    assert (counts.sum(axis=1) == 30 * 2).all()  # every token to top_k = 2 experts
+    summary = routing_summary(counts)
+    assert 2 <= summary["experts_touched"] <= 8 and summary["imbalance"] >= 1
+    assert model.routing.take() is None  # taken

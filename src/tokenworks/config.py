@@ -238,6 +238,24 @@ class EngineConfig:
         default=False,
         metadata=option("numerics that never depend on the batch (slower)", group=MEMORY),
     )
+    moe_strategy: str = field(
+        default="auto",
+        metadata=option(
+            "how an MoE layer runs its experts: auto (by batch shape), loop (each touched "
+            "expert on its tokens), grouped (touched experts in one batched product) or "
+            "dense (every expert on every token)",
+            group="mixture of experts",
+            choices=["auto", "loop", "grouped", "dense"],
+        ),
+    )
+    moe_capacity_factor: float | None = field(
+        default=None,
+        metadata=option(
+            "an expert takes at most factor x tokens x top_k / experts tokens a step and the "
+            "rest skip it (GShard); makes a token's output depend on its batch (default: off)",
+            group="mixture of experts",
+        ),
+    )
     speculative_config: SpeculativeConfig | None = field(
         default=None,
         metadata=option(
@@ -306,6 +324,12 @@ class EngineConfig:
             )
         if self.threads is not None and self.threads < 1:
             raise ValueError("threads must be >= 1")
+        if self.moe_strategy not in ("auto", "loop", "grouped", "dense"):
+            raise ValueError(
+                f"moe_strategy {self.moe_strategy!r}: expected auto, loop, grouped or dense"
+            )
+        if self.moe_capacity_factor is not None and self.moe_capacity_factor <= 0:
+            raise ValueError("moe_capacity_factor must be > 0 (or unset: no capacity limit)")
 
     @classmethod
     def build(cls, **kw) -> EngineConfig:

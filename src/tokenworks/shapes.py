@@ -33,6 +33,7 @@ class ModelShape:
     mlp: str = "gated"  # gated (SwiGLU/GeGLU: 3 matrices) or plain (GPT-2: 2)
     norm: str = "rms"  # rms (weight) or layer (weight + bias)
     qkv_bias: bool = False  # Qwen2
+    qk_norm: bool = False  # Qwen3: an RMSNorm weight over each head of Q and of K
     bias: bool = False  # every linear has a bias (GPT-2)
     learned_positions: int = 0  # GPT-2's position embedding rows
     # sliding-window attention: local layers keep `sliding_window` tokens of KV;
@@ -44,7 +45,10 @@ class ModelShape:
     experts_per_token: int = 0
     n_shared_experts: int = 0
     moe_intermediate: int | None = None  # each expert's width
-    first_dense_layers: int = 0  # DeepSeek: the first k layers are dense
+    shared_intermediate: int = 0  # the shared experts' total width (0: n_shared x expert's)
+    shared_expert_gate: bool = False  # Qwen2-MoE: a 1-output gate on the shared expert
+    router_bias: bool = False  # DeepSeek-V3: a per-expert bias used to choose experts
+    first_dense_layers: int = 0  # layers with a dense MLP (DeepSeek: the first k)
     # multi-head latent attention (DeepSeek-V2/V3): K and V come from a cached latent
     kv_lora_rank: int | None = None
     q_lora_rank: int | None = None
@@ -116,6 +120,8 @@ class ModelShape:
             n += qkv_out
         if self.bias:
             n += h
+        if self.qk_norm:
+            n += 2 * d
         return n
 
     def _mlp(self, width: int) -> int:
@@ -130,8 +136,13 @@ class ModelShape:
         if self.is_moe and layer >= self.first_dense_layers:
             experts = self.experts_per_token if active else self.n_experts
             width = self.moe_intermediate or self.intermediate
-            n += (experts + self.n_shared_experts) * self._mlp(width)
+            n += experts * self._mlp(width)
+            if self.shared_intermediate:
+                n += self._mlp(self.shared_intermediate)
+            else:
+                n += self.n_shared_experts * self._mlp(width)
             n += self.hidden * self.n_experts  # the router
+            n += self.hidden * self.shared_expert_gate + self.n_experts * self.router_bias
         else:
             n += self._mlp(self.intermediate)
         return n
@@ -209,7 +220,10 @@ def from_hf_config(cfg: dict, name: str = "") -> ModelShape:
         elif window and layer_types:
             full = [i for i, t in enumerate(layer_types) if t == "full_attention"]
             global_every = (full[0] + 1) if full else None
-        experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0
+        experts = (
+            cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts")
+        ) or 0
+        mtype = cfg.get("model_type", "")
         shape = ModelShape(
             name=name or cfg.get("model_type", "model"),
             n_layers=cfg["num_hidden_layers"],
@@ -220,14 +234,19 @@ def from_hf_config(cfg: dict, name: str = "") -> ModelShape:
             intermediate=cfg["intermediate_size"],
             vocab=cfg["vocab_size"],
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=bool(cfg.get("attention_bias", False)) or cfg.get("model_type") == "qwen2",
+            qkv_bias=bool(cfg.get("attention_bias", False) or cfg.get("qkv_bias", False))
+            or mtype == "qwen2",
+            qk_norm=mtype.startswith("qwen3"),
             sliding_window=window,
             global_every=global_every,
             n_experts=experts,
             experts_per_token=cfg.get("num_experts_per_tok", 0) if experts else 0,
             n_shared_experts=cfg.get("n_shared_experts") or 0,
             moe_intermediate=cfg.get("moe_intermediate_size"),
-            first_dense_layers=cfg.get("first_k_dense_replace", 0) if experts else 0,
+            shared_intermediate=cfg.get("shared_expert_intermediate_size") or 0,
+            shared_expert_gate=bool(cfg.get("shared_expert_intermediate_size")),
+            router_bias=mtype == "deepseek_v3",
+            first_dense_layers=len(dense_layers(cfg)) if experts else 0,
             kv_lora_rank=cfg.get("kv_lora_rank"),
             q_lora_rank=cfg.get("q_lora_rank"),
             qk_nope_head_dim=cfg.get("qk_nope_head_dim"),
@@ -241,6 +260,16 @@ def from_hf_config(cfg: dict, name: str = "") -> ModelShape:
     if shape.kv_lora_rank:  # MLA: K/V heads are reconstructed per query head
         shape = replace(shape, n_kv_heads=heads)
     return shape
+
+
+def dense_layers(cfg: dict) -> tuple[int, ...]:
+    """The layers of an MoE config whose MLP is dense: DeepSeek's first_k_dense_replace,
+    Qwen-MoE's mlp_only_layers and those off its decoder_sparse_step."""
+    n = cfg["num_hidden_layers"]
+    step = cfg.get("decoder_sparse_step") or 1
+    only = set(cfg.get("mlp_only_layers") or ())
+    first = cfg.get("first_k_dense_replace") or 0
+    return tuple(i for i in range(n) if i < first or i in only or (i + 1) % step)
 
 
 def kv_bytes_per_token(

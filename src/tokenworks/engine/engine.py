@@ -113,6 +113,8 @@ class LLMEngine:
             config.quantization,
             config.batch_invariant,
             config.dense_from_rows,
+            config.moe_strategy,
+            config.moe_capacity_factor,
         )
         self.max_model_len = min(
             config.max_model_len or self.spec.max_position, self.spec.max_position
@@ -125,15 +127,7 @@ class LLMEngine:
                 f"kv_cache_memory {config.kv_cache_memory} GiB holds no {bs}-token block "
                 f"({self.kv_bytes_per_token * bs} bytes each); give it more"
             )
-        self.pool = KVPool(
-            self.spec.n_layers,
-            num_blocks,
-            bs,
-            self.spec.n_kv_heads,
-            self.spec.head_dim,
-            config.torch_dtype,
-            config.device,
-        )
+        self.pool = KVPool.for_spec(self.spec, num_blocks, bs, config.torch_dtype, config.device)
         self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.blocks)
         # speculative decoding, checked against the target now rather than at a request

@@ -27,7 +27,9 @@ class NoFreeBlocksError(RuntimeError):
 
 
 class KVPool:
-    """The tensors: per layer, K and V of shape [num_blocks * block_size, n_kv_heads, head_dim]."""
+    """The tensors: per layer, K [num_blocks * block_size, n_kv_heads, head_dim] and V the
+    same with v_dim. v_dim 0 keeps no V: multi-head latent attention caches one row per
+    token (its latent and RoPE key) in K alone (models/mla.py)."""
 
     def __init__(
         self,
@@ -38,11 +40,18 @@ class KVPool:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        v_dim: int | None = None,  # None: head_dim
     ):
-        shape = (num_blocks * block_size, n_kv_heads, head_dim)
+        slots = num_blocks * block_size
+        v_dim = head_dim if v_dim is None else v_dim
         self._maps: list[mmap.mmap] = []  # the CPU pool's memory (see _zeros)
-        self.k = [self._zeros(shape, dtype, device) for _ in range(n_layers)]
-        self.v = [self._zeros(shape, dtype, device) for _ in range(n_layers)]
+        k_shape = (slots, n_kv_heads, head_dim)
+        self.k = [self._zeros(k_shape, dtype, device) for _ in range(n_layers)]
+        self.v = (
+            [self._zeros((slots, n_kv_heads, v_dim), dtype, device) for _ in range(n_layers)]
+            if v_dim
+            else []
+        )
         self.num_blocks, self.block_size = num_blocks, block_size
 
     def _zeros(self, shape, dtype, device) -> torch.Tensor:
@@ -55,6 +64,12 @@ class KVPool:
         m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self._maps.append(m)  # the tensor borrows the mapping's memory: keep it alive
         return torch.frombuffer(m, dtype=dtype).view(shape)
+
+    @classmethod
+    def for_spec(cls, spec, num_blocks: int, block_size: int, dtype, device="cpu") -> KVPool:
+        """A pool laid out as the model's cache (ModelSpec.kv_layout)."""
+        heads, k_dim, v_dim = spec.kv_layout
+        return cls(spec.n_layers, num_blocks, block_size, heads, k_dim, dtype, device, v_dim)
 
     def discard(self) -> None:
         """Forget every value in the pool (they read as zeros again) and give its pages

@@ -6,13 +6,14 @@ import contextlib
 
 import torch
 
+from tokenworks.models.arch import family
 from tokenworks.models.gpt2 import GPT2Model
 from tokenworks.models.llama import LlamaModel
 from tokenworks.models.loader import LoadedModel, ModelLoadError, load
 from tokenworks.models.spec import ModelSpec
 from tokenworks.ops.linear import matvec_linears_, quantize_, quantized_linear, tile_linears_
 
-ARCHITECTURES = {"llama": LlamaModel, "gpt2": GPT2Model}
+MODULES = {"decoder": LlamaModel, "gpt2": GPT2Model}  # models/arch Family.module -> class
 _INITS = ("kaiming_uniform_", "uniform_", "normal_", "zeros_", "ones_")
 
 
@@ -38,9 +39,11 @@ def build_model(
     quantization: str | None = None,
     batch_invariant: bool = False,
     dense_from_rows: int | None = None,
+    moe_strategy: str = "auto",
+    moe_capacity_factor: float | None = None,
 ) -> torch.nn.Module:
     with _without_random_init():
-        model = ARCHITECTURES[spec.arch](spec)
+        model = MODULES[family(spec.arch).module](spec)
     model.load_weights(weights)
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     if quantization is not None:
@@ -50,6 +53,10 @@ def build_model(
             # The output layer is the most sensitive to rounding; GGUF files keep it at 8
             # bits or more (the default model: Q8_0), and so do we.
             model.lm_head = quantized_linear("int8", head, dense_from_rows)
+    for moe in model.moe_layers() if spec.moe else ():
+        moe.strategy, moe.capacity_factor = moe_strategy, moe_capacity_factor
+        if batch_invariant:
+            moe.tile = 16  # the experts' products in fixed row tiles, as TiledLinear's
     if batch_invariant:
         tile_linears_(model)
     elif quantization is None and dtype == torch.bfloat16 and device == "cpu":
@@ -57,4 +64,4 @@ def build_model(
     return model
 
 
-__all__ = ["ARCHITECTURES", "LoadedModel", "ModelLoadError", "ModelSpec", "build_model", "load"]
+__all__ = ["MODULES", "LoadedModel", "ModelLoadError", "ModelSpec", "build_model", "load"]

@@ -1,9 +1,12 @@
-"""The Llama family as plain torch modules: Llama 2/3, SmolLM2, Mistral, Qwen2 (QKV bias).
+"""The Llama-shaped decoder as plain torch modules: Llama 2/3, SmolLM2, Mistral, Qwen2 (QKV
+bias), Qwen3 (per-head Q/K norm), and with models/moe.py and models/mla.py the MoE
+families (Mixtral, Qwen2-MoE, Qwen3-MoE) and DeepSeek-V3's latent attention.
 
 One decoder layer: x + attn(rmsnorm(x)), then x + mlp(rmsnorm(x)), where attn uses RoPE
-and grouped-query attention and mlp is SwiGLU. Q, K and V are one fused matmul, and so are
-the gate and up projections: at batch 1 each matmul is a pass over its weights plus a
-fixed per-op cost, so fewer, larger matmuls are faster.
+and grouped-query attention (or MLA) and mlp is SwiGLU (or a mixture of SwiGLU experts).
+Q, K and V are one fused matmul, and so are the gate and up projections: at batch 1 each
+matmul is a pass over its weights plus a fixed per-op cost, so fewer, larger matmuls are
+faster.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenworks.models.mla import LatentAttention
+from tokenworks.models.moe import MoE, RoutingStats
 from tokenworks.models.spec import ModelSpec
 from tokenworks.ops.attention import AttentionMetadata, attention
 from tokenworks.ops.rope import apply_rope, cos_sin_table
@@ -24,11 +29,44 @@ class LlamaLayer(nn.Module):
         h = spec.hidden_size
         self.input_norm = nn.Parameter(torch.ones(h), requires_grad=False)
         self.post_norm = nn.Parameter(torch.ones(h), requires_grad=False)
-        self.qkv = nn.Linear(h, spec.q_size + 2 * spec.kv_size, bias=spec.qkv_bias)
-        self.o_proj = nn.Linear(spec.q_size, h, bias=False)
-        self.gate_up = nn.Linear(h, 2 * spec.intermediate_size, bias=False)
-        self.down = nn.Linear(spec.intermediate_size, h, bias=False)
+        self.mla = LatentAttention(spec, layer) if spec.mla else None
+        if self.mla is None:
+            self.qkv = nn.Linear(h, spec.q_size + 2 * spec.kv_size, bias=spec.qkv_bias)
+            self.o_proj = nn.Linear(spec.q_size, h, bias=False)
+        if spec.qk_norm:
+            self.q_norm = nn.Parameter(torch.ones(spec.head_dim), requires_grad=False)
+            self.k_norm = nn.Parameter(torch.ones(spec.head_dim), requires_grad=False)
+        self.moe = MoE(spec, layer) if spec.is_moe_layer(layer) else None
+        if self.moe is None:
+            self.gate_up = nn.Linear(h, 2 * spec.intermediate_size, bias=False)
+            self.down = nn.Linear(spec.intermediate_size, h, bias=False)
         self.scale = spec.head_dim**-0.5
+
+    def load(self, w: dict[str, torch.Tensor], p: str) -> None:
+        """Copy this layer's weights (engine names under prefix p) in, fusing QKV and gate/up."""
+        self.input_norm.copy_(w[p + "input_layernorm.weight"])
+        self.post_norm.copy_(w[p + "post_attention_layernorm.weight"])
+        if self.mla is not None:
+            self.mla.load(w, p)
+        else:
+            self.qkv.weight.copy_(
+                torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0)
+            )
+            if self.spec.qkv_bias:
+                self.qkv.bias.copy_(
+                    torch.cat([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"], dim=0)
+                )
+            self.o_proj.weight.copy_(w[p + "self_attn.o_proj.weight"])
+        if self.spec.qk_norm:
+            self.q_norm.copy_(w[p + "self_attn.q_norm.weight"])
+            self.k_norm.copy_(w[p + "self_attn.k_norm.weight"])
+        if self.moe is not None:
+            self.moe.load(w, p)
+        else:
+            self.gate_up.weight.copy_(
+                torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], dim=0)
+            )
+            self.down.weight.copy_(w[p + "mlp.down_proj.weight"])
 
     def forward(
         self,
@@ -39,18 +77,35 @@ class LlamaLayer(nn.Module):
         cache,
     ) -> torch.Tensor:
         s = self.spec
-        t = x.shape[0]
         h = F.rms_norm(x, (s.hidden_size,), self.input_norm, s.norm_eps)
+        if self.mla is not None:
+            x = x + self.mla(h, cos, sin, meta, cache)
+        else:
+            x = x + self.o_proj(self._attention(h, cos, sin, meta, cache))
+        h = F.rms_norm(x, (s.hidden_size,), self.post_norm, s.norm_eps)
+        if self.moe is not None:
+            return x + self.moe(h)
+        gate, up = self.gate_up(h).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+    def _attention(self, h, cos, sin, meta, cache) -> torch.Tensor:
+        s = self.spec
+        t = h.shape[0]
         qkv = self.qkv(h)  # [T, q + 2kv]
         qk = qkv[:, : s.q_size + s.kv_size].view(t, s.n_heads + s.n_kv_heads, s.head_dim)
+        if s.qk_norm:
+            d = (s.head_dim,)
+            qk = torch.cat(
+                [
+                    F.rms_norm(qk[:, : s.n_heads], d, self.q_norm, s.norm_eps),
+                    F.rms_norm(qk[:, s.n_heads :], d, self.k_norm, s.norm_eps),
+                ],
+                dim=1,
+            )
         qk = apply_rope(qk, cos, sin)
         q, k = qk[:, : s.n_heads], qk[:, s.n_heads :]
         v = qkv[:, s.q_size + s.kv_size :].view(t, s.n_kv_heads, s.head_dim)
-        a = attention(q, k, v, meta, cache, self.layer, self.scale, s.sliding_window)
-        x = x + self.o_proj(a)
-        h = F.rms_norm(x, (s.hidden_size,), self.post_norm, s.norm_eps)
-        gate, up = self.gate_up(h).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+        return attention(q, k, v, meta, cache, self.layer, self.scale, s.sliding_window)
 
 
 class LlamaModel(nn.Module):
@@ -64,28 +119,21 @@ class LlamaModel(nn.Module):
         cos, sin = cos_sin_table(spec, spec.max_position)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        self.routing = RoutingStats() if spec.moe else None  # what each step's routers chose
+        for layer in self.layers:
+            if layer.moe is not None:
+                layer.moe.stats = self.routing
+
+    def moe_layers(self) -> list[MoE]:
+        return [layer.moe for layer in self.layers if layer.moe is not None]
 
     def load_weights(self, w: dict[str, torch.Tensor]) -> None:
-        """Copy Hugging Face-named float32 weights in, fusing QKV and gate/up."""
+        """Copy float32 weights under engine names (models/arch) in."""
         with torch.no_grad():
             self.embed.weight.copy_(w["model.embed_tokens.weight"])
             self.norm.copy_(w["model.norm.weight"])
             for i, layer in enumerate(self.layers):
-                p = f"model.layers.{i}."
-                layer.input_norm.copy_(w[p + "input_layernorm.weight"])
-                layer.post_norm.copy_(w[p + "post_attention_layernorm.weight"])
-                layer.qkv.weight.copy_(
-                    torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0)
-                )
-                if self.spec.qkv_bias:
-                    layer.qkv.bias.copy_(
-                        torch.cat([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"], dim=0)
-                    )
-                layer.o_proj.weight.copy_(w[p + "self_attn.o_proj.weight"])
-                layer.gate_up.weight.copy_(
-                    torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], dim=0)
-                )
-                layer.down.weight.copy_(w[p + "mlp.down_proj.weight"])
+                layer.load(w, f"model.layers.{i}.")
             if self.spec.tie_embeddings:
                 self.lm_head.weight = self.embed.weight
             else:

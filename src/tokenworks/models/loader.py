@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from tokenworks.models import arch as arch_registry
 from tokenworks.models import catalogue
 from tokenworks.models.spec import ModelSpec, RopeScaling
 from tokenworks.shapes import from_hf_config
@@ -82,24 +83,10 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, dim).swapaxes(1, 2).reshape(rows, dim)
 
 
-_GGUF_LLAMA_NAMES = {
+_GGUF_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
-}
-_GGUF_LLAMA_BLOCK = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
 }
 
 
@@ -133,11 +120,10 @@ def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
             "or corrupt: download it again"
         ) from e
     arch = _field(reader, "general.architecture")
-    if arch not in ("llama", "qwen2", "mistral"):
-        raise ModelLoadError(
-            f"{path}: GGUF architecture {arch!r} is not supported yet; supported: llama, qwen2, "
-            "mistral (GPT-2 loads from a Hugging Face directory)"
-        )
+    try:
+        fam = arch_registry.for_gguf_arch(arch)
+    except arch_registry.UnknownArchitectureError as e:
+        raise ModelLoadError(f"{path}: {e}") from None
     n_heads = int(_field(reader, f"{arch}.attention.head_count"))
     n_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_heads))
     hidden = int(_field(reader, f"{arch}.embedding_length"))
@@ -166,16 +152,16 @@ def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
             arr = _unpermute(arr if arr.ndim == 2 else arr[:, None], n_heads).reshape(arr.shape)
         elif t.name.endswith(("attn_k.weight", "attn_k.bias")) and arch == "llama":
             arr = _unpermute(arr if arr.ndim == 2 else arr[:, None], n_kv).reshape(arr.shape)
-        name = _GGUF_LLAMA_NAMES.get(t.name)
+        name = _GGUF_NAMES.get(t.name)
         if name is None:
             m = re.fullmatch(r"blk\.(\d+)\.(.+)", t.name)
-            if not m or m.group(2) not in _GGUF_LLAMA_BLOCK:
+            if not m or m.group(2) not in fam.gguf_block:
                 raise ModelLoadError(f"{path}: unexpected tensor {t.name} for {arch}")
-            name = f"model.layers.{m.group(1)}.{_GGUF_LLAMA_BLOCK[m.group(2)]}"
+            name = f"model.layers.{m.group(1)}.{fam.gguf_block[m.group(2)]}"
         weights[name] = torch.from_numpy(np.array(arr, dtype=np.float32))  # owned, writable
 
     spec = ModelSpec(
-        arch="llama",
+        arch=fam.name,
         vocab_size=vocab,
         hidden_size=hidden,
         n_layers=int(_field(reader, f"{arch}.block_count")),
@@ -194,6 +180,7 @@ def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
         name=str(_field(reader, "general.name", path.stem)),
         source=f"gguf:{path.name}",
         extra={"rope_freqs": rope_freqs} if rope_freqs is not None else {},
+        **fam.gguf_fields(lambda key, default=None: _field(reader, key, default), arch),
     )
     fields = {
         k: _field(reader, k)
@@ -220,14 +207,12 @@ def spec_from_hf_config(cfg: dict, source: str = "") -> ModelSpec:
     mtype = cfg.get("model_type")
     eos = cfg.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-    if mtype not in ("llama", "mistral", "qwen2", "gpt2"):
-        raise ModelLoadError(
-            f"model_type {mtype!r} is not supported yet; supported: llama, mistral, qwen2, gpt2"
-        )
     try:
+        fam = arch_registry.for_hf_model_type(mtype)
         shape = from_hf_config(cfg, cfg.get("_name_or_path", mtype))
-    except ValueError as e:
-        raise ModelLoadError(str(e)) from e
+        fields = fam.spec_fields(cfg)
+    except (KeyError, ValueError) as e:
+        raise ModelLoadError(f"{source or 'config.json'}: {e}") from e
     dims = dict(
         vocab_size=shape.vocab, hidden_size=shape.hidden, n_layers=shape.n_layers,
         n_heads=shape.n_heads, n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
@@ -260,8 +245,8 @@ def spec_from_hf_config(cfg: dict, source: str = "") -> ModelSpec:
     # a window only where the model uses it (Qwen2 configs carry one they switch off)
     window = shape.sliding_window if mtype == "mistral" or cfg.get("use_sliding_window") else None
     return ModelSpec(
-        arch="llama",
-        **dims,
+        arch=fam.name,
+        **dims | fields,
         max_position=cfg.get("max_position_embeddings", 2048),
         norm_eps=cfg.get("rms_norm_eps", 1e-6),
         rope_theta=float(rope_theta),
@@ -290,10 +275,12 @@ def load_hf_dir(path: Path, model_id: str | None = None) -> LoadedModel:
             f"{path} has no *.safetensors files (pickled .bin weights are not loaded, for "
             "safety); convert them with `save_pretrained(..., safe_serialization=True)`"
         )
+    spec = spec_from_hf_config(cfg, source=f"hf:{path.name}")
+    fam = arch_registry.family(spec.arch)
     weights: dict[str, torch.Tensor] = {}
     for f in files:
-        weights.update({k: v.float() for k, v in load_file(f).items()})
-    spec = spec_from_hf_config(cfg, source=f"hf:{path.name}")
+        weights.update({fam.rename(k): v.float() for k, v in load_file(f).items()})
+    weights = fam.prepare(weights, spec)
     tok_json = path / "tokenizer.json"
     chat_template = None
     tc_path = path / "tokenizer_config.json"

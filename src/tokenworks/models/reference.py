@@ -1,4 +1,4 @@
-"""The oracle: a float64 NumPy forward pass for both families, picoGPT style.
+"""The oracle: a float64 NumPy forward pass for every family, picoGPT style.
 
 No cache, no batching, no fusion: one sequence of token ids in, logits for every position
 out. Every function says its shapes. It reads the same Hugging Face-named weights as the
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tokenworks.models.arch import family
 from tokenworks.models.spec import ModelSpec
 from tokenworks.ops.rope import inv_frequencies
 
@@ -56,30 +57,96 @@ def causal_attention(q, k, v, window=None):  # [n, H, d], [n, KVH, d] x2 -> [n, 
     return np.einsum("hqk,khd->qhd", softmax(scores), v).reshape(n, h * d)
 
 
+def gqa(x, w, p, spec, pos, inv_freq):  # [n, h] -> [n, h]: grouped-query attention
+    n = len(x)
+    proj = {}
+    for name in "qkv":
+        proj[name] = x @ w[p + f"self_attn.{name}_proj.weight"].T
+        if spec.qkv_bias:
+            proj[name] = proj[name] + w[p + f"self_attn.{name}_proj.bias"]
+    q = proj["q"].reshape(n, spec.n_heads, spec.head_dim)
+    k = proj["k"].reshape(n, spec.n_kv_heads, spec.head_dim)
+    if spec.qk_norm:  # Qwen3: each head's q and k normed before RoPE
+        q = rms_norm(q, w[p + "self_attn.q_norm.weight"], spec.norm_eps)
+        k = rms_norm(k, w[p + "self_attn.k_norm.weight"], spec.norm_eps)
+    q, k = rope(q, pos, inv_freq), rope(k, pos, inv_freq)
+    v = proj["v"].reshape(n, spec.n_kv_heads, spec.head_dim)
+    return causal_attention(q, k, v, spec.sliding_window) @ w[p + "self_attn.o_proj.weight"].T
+
+
+def mla(x, w, p, spec, pos, inv_freq):  # [n, h] -> [n, h]: latent attention, expanded
+    m, n, heads = spec.mla, len(x), spec.n_heads
+    a = p + "self_attn."
+    if m.q_lora_rank:
+        cq = rms_norm(x @ w[a + "q_a_proj.weight"].T, w[a + "q_a_layernorm.weight"], spec.norm_eps)
+        q = cq @ w[a + "q_b_proj.weight"].T
+    else:
+        q = x @ w[a + "q_proj.weight"].T
+    q = q.reshape(n, heads, m.qk_nope_head_dim + m.qk_rope_head_dim)
+    q_nope, q_rope = q[..., : m.qk_nope_head_dim], q[..., m.qk_nope_head_dim :]
+    ckv = x @ w[a + "kv_a_proj_with_mqa.weight"].T  # [n, r + rope]
+    c = rms_norm(ckv[:, : m.kv_lora_rank], w[a + "kv_a_layernorm.weight"], spec.norm_eps)
+    k_rope = rope(ckv[:, None, m.kv_lora_rank :], pos, inv_freq)  # [n, 1, rope]: one for all
+    kv = (c @ w[a + "kv_b_proj.weight"].T).reshape(n, heads, m.qk_nope_head_dim + m.v_head_dim)
+    k = np.concatenate([kv[..., : m.qk_nope_head_dim], np.repeat(k_rope, heads, 1)], -1)
+    q = np.concatenate([q_nope, rope(q_rope, pos, inv_freq)], -1)
+    v = kv[..., m.qk_nope_head_dim :]  # [n, H, v]
+    scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(q.shape[-1])
+    scores = np.where(np.tri(n, dtype=bool)[None], scores, -np.inf)
+    out = np.einsum("hqk,khd->qhd", softmax(scores), v).reshape(n, -1)
+    return out @ w[a + "o_proj.weight"].T
+
+
+def gated_mlp(x, w, p):  # [n, h] -> [n, h]: SwiGLU
+    return (silu(x @ w[p + "gate_proj.weight"].T) * (x @ w[p + "up_proj.weight"].T)) @ w[
+        p + "down_proj.weight"
+    ].T
+
+
+def route(x, w, p, m):  # [n, h] -> (weights [n, k], expert ids [n, k])
+    logits = x @ w[p + "mlp.gate.weight"].T  # [n, E]
+    scores = softmax(logits) if m.scoring == "softmax" else 1 / (1 + np.exp(-logits))
+    choice = scores + w[p + "mlp.gate.e_score_correction_bias"] if m.score_bias else scores
+    if m.n_group > 1:  # a group's score: its best two; only the best topk_group groups compete
+        g = choice.reshape(len(x), m.n_group, -1)
+        group_score = np.sort(g, axis=-1)[..., -2:].sum(-1)  # [n, G]
+        worst = np.argsort(-group_score, axis=-1)[:, m.topk_group :]
+        np.put_along_axis(g, worst[..., None], -np.inf, axis=1)
+        choice = g.reshape(len(x), -1)
+    ids = np.argsort(-choice, axis=-1, kind="stable")[:, : m.top_k]
+    weights = np.take_along_axis(scores, ids, axis=-1)
+    if m.norm_topk_prob:
+        weights = weights / weights.sum(-1, keepdims=True)
+    return weights * m.routed_scaling_factor, ids
+
+
+def moe(x, w, p, m):  # [n, h] -> [n, h]: each token through its top-k experts
+    weights, ids = route(x, w, p, m)
+    out = np.zeros_like(x)
+    for t in range(len(x)):
+        for j, e in enumerate(ids[t]):
+            out[t] += weights[t, j] * gated_mlp(x[t : t + 1], w, f"{p}mlp.experts.{e}.")[0]
+    if m.shared_intermediate:
+        shared = gated_mlp(x, w, p + "mlp.shared_experts.")
+        if m.shared_gate:
+            shared = shared / (1 + np.exp(-(x @ w[p + "mlp.shared_expert_gate.weight"].T)))
+        out = out + shared
+    return out
+
+
 def llama_forward(ids, w: dict, spec: ModelSpec):  # [n] -> [n, vocab]
-    g = lambda name: w[name]  # noqa: E731
     n = len(ids)
     pos = np.arange(n, dtype=np.float64)
     inv_freq = inv_frequencies(spec).numpy()
-    x = g("model.embed_tokens.weight")[ids]  # [n, h]
+    x = w["model.embed_tokens.weight"][ids]  # [n, h]
     for i in range(spec.n_layers):
         p = f"model.layers.{i}."
-        h = rms_norm(x, g(p + "input_layernorm.weight"), spec.norm_eps)
-        proj = {}
-        for name in "qkv":
-            proj[name] = h @ g(p + f"self_attn.{name}_proj.weight").T
-            if spec.qkv_bias:
-                proj[name] = proj[name] + g(p + f"self_attn.{name}_proj.bias")
-        q = rope(proj["q"].reshape(n, spec.n_heads, spec.head_dim), pos, inv_freq)
-        k = rope(proj["k"].reshape(n, spec.n_kv_heads, spec.head_dim), pos, inv_freq)
-        v = proj["v"].reshape(n, spec.n_kv_heads, spec.head_dim)
-        x = x + causal_attention(q, k, v, spec.sliding_window) @ g(p + "self_attn.o_proj.weight").T
-        h = rms_norm(x, g(p + "post_attention_layernorm.weight"), spec.norm_eps)
-        gate = silu(h @ g(p + "mlp.gate_proj.weight").T)  # [n, inter]
-        up = h @ g(p + "mlp.up_proj.weight").T
-        x = x + (gate * up) @ g(p + "mlp.down_proj.weight").T
-    x = rms_norm(x, g("model.norm.weight"), spec.norm_eps)
-    head = g("model.embed_tokens.weight" if spec.tie_embeddings else "lm_head.weight")
+        h = rms_norm(x, w[p + "input_layernorm.weight"], spec.norm_eps)
+        x = x + (mla if spec.mla else gqa)(h, w, p, spec, pos, inv_freq)
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], spec.norm_eps)
+        x = x + (moe(h, w, p, spec.moe) if spec.is_moe_layer(i) else gated_mlp(h, w, p + "mlp."))
+    x = rms_norm(x, w["model.norm.weight"], spec.norm_eps)
+    head = w["model.embed_tokens.weight" if spec.tie_embeddings else "lm_head.weight"]
     return x @ head.T  # [n, vocab]
 
 
@@ -104,5 +171,5 @@ def forward(ids, weights: dict, spec: ModelSpec) -> np.ndarray:
     """float64 logits [n, vocab] for token ids [n]; weights may be torch or NumPy."""
     w = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
     ids = np.asarray(ids, dtype=np.int64)
-    fn = {"llama": llama_forward, "gpt2": gpt2_forward}[spec.arch]
+    fn = {"decoder": llama_forward, "gpt2": gpt2_forward}[family(spec.arch).module]
     return fn(ids, w, spec)

@@ -18,8 +18,54 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """A mixture-of-experts MLP: a router scores the experts for each token, the top_k run
+    and their outputs are summed, weighted by the scores (models/moe.py)."""
+
+    n_experts: int
+    top_k: int
+    intermediate: int  # each expert's width
+    scoring: str = "softmax"  # softmax over all experts (Mixtral, Qwen) or sigmoid (DeepSeek-V3)
+    norm_topk_prob: bool = True  # renormalise the chosen scores to sum to 1
+    shared_intermediate: int = 0  # width of the always-on shared expert(s); 0: none
+    shared_gate: bool = False  # Qwen2-MoE: the shared expert's output times sigmoid(x . g)
+    score_bias: bool = False  # DeepSeek-V3: a learned bias added to scores to choose, not weigh
+    n_group: int = 1  # DeepSeek: experts in n_group groups; choose within the best topk_group
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    dense_layers: tuple[int, ...] = ()  # layers whose MLP is a plain dense one
+
+    def __post_init__(self) -> None:
+        if not 0 < self.top_k <= self.n_experts:
+            raise ValueError(f"top_k {self.top_k} must be in 1..n_experts ({self.n_experts})")
+        if self.scoring not in ("softmax", "sigmoid"):
+            raise ValueError(f"router scoring {self.scoring!r}: expected softmax or sigmoid")
+        if self.n_experts % self.n_group or not 0 < self.topk_group <= self.n_group:
+            raise ValueError(
+                f"{self.n_experts} experts in {self.n_group} groups, best {self.topk_group}: "
+                "the groups must divide the experts and topk_group be in 1..n_group"
+            )
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): keys and values come from a cached
+    latent of kv_lora_rank numbers plus one RoPE key of qk_rope_head_dim shared by all
+    heads (models/mla.py)."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None  # None: the query is one projection, not two
+    # the file stores each RoPE part as interleaved pairs; the loader reorders those rows
+    # so the engine's rotate-half RoPE applies (models/arch/deepseek.py)
+    rope_interleave: bool = False
+
+
+@dataclass(frozen=True)
 class ModelSpec:
-    arch: str  # "llama" (Llama 2/3, SmolLM2, Mistral, Qwen2) or "gpt2"
+    arch: str  # a family of models/arch (llama, qwen3, mixtral, deepseek_v3, gpt2, ...)
     vocab_size: int
     hidden_size: int
     n_layers: int
@@ -33,7 +79,10 @@ class ModelSpec:
     rope_scaling: RopeScaling | None = None
     tie_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of Q and K before RoPE
     sliding_window: int | None = None  # Mistral: attend to at most this many past tokens
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = ""
@@ -41,8 +90,9 @@ class ModelSpec:
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        if self.arch not in ("llama", "gpt2"):
-            raise ValueError(f"unsupported architecture {self.arch!r}: expected llama or gpt2")
+        from tokenworks.models.arch import family
+
+        family(self.arch)  # raises, naming the families there are
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv={self.n_kv_heads}")
 
@@ -55,16 +105,48 @@ class ModelSpec:
         return self.n_kv_heads * self.head_dim
 
     @property
+    def rope_dim(self) -> int:
+        """Dimensions RoPE rotates: the whole head, or MLA's decoupled RoPE part."""
+        return self.mla.qk_rope_head_dim if self.mla else self.head_dim
+
+    @property
+    def kv_layout(self) -> tuple[int, int, int]:
+        """What the cache holds per token and layer: (heads, K width, V width). MLA keeps
+        one latent row (the compressed KV, then the RoPE key) and no separate V."""
+        if self.mla:
+            return 1, self.mla.kv_lora_rank + self.mla.qk_rope_head_dim, 0
+        return self.n_kv_heads, self.head_dim, self.head_dim
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer not in self.moe.dense_layers
+
+    @property
     def shape(self) -> ModelShape:
         """The sizing numbers of this model (parameters, FLOPs, KV bytes: shapes.py)."""
         gpt2 = self.arch == "gpt2"
+        moe, mla = self.moe, self.mla
+        experts = {}
+        if moe:
+            experts = dict(
+                n_experts=moe.n_experts, experts_per_token=moe.top_k,
+                moe_intermediate=moe.intermediate, first_dense_layers=len(moe.dense_layers),
+                shared_intermediate=moe.shared_intermediate, shared_expert_gate=moe.shared_gate,
+                router_bias=moe.score_bias,
+            )  # fmt: skip
+        latent = {}
+        if mla:
+            latent = dict(
+                kv_lora_rank=mla.kv_lora_rank, q_lora_rank=mla.q_lora_rank,
+                qk_nope_head_dim=mla.qk_nope_head_dim, qk_rope_head_dim=mla.qk_rope_head_dim,
+                v_head_dim=mla.v_head_dim,
+            )  # fmt: skip
         return ModelShape(
             name=self.name or self.arch, n_layers=self.n_layers, hidden=self.hidden_size,
             n_heads=self.n_heads, n_kv_heads=self.n_kv_heads, head_dim=self.head_dim,
             intermediate=self.intermediate_size, vocab=self.vocab_size,
             tie_embeddings=self.tie_embeddings, mlp="plain" if gpt2 else "gated",
             norm="layer" if gpt2 else "rms", qkv_bias=self.qkv_bias, bias=gpt2,
-            learned_positions=self.max_position if gpt2 else 0,
+            qk_norm=self.qk_norm, learned_positions=self.max_position if gpt2 else 0,
             sliding_window=self.sliding_window, max_context=self.max_position,
-            source=self.source,
+            source=self.source, **experts, **latent,
         )  # fmt: skip

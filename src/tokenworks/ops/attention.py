@@ -136,7 +136,7 @@ def sequence_attention(qi, keys, values, scale, window) -> torch.Tensor:
     """One sequence's causal attention: qi [n, H, D]; keys, values [KVH, L, D] (the last n
     keys are qi's own) -> [n, H*D]."""
     n, n_heads, d = qi.shape
-    n_kv, n_k = keys.shape[0], keys.shape[1]
+    n_kv, n_k, dv = keys.shape[0], keys.shape[1], values.shape[-1]
     # SDPA takes 4-D [batch, heads, len, D]: only then does the CPU use its fused kernel
     # (3-D inputs fall back to the unfused math path, many times slower).
     keys, values = keys[None], values[None]
@@ -144,7 +144,7 @@ def sequence_attention(qi, keys, values, scale, window) -> torch.Tensor:
         # Decode: group the query heads that share a KV head; no mask is needed.
         qg = qi.reshape(1, n_kv, n_heads // n_kv, d)  # [1, KVH, G, D]
         o = F.scaled_dot_product_attention(qg, keys, values, scale=scale)
-        return o.reshape(1, n_heads * d)
+        return o.reshape(1, n_heads * dv)
     qh = qi.transpose(0, 1)[None]  # [1, H, n, D]
     if n_k == n and window is None:
         o = F.scaled_dot_product_attention(
@@ -155,11 +155,11 @@ def sequence_attention(qi, keys, values, scale, window) -> torch.Tensor:
         o = F.scaled_dot_product_attention(
             qh, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
         )
-    return o[0].transpose(0, 1).reshape(n, n_heads * d)
+    return o[0].transpose(0, 1).reshape(n, n_heads * dv)
 
 
-def _decode_batch(q, k_pool, v_pool, dec: DecodeBatch, scale, window) -> torch.Tensor:
-    """All decode tokens in one call: q [T, H, D] -> [B, H*D]."""
+def decode_attention(q, k_pool, v_pool, dec: DecodeBatch, scale, window) -> torch.Tensor:
+    """All decode tokens in one call: q [T, H, D] -> [B, H*Dv]."""
     n_heads, d = q.shape[1], q.shape[2]
     b, length = dec.kv_index.shape
     # index_select on flat indices is a plain row copy, faster than advanced indexing
@@ -172,7 +172,7 @@ def _decode_batch(q, k_pool, v_pool, dec: DecodeBatch, scale, window) -> torch.T
     qg = q.index_select(0, dec.token_rows).reshape(b, n_kv, n_heads // n_kv, d)  # [B,KVH,G,D]
     mask = dec.mask(window)
     o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
-    return o.reshape(b, n_heads * d)
+    return o.reshape(b, n_heads * values.shape[-1])
 
 
 def attention(
@@ -203,12 +203,14 @@ def attention_over_pool(
     scale: float,
     window: int | None = None,
 ) -> torch.Tensor:  # [T, H*D]
-    n_heads, d = q.shape[1], q.shape[2]
+    n_heads, dv = q.shape[1], v_pool.shape[-1]
     if meta.decode is not None and meta.decode.token_rows.numel() == q.shape[0]:
-        return _decode_batch(q, k_pool, v_pool, meta.decode, scale, window)  # decode only
-    out = q.new_empty(q.shape[0], n_heads * d)
+        return decode_attention(q, k_pool, v_pool, meta.decode, scale, window)  # decode only
+    out = q.new_empty(q.shape[0], n_heads * dv)
     if meta.decode is not None:
-        out[meta.decode.token_rows] = _decode_batch(q, k_pool, v_pool, meta.decode, scale, window)
+        out[meta.decode.token_rows] = decode_attention(
+            q, k_pool, v_pool, meta.decode, scale, window
+        )
     start = 0
     for n, index in zip(meta.query_lens, meta.kv_index, strict=True):
         if index is not None:

@@ -11,8 +11,9 @@ import torch
 
 
 def inv_frequencies(spec) -> torch.Tensor:
-    """[head_dim/2] float64 inverse frequencies, with Llama 3 scaling where the spec has it."""
-    d = spec.head_dim
+    """[rope_dim/2] float64 inverse frequencies, with Llama 3 scaling where the spec has it
+    (rope_dim: the dimensions RoPE rotates, the whole head unless the spec says less)."""
+    d = getattr(spec, "rope_dim", spec.head_dim)
     inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     rs = spec.rope_scaling
     if rs is not None:
@@ -32,7 +33,7 @@ def inv_frequencies(spec) -> torch.Tensor:
 
 
 def cos_sin_table(spec, n_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape [n_positions, head_dim] (each half repeated), float32."""
+    """cos, sin of shape [n_positions, rope_dim] (each half repeated), float32."""
     # Match transformers: inv_freq is float32 and the product is taken in float32.
     inv = inv_frequencies(spec).float()
     t = torch.arange(n_positions, dtype=torch.float32)

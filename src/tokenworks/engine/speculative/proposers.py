@@ -75,7 +75,7 @@ def open_speculator(
     dtype = DTYPES[spec.dtype] if spec.dtype else config.torch_dtype
     model = build_model(draft.spec, draft.weights, dtype, config.device, spec.quantization)
     s, bs = draft.spec, config.block_size
-    pool = KVPool(s.n_layers, num_blocks, bs, s.n_kv_heads, s.head_dim, dtype, config.device)
+    pool = KVPool.for_spec(s, num_blocks, bs, dtype, config.device)
     kernels, _ = open_kernels(model, pool, config)
     label = f"draft model {draft.model_id}"
     if spec.quantization:

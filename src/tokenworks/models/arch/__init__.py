@@ -1,0 +1,108 @@
+"""The architecture registry: one module per family, each saying how its config.json and
+its weight names (Hugging Face and GGUF) map onto a ModelSpec and the engine's names.
+
+The engine's weight names are Hugging Face's Llama names plus the Qwen-MoE / DeepSeek
+ones for what Llama lacks (`self_attn.q_norm`, `mlp.gate` for the router,
+`mlp.experts.{e}.gate_proj`, `mlp.shared_experts.*`, MLA's `kv_a_proj_with_mqa` ...).
+A family whose files name things otherwise lists the renames; a family that lays weights
+out otherwise (DeepSeek's interleaved RoPE pairs) rewrites them in `prepare`. Adding a
+family is one module here plus its tests.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class UnknownArchitectureError(ValueError):
+    """A config or file naming an architecture no family here reads."""
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # ModelSpec.arch
+    hf_model_types: tuple[str, ...]  # config.json "model_type" values it reads
+    module: str = "decoder"  # the torch module and reference that run it: decoder or gpt2
+    # config.json -> the ModelSpec fields beyond the shared shape (moe, mla, qk_norm, ...)
+    spec_fields: Callable[[dict], dict] = lambda cfg: {}
+    # Hugging Face names -> engine names: (regex, replacement) applied in order
+    hf_renames: tuple[tuple[str, str], ...] = ()
+    # GGUF "general.architecture" values it reads, and its per-block tensor names
+    gguf_archs: tuple[str, ...] = ()
+    gguf_block: dict[str, str] = field(default_factory=dict)
+    # GGUF metadata (a key -> value getter, the arch prefix) -> extra ModelSpec fields
+    gguf_fields: Callable[[Callable, str], dict] = lambda get, arch: {}
+    # weights under engine names, the spec -> the weights the module reads
+    prepare: Callable[[dict, object], dict] = lambda weights, spec: weights
+
+    def rename(self, name: str) -> str:
+        for pattern, repl in self.hf_renames:
+            name = re.sub(pattern, repl, name)
+        return name
+
+
+def _families() -> dict[str, Family]:
+    from tokenworks.models.arch import (
+        deepseek,
+        gpt2,
+        llama,
+        mixtral,
+        qwen2_moe,
+        qwen3,
+        qwen3_moe,
+    )
+
+    found = [m.FAMILY for m in (llama, gpt2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek)]
+    return {f.name: f for f in found}
+
+
+_REGISTRY: dict[str, Family] = {}
+
+
+def families() -> dict[str, Family]:
+    if not _REGISTRY:
+        _REGISTRY.update(_families())
+    return _REGISTRY
+
+
+def family(name: str) -> Family:
+    try:
+        return families()[name]
+    except KeyError:
+        raise UnknownArchitectureError(
+            f"unsupported architecture {name!r}: the families here are {', '.join(families())}"
+        ) from None
+
+
+def for_hf_model_type(model_type: str | None) -> Family:
+    for f in families().values():
+        if model_type in f.hf_model_types:
+            return f
+    known = sorted(t for f in families().values() for t in f.hf_model_types)
+    raise UnknownArchitectureError(
+        f"model_type {model_type!r} is not supported; supported: {', '.join(known)}"
+    )
+
+
+def for_gguf_arch(arch: str | None) -> Family:
+    for f in families().values():
+        if arch in f.gguf_archs:
+            return f
+    known = sorted(a for f in families().values() for a in f.gguf_archs)
+    raise UnknownArchitectureError(
+        f"GGUF architecture {arch!r} is not supported; supported: {', '.join(known)} (other "
+        f"families load from a Hugging Face directory: "
+        f"{', '.join(sorted(t for f in families().values() for t in f.hf_model_types))})"
+    )
+
+
+__all__ = [
+    "Family",
+    "UnknownArchitectureError",
+    "families",
+    "family",
+    "for_gguf_arch",
+    "for_hf_model_type",
+]

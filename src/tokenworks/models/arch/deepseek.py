@@ -1,0 +1,71 @@
+"""DeepSeek-V3: multi-head latent attention, and MoE layers (after the first few dense ones)
+with sigmoid router scores, a learned bias that steers the choice but not the weights,
+group-limited top-k (only experts in the best topk_group of n_group groups compete),
+shared experts, and the routed sum scaled by routed_scaling_factor."""
+
+from __future__ import annotations
+
+import torch
+
+from tokenworks.models.arch import Family
+from tokenworks.models.spec import MLASpec, MoESpec
+from tokenworks.shapes import dense_layers
+
+
+def _fields(cfg: dict) -> dict:
+    if cfg.get("topk_method", "noaux_tc") != "noaux_tc":
+        raise ValueError(f"DeepSeek topk_method {cfg['topk_method']!r}: only noaux_tc is read")
+    moe = MoESpec(
+        n_experts=cfg["n_routed_experts"],
+        top_k=cfg["num_experts_per_tok"],
+        intermediate=cfg["moe_intermediate_size"],
+        scoring=cfg.get("scoring_func", "sigmoid"),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+        shared_intermediate=(cfg.get("n_shared_experts") or 0) * cfg["moe_intermediate_size"],
+        score_bias=True,
+        n_group=cfg.get("n_group") or 1,
+        topk_group=cfg.get("topk_group") or 1,
+        routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
+        dense_layers=dense_layers(cfg),
+    )
+    mla = MLASpec(
+        kv_lora_rank=cfg["kv_lora_rank"],
+        qk_nope_head_dim=cfg["qk_nope_head_dim"],
+        qk_rope_head_dim=cfg["qk_rope_head_dim"],
+        v_head_dim=cfg["v_head_dim"],
+        q_lora_rank=cfg.get("q_lora_rank"),
+        rope_interleave=bool(cfg.get("rope_interleave", True)),
+    )
+    return {"moe": moe, "mla": mla, "head_dim": mla.qk_nope_head_dim + mla.qk_rope_head_dim}
+
+
+def _deinterleave(w: torch.Tensor, start: int, n: int, period: int) -> torch.Tensor:
+    """Rows start..start+n of every `period` rows reordered evens first, then odds."""
+    perm = torch.cat([torch.arange(0, n, 2), torch.arange(1, n, 2)]) + start
+    w = w.clone().view(-1, period, *w.shape[1:])
+    w[:, start : start + n] = w[:, perm]
+    return w.view(-1, *w.shape[2:])
+
+
+def _prepare(weights: dict, spec) -> dict:
+    """Interleaved RoPE pairs (x0, x1), (x2, x3) ... to rotate-half order: the same
+    dot products, so the weights can be reordered once instead of every token."""
+    mla = spec.mla
+    if not mla.rope_interleave:
+        return weights
+    nope, rope = mla.qk_nope_head_dim, mla.qk_rope_head_dim
+    out = dict(weights)
+    for name, w in weights.items():
+        if name.endswith(("self_attn.q_proj.weight", "self_attn.q_b_proj.weight")):
+            out[name] = _deinterleave(w, nope, rope, nope + rope)
+        elif name.endswith("self_attn.kv_a_proj_with_mqa.weight"):
+            out[name] = _deinterleave(w, mla.kv_lora_rank, rope, mla.kv_lora_rank + rope)
+    return out
+
+
+FAMILY = Family(
+    name="deepseek_v3",
+    hf_model_types=("deepseek_v3",),
+    spec_fields=_fields,
+    prepare=_prepare,
+)

@@ -1,0 +1,246 @@
+"""A mixture-of-experts MLP: route each token to a few experts, run them, sum the results.
+
+The router scores every expert for every token (softmax over all, or DeepSeek's sigmoid
+with a bias that steers the choice), the top_k run, and their outputs are summed weighted
+by the scores. Which experts a batch touches decides what the layer reads: one decode
+token reads top_k experts' weights; 64 tokens read nearly all of them.
+
+Three ways to compute the same sum, chosen per batch (`strategy`, or "auto"):
+- loop: for each expert a token chose, gather its tokens and run one gated MLP on them.
+  Reads only the experts touched; pays a fixed cost per expert.
+- grouped: sort the (token, expert) pairs by expert and run every touched expert in one
+  batched product over equal-size padded groups. One call instead of a loop, at the cost
+  of the padding.
+- dense: every expert on every token, the unchosen ones weighted 0. Reads and computes
+  everything, but in two large products: for tiny experts and batches where nearly every
+  expert is touched anyway.
+
+With a capacity factor (GShard, Switch), an expert takes at most
+ceil(factor x tokens x top_k / n_experts) tokens a batch; the rest of its tokens skip it
+(their share of the layer is the residual alone). The drop depends on which other tokens
+share the batch: a token's output then depends on its neighbours. Off by default.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenworks.models.spec import ModelSpec
+
+STRATEGIES = ("auto", "loop", "grouped", "dense")
+
+
+def rows_product(x: torch.Tensor, w: torch.Tensor, tile: int | None = None) -> torch.Tensor:
+    """x [n, in] @ w[out, in].T; with tile, over fixed tiles of rows (zero-padded) so a
+    row's result does not depend on how many rows come with it (batch-invariant mode)."""
+    if tile is None or x.shape[0] == 0:
+        return F.linear(x, w)
+    m = x.shape[0]
+    pad = -m % tile
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+    return torch.cat([F.linear(t, w) for t in x.split(tile)])[:m]
+
+
+class RoutingStats:
+    """Tokens each expert of each MoE layer took in the forward passes since the last take."""
+
+    def __init__(self) -> None:
+        self._counts: dict[int, torch.Tensor] = {}
+        self.dropped = 0  # (token, expert) pairs a capacity limit turned away
+
+    def record(self, layer: int, counts: torch.Tensor) -> None:
+        prev = self._counts.get(layer)
+        self._counts[layer] = counts if prev is None else prev + counts
+
+    def take(self) -> np.ndarray | None:
+        """[moe layers, experts] int64 token counts since the last take (None: none)."""
+        if not self._counts:
+            return None
+        out = torch.stack([self._counts[k] for k in sorted(self._counts)]).cpu().numpy()
+        self._counts.clear()
+        return out
+
+
+def routing_summary(counts: np.ndarray | None) -> dict:
+    """What a step's routing did: experts touched and imbalance (max / mean tokens per
+    expert), each averaged over the MoE layers; {} for a dense model."""
+    if counts is None:
+        return {}
+    mean = counts.mean(axis=1)
+    imbalance = np.where(mean > 0, counts.max(axis=1) / np.maximum(mean, 1e-12), 0.0)
+    return {
+        "experts_touched": float((counts > 0).sum(axis=1).mean()),
+        "imbalance": float(imbalance.mean()),
+        "tokens_per_expert": counts.tolist(),
+    }
+
+
+class MoE(nn.Module):
+    def __init__(self, spec: ModelSpec, layer: int):
+        super().__init__()
+        m = spec.moe
+        self.m, self.layer = m, layer
+        e, h, inter = m.n_experts, spec.hidden_size, m.intermediate
+        self.router = nn.Parameter(torch.empty(e, h), requires_grad=False)
+        self.score_bias = (
+            nn.Parameter(torch.zeros(e), requires_grad=False) if m.score_bias else None
+        )
+        # experts stacked: [E, 2I, h] (gate rows, then up rows) and [E, h, I]
+        self.gate_up = nn.Parameter(torch.empty(e, 2 * inter, h), requires_grad=False)
+        self.down = nn.Parameter(torch.empty(e, h, inter), requires_grad=False)
+        s = m.shared_intermediate
+        self.shared_gate_up = nn.Linear(h, 2 * s, bias=False) if s else None
+        self.shared_down = nn.Linear(s, h, bias=False) if s else None
+        self.shared_gate = nn.Linear(h, 1, bias=False) if m.shared_gate else None
+        self.strategy = "auto"
+        self.capacity_factor: float | None = None
+        self.tile: int | None = None  # batch-invariant mode: products over fixed row tiles
+        self.stats: RoutingStats | None = None
+
+    def load(self, w: dict, p: str) -> None:
+        """Copy weights named p + "mlp.*" in (engine names: models/arch)."""
+        e = self.m.n_experts
+        self.router.copy_(w[p + "mlp.gate.weight"])
+        if self.score_bias is not None:
+            self.score_bias.copy_(w[p + "mlp.gate.e_score_correction_bias"])
+        for j in range(e):
+            x = f"{p}mlp.experts.{j}."
+            self.gate_up[j].copy_(torch.cat([w[x + "gate_proj.weight"], w[x + "up_proj.weight"]]))
+            self.down[j].copy_(w[x + "down_proj.weight"])
+        if self.shared_gate_up is not None:
+            x = p + "mlp.shared_experts."
+            self.shared_gate_up.weight.copy_(
+                torch.cat([w[x + "gate_proj.weight"], w[x + "up_proj.weight"]])
+            )
+            self.shared_down.weight.copy_(w[x + "down_proj.weight"])
+        if self.shared_gate is not None:
+            self.shared_gate.weight.copy_(w[p + "mlp.shared_expert_gate.weight"])
+
+    # ------------------------------------------------------------------ routing
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, h] -> (weights [T, k] float32, expert ids [T, k])."""
+        m = self.m
+        logits = rows_product(x.float(), self.router.float(), self.tile)  # [T, E]
+        if m.scoring == "softmax":
+            scores = logits.softmax(dim=-1)
+            choice = scores
+        else:
+            scores = logits.sigmoid()
+            choice = scores if self.score_bias is None else scores + self.score_bias.float()
+        if m.n_group > 1:  # keep the experts of the topk_group best groups
+            t = x.shape[0]
+            grouped = choice.view(t, m.n_group, -1)
+            best = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)  # [T, G]
+            keep = torch.zeros_like(best, dtype=torch.bool)
+            keep.scatter_(1, best.topk(m.topk_group, dim=-1).indices, True)
+            choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], 1), -math.inf)
+        ids = choice.topk(m.top_k, dim=-1).indices
+        weights = scores.gather(1, ids)
+        if m.norm_topk_prob:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * m.routed_scaling_factor, ids
+
+    def _capacity(self, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """weights with each expert's pairs beyond its capacity set to 0: first choices
+        before second ones, earlier tokens before later ones (GShard's priority)."""
+        t, k = ids.shape
+        cap = math.ceil(self.capacity_factor * t * k / self.m.n_experts)
+        order = ids.t().reshape(-1)  # slot-major: every token's first choice first
+        onehot = F.one_hot(order, self.m.n_experts)  # [k*T, E]
+        place = (onehot.cumsum(0) * onehot).sum(-1) - 1  # this pair's place in its expert
+        kept = (place < cap).view(k, t).t()
+        if self.stats is not None:
+            self.stats.dropped += int((~kept).sum())
+        return weights * kept
+
+    # ------------------------------------------------------------------ strategies
+
+    def pick(self, n_tokens: int) -> str:
+        """The strategy for a batch of n_tokens (see the module docstring; measured by
+        `tokenworks bench moe`)."""
+        if self.strategy != "auto":
+            return self.strategy
+        if self.tile is not None:
+            return "loop"  # the only one computed row by row in fixed tiles
+        if n_tokens * self.m.top_k < self.m.n_experts:
+            return "loop"  # few experts touched: read only those
+        return "grouped"
+
+    def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        gate, up = rows_product(x, self.gate_up[e], self.tile).chunk(2, dim=-1)
+        return rows_product(F.silu(gate) * up, self.down[e], self.tile)
+
+    def _loop(self, x, weights, ids) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.m.n_experts).tolist()
+        token = order // ids.shape[1]
+        w = weights.reshape(-1)[order].to(x.dtype)
+        start = 0
+        for e, n in enumerate(counts):
+            if n:
+                rows = token[start : start + n]
+                y = self._expert(x.index_select(0, rows), e) * w[start : start + n, None]
+                out.index_add_(0, rows, y)
+            start += n
+        return out
+
+    def _grouped(self, x, weights, ids) -> torch.Tensor:
+        t, k = ids.shape
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.m.n_experts)
+        hit = torch.nonzero(counts).squeeze(1)  # the experts touched
+        n = counts[hit]
+        width = int(n.max())
+        # pair i of expert hit[g] goes to row g * width + (i - start of that expert)
+        starts = torch.cumsum(n, 0) - n
+        group = torch.repeat_interleave(torch.arange(len(hit)), n)
+        slot = group * width + torch.arange(t * k) - starts[group]
+        token = order // k
+        xs = x.new_zeros(len(hit) * width, x.shape[1])
+        xs[slot] = x.index_select(0, token)
+        xs = xs.view(len(hit), width, -1)
+        every = len(hit) == self.m.n_experts  # no gather of the weights needed
+        gu = self.gate_up if every else self.gate_up.index_select(0, hit)
+        dn = self.down if every else self.down.index_select(0, hit)
+        gate, up = torch.bmm(xs, gu.transpose(1, 2)).chunk(2, dim=-1)
+        ys = torch.bmm(F.silu(gate) * up, dn.transpose(1, 2)).view(len(hit) * width, -1)
+        w = weights.reshape(-1)[order].to(x.dtype)
+        out = torch.zeros_like(x)
+        out.index_add_(0, token, ys[slot] * w[:, None])
+        return out
+
+    def _dense(self, x, weights, ids) -> torch.Tensor:
+        dense = torch.zeros(x.shape[0], self.m.n_experts, dtype=x.dtype, device=x.device)
+        dense.scatter_add_(1, ids, weights.to(x.dtype))  # [T, E], 0 for unchosen experts
+        gate, up = torch.matmul(x, self.gate_up.transpose(1, 2)).chunk(2, dim=-1)  # [E, T, I]
+        ys = torch.matmul(F.silu(gate) * up, self.down.transpose(1, 2))  # [E, T, h]
+        return torch.einsum("eth,te->th", ys, dense)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, h] -> [T, h]
+        weights, ids = self.route(x)
+        if self.capacity_factor is not None:
+            weights = self._capacity(weights, ids)
+        if self.stats is not None:
+            kept = ids[weights != 0] if self.capacity_factor is not None else ids
+            self.stats.record(
+                self.layer, torch.bincount(kept.reshape(-1), minlength=self.m.n_experts)
+            )
+        run = {"loop": self._loop, "grouped": self._grouped, "dense": self._dense}
+        out = run[self.pick(x.shape[0])](x, weights, ids)
+        if self.shared_gate_up is not None:
+            gate, up = self.shared_gate_up(x).chunk(2, dim=-1)
+            shared = self.shared_down(F.silu(gate) * up)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(x)) * shared
+            out = out + shared
+        return out
