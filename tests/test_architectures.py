@@ -303,9 +303,12 @@ def _alone(model, a):
         return model(a, torch.arange(len(a)), AttentionMetadata.single(len(a)))
 
 
-@pytest.mark.parametrize("strategy", ["loop", "grouped", "dense"])
+@pytest.mark.parametrize("strategy", ["grouped", "grouped-padded", "dense"])
 @pytest.mark.parametrize("name", sorted(MOE))
-def test_every_moe_strategy_computes_the_same_layer(new_family_dirs, name, strategy):
+def test_every_moe_strategy_computes_the_same_layer(new_family_dirs, name, strategy, monkeypatch):
+    if strategy == "grouped-padded":  # torch without _grouped_mm: padded groups instead
+        monkeypatch.delattr(torch, "_grouped_mm")
+        strategy = "grouped"
     ids = torch.randint(0, 320, (37,), generator=torch.Generator().manual_seed(5))
     base = _alone(_moe_model(new_family_dirs, name, moe_strategy="loop"), ids)
     other = _alone(_moe_model(new_family_dirs, name, moe_strategy=strategy), ids)
@@ -357,3 +360,34 @@ def test_routing_statistics_count_every_token_and_expert(new_family_dirs):
     summary = routing_summary(counts)
     assert 2 <= summary["experts_touched"] <= 8 and summary["imbalance"] >= 1
     assert model.routing.take() is None  # taken
+
+
+def test_the_planner_counts_every_parameter_of_every_family(saved):
+    """from_hf_config (what `tokenworks plan` reads) and the loaded spec's shape (what the
+    engine sizes its cache with) count what transformers instantiates, buffers the
+    router reads included."""
+    import json
+
+    from tokenworks.shapes import from_hf_config
+
+    name, hf, path = saved
+    count = sum(p.numel() for p in hf.parameters())
+    count += sum(b.numel() for k, b in hf.named_buffers() if "e_score_correction_bias" in k)
+    planned = from_hf_config(json.loads((path / "config.json").read_text()))
+    assert planned.params() == load(str(path)).spec.shape.params() == count, name
+
+
+def test_step_stats_carry_the_routing(new_family_dirs):
+    from tokenworks import LLM, SamplingParams
+
+    _, path = new_family_dirs["qwen3-moe"]
+    llm = LLM(str(path), dtype="float32", loaded=_loaded(path), block_size=4)  # warm-up on
+    llm.generate([[5] * 9, [6, 7]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    engine = llm.engine
+    first = engine.stats[0]  # both prompts: 11 tokens to 2 of 8 experts each
+    assert 2 <= first.moe_experts_touched <= 8 and first.moe_imbalance >= 1
+    assert engine.routing_totals.shape == (2, 8)
+    # every token the forward passes computed, counted once per layer and top-k slot
+    computed = sum(s.prefill_tokens + s.decode_tokens for s in engine.stats)
+    assert (engine.routing_totals.sum(axis=1) == 2 * computed).all()
+    assert engine.totals["moe_dropped"] == 0

@@ -207,6 +207,20 @@ def cmd_bench_report(args) -> int:
     return 0
 
 
+def cmd_bench_moe(args) -> int:
+    from tokenworks.bench.moe import run_moe_bench
+
+    run_moe_bench(args)
+    return 0
+
+
+def cmd_bench_attention(args) -> int:
+    from tokenworks.bench.attention_kinds import run_attention_bench
+
+    run_attention_bench(args)
+    return 0
+
+
 def cmd_bench_spec(args) -> int:
     from tokenworks.bench.speculative import run_speculative
 
@@ -525,6 +539,32 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--out", default="benchmarks/results", help="directory for the record")
     p.set_defaults(fn=cmd_bench_spec)
+    p = bsub.add_parser(
+        "moe",
+        help="one MoE layer: experts a batch touches against the plan, and each way of "
+        "running it timed across batch sizes, with a random and a skewed router",
+    )
+    p.add_argument("--shape", default="qwen3-30b-a3b", help="qwen3-30b-a3b, mixtral-8x7b or "
+                   "qwen1.5-moe-a2.7b (one layer of it, random weights)")  # fmt: skip
+    p.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--skew", type=float, default=1.0, help="the skewed router's Zipf exponent")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", default="benchmarks/results", help="directory for the record")
+    p.set_defaults(fn=cmd_bench_moe)
+    p = bsub.add_parser(
+        "attention",
+        help="decode attention for MHA, GQA, MQA and MLA at one hidden size: cache bytes "
+        "per token and time per layer, beside the plan's figures",
+    )
+    p.add_argument("--batch", type=int, default=8, help="sequences decoding together")
+    p.add_argument("--contexts", default="1024,4096", help="comma-separated context lengths")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", default="benchmarks/results", help="directory for the record")
+    p.set_defaults(fn=cmd_bench_attention)
     from tokenworks.plan.commands import add_plan_parser
 
     add_plan_parser(sub)

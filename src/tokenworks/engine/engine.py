@@ -19,6 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from tokenworks.config import EngineConfig
@@ -38,6 +39,7 @@ from tokenworks.engine.speculative import open_speculator
 from tokenworks.engine.structured import GrammarCompiler
 from tokenworks.models import build_model, load
 from tokenworks.models.loader import LoadedModel
+from tokenworks.models.moe import routing_summary
 from tokenworks.shapes import kv_bytes_per_token
 from tokenworks.tokenizer import TokenizerWrapper
 
@@ -70,6 +72,9 @@ class StepStats:
     generated_tokens: int = 0  # tokens the step added to sequences
     spec_draft_tokens: int = 0  # proposed tokens the step verified (speculative decoding)
     spec_accepted_tokens: int = 0  # of those, the ones the target accepted
+    # mixture of experts (0 for a dense model), each the mean over the MoE layers:
+    moe_experts_touched: float = 0.0  # distinct experts the step's tokens were routed to
+    moe_imbalance: float = 0.0  # the busiest expert's tokens / the mean expert's
 
 
 @dataclass
@@ -195,6 +200,13 @@ class LLMEngine:
             "spec_draft_tokens": 0,  # speculative decoding: proposed tokens verified
             "spec_accepted_tokens": 0,  # and accepted
         }
+        routing = getattr(self.model, "routing", None)
+        if routing is not None:
+            routing.take()  # forget what the warm-up routed
+            routing.dropped = 0
+            self.totals["moe_dropped"] = 0  # (token, expert) pairs over an expert's capacity
+        # tokens each expert of each MoE layer took since the start: [MoE layers, experts]
+        self.routing_totals: np.ndarray | None = None
 
     WARMUP_PROMPT = 128  # tokens in each of the warm-up's prompts
 
@@ -465,6 +477,7 @@ class LLMEngine:
         t["spec_accepted_tokens"] += counts.accepted_tokens
         t["preemptions"] += len(out.preempted)
         t["steps"] += 1
+        routing = self._routing()
         self.stats.append(
             StepStats(
                 step=next(self._steps),
@@ -482,5 +495,19 @@ class LLMEngine:
                 generated_tokens=counts.emitted,
                 spec_draft_tokens=counts.draft_tokens,
                 spec_accepted_tokens=counts.accepted_tokens,
+                moe_experts_touched=routing.get("experts_touched", 0.0),
+                moe_imbalance=routing.get("imbalance", 0.0),
             )
         )
+
+    def _routing(self) -> dict:
+        """This step's routing summary (models/moe.routing_summary), added to the totals."""
+        routing = getattr(self.model, "routing", None)
+        counts = routing.take() if routing is not None else None
+        if counts is None:
+            return {}
+        self.routing_totals = (
+            counts if self.routing_totals is None else self.routing_totals + counts
+        )
+        self.totals["moe_dropped"] = routing.dropped
+        return routing_summary(counts)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenworks.models.spec import ModelSpec
-from tokenworks.ops.attention import AttentionMetadata, decode_attention, sequence_attention
+from tokenworks.ops.attention import AttentionMetadata, sequence_attention
 from tokenworks.ops.rope import apply_rope
 
 
@@ -117,13 +117,19 @@ class LatentAttention(nn.Module):
         return sequence_attention(q, keys, values, self.scale, None)
 
     def _absorbed(self, q: torch.Tensor, pool: torch.Tensor, dec) -> torch.Tensor:
-        """Decode queries q [B, H, dq] against the cached rows themselves -> [B, H * v]."""
+        """Decode queries q [B, H, dq] against the cached rows themselves -> [B, H * v].
+        Two batched products rather than SDPA: with one shared 576-wide "head" and values
+        narrower than keys, SDPA's CPU kernels take a path several times slower."""
         m = self.m
         w_uk, w_uv = self._w_b()
         q_latent = torch.einsum("bhn,hnr->bhr", q[..., : m.qk_nope_head_dim], w_uk)
         query = torch.cat([q_latent, q[..., m.qk_nope_head_dim :]], dim=-1)  # [B, H, r + rope]
-        rows = torch.arange(query.shape[0], device=query.device)
-        batch = type(dec)(rows, dec.kv_index, dec.context_lens, dec.uniform, dec._masks)
-        o = decode_attention(query, pool, pool[..., : m.kv_lora_rank], batch, self.scale, None)
-        o = o.view(-1, self.spec.n_heads, m.kv_lora_rank)  # [B, H, r]: still in latent space
-        return torch.einsum("bhr,hvr->bhv", o, w_uv).reshape(o.shape[0], -1)
+        b, length = dec.kv_index.shape
+        rows = pool.index_select(0, dec.kv_index.reshape(-1)).view(b, length, -1)  # [B, L, r+rope]
+        scores = torch.bmm(query, rows.transpose(1, 2)).float() * self.scale  # [B, H, L]
+        if not dec.uniform:
+            pad = torch.arange(length, device=rows.device)[None, :] >= dec.context_lens[:, None]
+            scores.masked_fill_(pad[:, None, :], -torch.inf)
+        probs = scores.softmax(dim=-1).to(rows.dtype)
+        o = torch.bmm(probs, rows[..., : m.kv_lora_rank])  # [B, H, r]: still in latent space
+        return torch.einsum("bhr,hvr->bhv", o, w_uv).reshape(b, -1)

@@ -6,14 +6,15 @@ by the scores. Which experts a batch touches decides what the layer reads: one d
 token reads top_k experts' weights; 64 tokens read nearly all of them.
 
 Three ways to compute the same sum, chosen per batch (`strategy`, or "auto"):
-- loop: for each expert a token chose, gather its tokens and run one gated MLP on them.
-  Reads only the experts touched; pays a fixed cost per expert.
-- grouped: sort the (token, expert) pairs by expert and run every touched expert in one
-  batched product over equal-size padded groups. One call instead of a loop, at the cost
-  of the padding.
+- loop: for each expert a token chose, gather its tokens and run one gated MLP on them
+  (a matrix-vector product where an expert has one token, in bfloat16). Reads only the
+  experts touched; pays a fixed cost per expert.
+- grouped: sort the (token, expert) pairs by expert and run every group in one grouped
+  product (torch's `_grouped_mm`: one call, each group against its expert's weights,
+  no padding; where torch lacks it, equal-size padded groups in one batched product).
 - dense: every expert on every token, the unchosen ones weighted 0. Reads and computes
-  everything, but in two large products: for tiny experts and batches where nearly every
-  expert is touched anyway.
+  everything, in two large products: only for experts so small that the per-expert cost
+  is all there is.
 
 With a capacity factor (GShard, Switch), an expert takes at most
 ceil(factor x tokens x top_k / n_experts) tokens a batch; the rest of its tokens skip it
@@ -33,6 +34,10 @@ from torch import nn
 from tokenworks.models.spec import ModelSpec
 
 STRATEGIES = ("auto", "loop", "grouped", "dense")
+# auto runs grouped once the experts a batch touches take this many tokens each on average
+# (bench moe, Qwen3-30B-A3B's layer in bfloat16: the loop wins while most take one, the
+# grouped product from about two, random or skewed router alike)
+GROUPED_FROM = 1.5
 
 
 def rows_product(x: torch.Tensor, w: torch.Tensor, tile: int | None = None) -> torch.Tensor:
@@ -162,18 +167,21 @@ class MoE(nn.Module):
 
     # ------------------------------------------------------------------ strategies
 
-    def pick(self, n_tokens: int) -> str:
-        """The strategy for a batch of n_tokens (see the module docstring; measured by
-        `tokenworks bench moe`)."""
+    def pick(self, counts: torch.Tensor) -> str:
+        """The strategy for a batch routed as counts [E] (tokens per expert): see the
+        module docstring; measured by `tokenworks bench moe`."""
         if self.strategy != "auto":
             return self.strategy
         if self.tile is not None:
             return "loop"  # the only one computed row by row in fixed tiles
-        if n_tokens * self.m.top_k < self.m.n_experts:
-            return "loop"  # few experts touched: read only those
-        return "grouped"
+        pairs, touched = int(counts.sum()), int((counts > 0).sum())
+        return "loop" if pairs < GROUPED_FROM * touched else "grouped"
 
     def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        if x.shape[0] == 1 and self.tile is None and x.dtype == torch.bfloat16:
+            # one row: torch.mv streams bfloat16 weights faster than a 1-row product
+            gate, up = torch.mv(self.gate_up[e], x[0]).chunk(2)
+            return torch.mv(self.down[e], F.silu(gate) * up)[None]
         gate, up = rows_product(x, self.gate_up[e], self.tile).chunk(2, dim=-1)
         return rows_product(F.silu(gate) * up, self.down[e], self.tile)
 
@@ -194,30 +202,41 @@ class MoE(nn.Module):
         return out
 
     def _grouped(self, x, weights, ids) -> torch.Tensor:
-        t, k = ids.shape
+        k = ids.shape[1]
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.m.n_experts)
-        hit = torch.nonzero(counts).squeeze(1)  # the experts touched
-        n = counts[hit]
-        width = int(n.max())
-        # pair i of expert hit[g] goes to row g * width + (i - start of that expert)
-        starts = torch.cumsum(n, 0) - n
-        group = torch.repeat_interleave(torch.arange(len(hit)), n)
-        slot = group * width + torch.arange(t * k) - starts[group]
         token = order // k
-        xs = x.new_zeros(len(hit) * width, x.shape[1])
-        xs[slot] = x.index_select(0, token)
-        xs = xs.view(len(hit), width, -1)
-        every = len(hit) == self.m.n_experts  # no gather of the weights needed
-        gu = self.gate_up if every else self.gate_up.index_select(0, hit)
-        dn = self.down if every else self.down.index_select(0, hit)
-        gate, up = torch.bmm(xs, gu.transpose(1, 2)).chunk(2, dim=-1)
-        ys = torch.bmm(F.silu(gate) * up, dn.transpose(1, 2)).view(len(hit) * width, -1)
+        xs = x.index_select(0, token)  # the pairs' tokens, grouped by expert
+        if hasattr(torch, "_grouped_mm"):
+            ends = torch.cumsum(counts, 0).to(torch.int32)
+            gate, up = torch._grouped_mm(xs, self.gate_up.transpose(1, 2), offs=ends).chunk(2, -1)
+            ys = torch._grouped_mm(F.silu(gate) * up, self.down.transpose(1, 2), offs=ends)
+        else:
+            ys = self._padded_groups(xs, counts)
         w = weights.reshape(-1)[order].to(x.dtype)
         out = torch.zeros_like(x)
-        out.index_add_(0, token, ys[slot] * w[:, None])
+        out.index_add_(0, token, ys * w[:, None])
         return out
+
+    def _padded_groups(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The grouped product as one batched product over the touched experts' groups,
+        each padded to the largest (the weights of those experts gathered first)."""
+        hit = torch.nonzero(counts).squeeze(1)
+        n = counts[hit]
+        width = int(n.max())
+        group = torch.repeat_interleave(torch.arange(len(hit), device=xs.device), n)
+        slot = (
+            group * width
+            + torch.arange(len(xs), device=xs.device)
+            - (torch.cumsum(n, 0) - n)[group]
+        )
+        padded = xs.new_zeros(len(hit) * width, xs.shape[1])
+        padded[slot] = xs
+        padded = padded.view(len(hit), width, -1)
+        gate, up = torch.bmm(padded, self.gate_up[hit].transpose(1, 2)).chunk(2, dim=-1)
+        ys = torch.bmm(F.silu(gate) * up, self.down[hit].transpose(1, 2))
+        return ys.view(len(hit) * width, -1)[slot]
 
     def _dense(self, x, weights, ids) -> torch.Tensor:
         dense = torch.zeros(x.shape[0], self.m.n_experts, dtype=x.dtype, device=x.device)
@@ -230,13 +249,12 @@ class MoE(nn.Module):
         weights, ids = self.route(x)
         if self.capacity_factor is not None:
             weights = self._capacity(weights, ids)
+        kept = ids[weights != 0] if self.capacity_factor is not None else ids
+        counts = torch.bincount(kept.reshape(-1), minlength=self.m.n_experts)
         if self.stats is not None:
-            kept = ids[weights != 0] if self.capacity_factor is not None else ids
-            self.stats.record(
-                self.layer, torch.bincount(kept.reshape(-1), minlength=self.m.n_experts)
-            )
+            self.stats.record(self.layer, counts)
         run = {"loop": self._loop, "grouped": self._grouped, "dense": self._dense}
-        out = run[self.pick(x.shape[0])](x, weights, ids)
+        out = run[self.pick(counts)](x, weights, ids)
         if self.shared_gate_up is not None:
             gate, up = self.shared_gate_up(x).chunk(2, dim=-1)
             shared = self.shared_down(F.silu(gate) * up)
