@@ -391,3 +391,77 @@ def test_step_stats_carry_the_routing(new_family_dirs):
     computed = sum(s.prefill_tokens + s.decode_tokens for s in engine.stats)
     assert (engine.routing_totals.sum(axis=1) == 2 * computed).all()
     assert engine.totals["moe_dropped"] == 0
+
+
+# --------------------------------------------------------------------------- GGUF
+
+
+def _write_gguf(hf, directory, path):
+    """hf's weights (as saved in directory) as a float32 GGUF under llama.cpp's names, with
+    the metadata it writes."""
+    import gguf
+
+    from tokenworks.models import arch
+
+    cfg = hf.config
+    family = arch.for_hf_model_type(cfg.model_type)
+    garch = family.gguf_archs[0]
+    w = gguf.GGUFWriter(str(path), garch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if cfg.model_type == "qwen3_moe":
+        w.add_expert_count(cfg.num_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    w.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])
+    inverse = {v: k for k, v in family.gguf_block.items()}
+    sd = {k: v.numpy() for k, v in load(str(directory)).weights.items()}
+    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"],
+               "output_norm.weight": sd["model.norm.weight"],
+               "output.weight": sd["lm_head.weight"]}  # fmt: skip
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for ours, theirs in inverse.items():
+            if "{e}" in ours:
+                n = cfg.num_experts
+                key = [p + ours.format(e=e) for e in range(n)]
+                if key[0] in sd:
+                    tensors[f"blk.{i}.{theirs}"] = np.stack([sd[k] for k in key])
+            elif p + ours in sd:
+                tensors[f"blk.{i}.{theirs}"] = sd[p + ours]
+    for k, v in tensors.items():
+        w.add_tensor(k, np.ascontiguousarray(v, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3-moe"])
+def test_a_gguf_of_the_family_loads_as_its_hugging_face_directory_does(
+    name, new_family_dirs, tmp_path, monkeypatch
+):
+    """llama.cpp's names (the registry's GGUF table, experts in one 3-D tensor each) give
+    the same model; the converted copy kept for later loads gives it again."""
+    monkeypatch.setenv("TOKENWORKS_HOME", str(tmp_path / "home"))
+    hf, directory = new_family_dirs[name]
+    path = tmp_path / f"{name}.gguf"
+    _write_gguf(hf, directory, path)
+    ids = torch.randint(0, 320, (24,), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        want = hf(ids[None]).logits[0]
+    for _ in range(2):  # read the GGUF, then its converted copy
+        loaded = load(str(path))
+        model = build_model(loaded.spec, loaded.weights, torch.float32)
+        with torch.no_grad():
+            got = model(ids, torch.arange(24), AttentionMetadata.single(24))
+        assert (got - want).abs().max().item() < 1e-4
+    assert (tmp_path / "home" / "converted").is_dir()

@@ -74,9 +74,10 @@ class CKernels:
                 return cls(forward, block_size, tiles), ""
             arch = spec.arch if spec is not None else type(model).__name__
             why = (
-                f"the C forward pass takes Llama-family models with float32 or bfloat16 "
-                f"embeddings, head_dim up to 256 and dense, int8 or int4 layers; this "
-                f"{arch} model does not fit"
+                f"the C forward pass takes Llama-family models (no per-head Q/K norm, "
+                f"experts or latent attention) with float32 or bfloat16 embeddings, "
+                f"head_dim up to 256 and dense, int8 or int4 layers; this {arch} model "
+                f"does not fit"
             )
         if kernels == "c":
             raise KernelsUnavailableError(f"kernels='c': {why}")

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from tokenworks.models.catalogue import home
-from tokenworks.models.spec import ModelSpec, RopeScaling
+from tokenworks.models.spec import MLASpec, ModelSpec, MoESpec, RopeScaling
 
 log = logging.getLogger(__name__)
 FORMAT = 1  # bump when what is stored changes: older copies are then rebuilt
@@ -68,9 +68,14 @@ def load_converted(key: str, model_id: str, file_path: str, sha256: str | None):
         k[len(_EXTRA) :]: tensors.pop(k).numpy() for k in list(tensors) if k.startswith(_EXTRA)
     }
     rope = s.pop("rope_scaling", None)
+    moe, mla = s.pop("moe", None), s.pop("mla", None)
+    if moe:
+        moe = MoESpec(**moe | {"dense_layers": tuple(moe["dense_layers"])})
     spec = ModelSpec(
         **s | {"eos_token_ids": tuple(s["eos_token_ids"]), "extra": s["extra"] | extra},
         rope_scaling=RopeScaling(**rope) if rope else None,
+        moe=moe,
+        mla=MLASpec(**mla) if mla else None,
     )
     return LoadedModel(
         spec=spec,

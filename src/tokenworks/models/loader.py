@@ -158,6 +158,10 @@ def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
             if not m or m.group(2) not in fam.gguf_block:
                 raise ModelLoadError(f"{path}: unexpected tensor {t.name} for {arch}")
             name = f"model.layers.{m.group(1)}.{fam.gguf_block[m.group(2)]}"
+        if "{e}" in name:  # one 3-D tensor holds every expert's matrix: [E, out, in]
+            for e, part in enumerate(arr):
+                weights[name.format(e=e)] = torch.from_numpy(np.array(part, dtype=np.float32))
+            continue
         weights[name] = torch.from_numpy(np.array(arr, dtype=np.float32))  # owned, writable
 
     spec = ModelSpec(
@@ -167,8 +171,11 @@ def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
         n_layers=int(_field(reader, f"{arch}.block_count")),
         n_heads=n_heads,
         n_kv_heads=n_kv,
-        head_dim=int(_field(reader, f"{arch}.rope.dimension_count", hidden // n_heads)),
-        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length")),
+        head_dim=int(
+            _field(reader, f"{arch}.attention.key_length")
+            or _field(reader, f"{arch}.rope.dimension_count", hidden // n_heads)
+        ),
+        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length", 0)),
         max_position=int(_field(reader, f"{arch}.context_length")),
         norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),

@@ -4,9 +4,9 @@ and no QKV bias."""
 from __future__ import annotations
 
 from tokenworks.models.arch import Family
-from tokenworks.models.arch.llama import GGUF_BLOCK
+from tokenworks.models.arch.llama import GGUF_BLOCK as LLAMA_GGUF
 
-QK_NORM_GGUF = {
+GGUF_BLOCK = LLAMA_GGUF | {
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
 }
@@ -16,6 +16,6 @@ FAMILY = Family(
     hf_model_types=("qwen3",),
     spec_fields=lambda cfg: {"qk_norm": True},
     gguf_archs=("qwen3",),
-    gguf_block=GGUF_BLOCK | QK_NORM_GGUF,
+    gguf_block=GGUF_BLOCK,
     gguf_fields=lambda get, arch: {"qk_norm": True},
 )

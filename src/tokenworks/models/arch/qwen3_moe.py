@@ -4,8 +4,19 @@ one (softmax, top-k, renormalised where norm_topk_prob says)."""
 from __future__ import annotations
 
 from tokenworks.models.arch import Family
+from tokenworks.models.arch.qwen3 import GGUF_BLOCK as QWEN3_GGUF
 from tokenworks.models.spec import MoESpec
 from tokenworks.shapes import dense_layers
+
+# llama.cpp keeps each layer's experts in one 3-D tensor per matrix ({e}: split on load)
+GGUF_BLOCK = {
+    k: v for k, v in QWEN3_GGUF.items() if not k.startswith(("ffn_gate.", "ffn_up.", "ffn_down."))
+} | {
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "ffn_gate_exps.weight": "mlp.experts.{e}.gate_proj.weight",
+    "ffn_up_exps.weight": "mlp.experts.{e}.up_proj.weight",
+    "ffn_down_exps.weight": "mlp.experts.{e}.down_proj.weight",
+}
 
 
 def _fields(cfg: dict) -> dict:
@@ -20,4 +31,22 @@ def _fields(cfg: dict) -> dict:
     return {"moe": moe, "qk_norm": True}
 
 
-FAMILY = Family(name="qwen3_moe", hf_model_types=("qwen3_moe",), spec_fields=_fields)
+def _gguf_fields(get, arch: str) -> dict:
+    moe = MoESpec(
+        n_experts=int(get(f"{arch}.expert_count")),
+        top_k=int(get(f"{arch}.expert_used_count")),
+        intermediate=int(get(f"{arch}.expert_feed_forward_length")),
+        scoring="softmax",
+        norm_topk_prob=bool(get(f"{arch}.expert_weights_norm", True)),
+    )
+    return {"moe": moe, "qk_norm": True}
+
+
+FAMILY = Family(
+    name="qwen3_moe",
+    hf_model_types=("qwen3_moe",),
+    spec_fields=_fields,
+    gguf_archs=("qwen3moe",),
+    gguf_block=GGUF_BLOCK,
+    gguf_fields=_gguf_fields,
+)
