@@ -2,7 +2,8 @@
 
 Each config is saved as a Hugging Face directory (config.json + safetensors) and loaded by
 the engine's own loader, so the directory path of the loader is tested too. The families
-added with the architecture registry (Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3)
+added with the architecture registry (Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2
+and V3)
 are built with sharper weights than transformers' initialisation: matrices x5, norms and
 biases (DeepSeek's routing bias included) drawn at random, so attention is peaked and the
 routers' choices are decisive rather than near ties.
@@ -87,9 +88,27 @@ CONFIGS = {
         v_head_dim=16,
         routed_scaling_factor=2.5,
     ),  # fmt: skip
+    "deepseek-v2-lite": lambda: transformers.DeepseekV2Config(
+        **SMALL,
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        topk_method="group_limited_greedy",
+        n_shared_experts=2,
+        first_k_dense_replace=1,
+        moe_intermediate_size=32,
+        kv_lora_rank=32,
+        q_lora_rank=None,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        routed_scaling_factor=1.5,
+    ),  # fmt: skip
 }
-SHARPENED = {"qwen3", "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3"}
-MOE = {"mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3"}
+SHARPENED = {"qwen3", "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite"}
+MOE = {"mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite"}
 
 
 def sharpen(model) -> None:

@@ -133,6 +133,8 @@ class LlamaForward:
         spec = getattr(model, "spec", None)
         if lib is None or spec is None or spec.arch != "llama":
             return None
+        if spec.moe or spec.mla or spec.qk_norm:  # layers the C forward pass has no code for
+            return None
         if model.embed.weight.device.type != "cpu" or pool.k[0].dtype not in (
             torch.float32,
             torch.bfloat16,

@@ -142,7 +142,11 @@ class MoE(nn.Module):
         if m.n_group > 1:  # keep the experts of the topk_group best groups
             t = x.shape[0]
             grouped = choice.view(t, m.n_group, -1)
-            best = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)  # [T, G]
+            best = (
+                grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)
+                if m.group_scoring == "top2"
+                else grouped.amax(dim=-1)
+            )  # [T, G]
             keep = torch.zeros_like(best, dtype=torch.bool)
             keep.scatter_(1, best.topk(m.topk_group, dim=-1).indices, True)
             choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], 1), -math.inf)

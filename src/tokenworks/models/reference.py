@@ -107,9 +107,9 @@ def route(x, w, p, m):  # [n, h] -> (weights [n, k], expert ids [n, k])
     logits = x @ w[p + "mlp.gate.weight"].T  # [n, E]
     scores = softmax(logits) if m.scoring == "softmax" else 1 / (1 + np.exp(-logits))
     choice = scores + w[p + "mlp.gate.e_score_correction_bias"] if m.score_bias else scores
-    if m.n_group > 1:  # a group's score: its best two; only the best topk_group groups compete
+    if m.n_group > 1:  # a group's score: its best two (or best); the best topk_group compete
         g = choice.reshape(len(x), m.n_group, -1)
-        group_score = np.sort(g, axis=-1)[..., -2:].sum(-1)  # [n, G]
+        group_score = np.sort(g, axis=-1)[..., -2 if m.group_scoring == "top2" else -1 :].sum(-1)
         worst = np.argsort(-group_score, axis=-1)[:, m.topk_group :]
         np.put_along_axis(g, worst[..., None], -np.inf, axis=1)
         choice = g.reshape(len(x), -1)

@@ -32,6 +32,7 @@ class MoESpec:
     score_bias: bool = False  # DeepSeek-V3: a learned bias added to scores to choose, not weigh
     n_group: int = 1  # DeepSeek: experts in n_group groups; choose within the best topk_group
     topk_group: int = 1
+    group_scoring: str = "top2"  # a group's score: its best two summed (V3) or its best (V2)
     routed_scaling_factor: float = 1.0
     dense_layers: tuple[int, ...] = ()  # layers whose MLP is a plain dense one
 
@@ -40,6 +41,8 @@ class MoESpec:
             raise ValueError(f"top_k {self.top_k} must be in 1..n_experts ({self.n_experts})")
         if self.scoring not in ("softmax", "sigmoid"):
             raise ValueError(f"router scoring {self.scoring!r}: expected softmax or sigmoid")
+        if self.group_scoring not in ("top2", "max"):
+            raise ValueError(f"group scoring {self.group_scoring!r}: expected top2 or max")
         if self.n_experts % self.n_group or not 0 < self.topk_group <= self.n_group:
             raise ValueError(
                 f"{self.n_experts} experts in {self.n_group} groups, best {self.topk_group}: "

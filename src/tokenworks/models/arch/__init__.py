@@ -46,6 +46,7 @@ class Family:
 def _families() -> dict[str, Family]:
     from tokenworks.models.arch import (
         deepseek,
+        deepseek_v2,
         gpt2,
         llama,
         mixtral,
@@ -54,7 +55,8 @@ def _families() -> dict[str, Family]:
         qwen3_moe,
     )
 
-    found = [m.FAMILY for m in (llama, gpt2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek)]
+    modules = (llama, gpt2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek)
+    found = [m.FAMILY for m in modules]
     return {f.name: f for f in found}
 
 

@@ -28,7 +28,13 @@ def _fields(cfg: dict) -> dict:
         routed_scaling_factor=float(cfg.get("routed_scaling_factor", 1.0)),
         dense_layers=dense_layers(cfg),
     )
-    mla = MLASpec(
+    mla = latent_spec(cfg)
+    return {"moe": moe, "mla": mla, "head_dim": mla.qk_nope_head_dim + mla.qk_rope_head_dim}
+
+
+def latent_spec(cfg: dict) -> MLASpec:
+    """The latent attention numbers of a DeepSeek config.json."""
+    return MLASpec(
         kv_lora_rank=cfg["kv_lora_rank"],
         qk_nope_head_dim=cfg["qk_nope_head_dim"],
         qk_rope_head_dim=cfg["qk_rope_head_dim"],
@@ -36,7 +42,6 @@ def _fields(cfg: dict) -> dict:
         q_lora_rank=cfg.get("q_lora_rank"),
         rope_interleave=bool(cfg.get("rope_interleave", True)),
     )
-    return {"moe": moe, "mla": mla, "head_dim": mla.qk_nope_head_dim + mla.qk_rope_head_dim}
 
 
 def _deinterleave(w: torch.Tensor, start: int, n: int, period: int) -> torch.Tensor:
@@ -47,7 +52,7 @@ def _deinterleave(w: torch.Tensor, start: int, n: int, period: int) -> torch.Ten
     return w.view(-1, *w.shape[2:])
 
 
-def _prepare(weights: dict, spec) -> dict:
+def deinterleave_rope(weights: dict, spec) -> dict:
     """Interleaved RoPE pairs (x0, x1), (x2, x3) ... to rotate-half order: the same
     dot products, so the weights can be reordered once instead of every token."""
     mla = spec.mla
@@ -67,5 +72,5 @@ FAMILY = Family(
     name="deepseek_v3",
     hf_model_types=("deepseek_v3",),
     spec_fields=_fields,
-    prepare=_prepare,
+    prepare=deinterleave_rope,
 )
