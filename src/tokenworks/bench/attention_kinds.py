@@ -3,7 +3,9 @@
 How many keys and values a model keeps decides its cache, and a decode step reads the
 whole cache: bytes per token set memory per request and (memory-bound) attention time.
 For each kind this measures the cache bytes per token from the engine's own pool, the
-time of one layer's decode attention over the paged pool, and sets beside them the plan's
+time of one layer's decode attention over the paged pool (torch's path, which gathers the
+context out of its blocks first, and for MHA/GQA/MQA the C kernel that reads the blocks in
+place, as Llama-family models decode), and sets beside them the plan's
 figures: `shapes.kv_bytes_per_token` and a roofline time, max(bytes read / bandwidth,
 FLOPs / peak) with this machine's probed rates. MLA is timed in both forms
 (models/mla.py): absorbed, what the engine runs, and expanded, which rebuilds every
@@ -22,6 +24,7 @@ from tqdm import tqdm
 from tokenworks.bench.record import make_record, write_record
 from tokenworks.engine.host_memory import keep_freed_memory
 from tokenworks.engine.kv_cache import KVPool
+from tokenworks.kernels.attention import paged_decode_attention
 from tokenworks.models.mla import LatentAttention
 from tokenworks.models.spec import MLASpec, ModelSpec
 from tokenworks.ops.attention import AttentionMetadata, attention_over_pool
@@ -83,6 +86,14 @@ def measure(kind: str, batch: int, context: int, dtype, repeats: int, block_size
             scale = HEAD_DIM**-0.5
             fn = lambda: attention_over_pool(q, meta, pool.k[0], pool.v[0], scale)  # noqa: E731
             out["seconds"] = _median_time(fn, repeats)
+            # the C kernel Llama-family models decode with: it reads the blocks in place
+            tabs = torch.tensor(tables, dtype=torch.long)
+            lens = torch.full((batch,), context + 1, dtype=torch.long)
+            c = lambda: paged_decode_attention(  # noqa: E731
+                q, pool.k[0], pool.v[0], tabs, lens, block_size, scale, None
+            )
+            if c() is not None:
+                out["c_kernel_seconds"] = _median_time(c, repeats)
             return out
         attn = LatentAttention(spec, 0)
         w = attn.kv_b.weight
@@ -145,15 +156,17 @@ def run_attention_bench(args) -> Path:
 
 def table(rows: dict) -> str:
     out = [
-        "| kind | context | KV bytes/token (pool) | plan | ms | plan ms | MLA expanded ms |",
-        "|---|---|---|---|---|---|---|",
+        "| kind | context | KV bytes/token (pool) | plan | torch ms | C kernel ms | plan ms "
+        "| MLA expanded ms |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for key, r in rows.items():
         kind, ctx = key.split("-ctx")
         exp = f"{r['expanded_seconds'] * 1e3:.2f}" if "expanded_seconds" in r else ""
+        c = f"{r['c_kernel_seconds'] * 1e3:.2f}" if "c_kernel_seconds" in r else ""
         out.append(
             f"| {kind} | {ctx} | {r['kv_bytes_per_token']:.0f} "
-            f"| {r['planned_kv_bytes_per_token']:.0f} | {r['seconds'] * 1e3:.2f} "
+            f"| {r['planned_kv_bytes_per_token']:.0f} | {r['seconds'] * 1e3:.2f} | {c} "
             f"| {r['planned_seconds'] * 1e3:.2f} | {exp} |"
         )
     return "\n".join(out)
@@ -176,8 +189,11 @@ def plot(rows: dict, contexts: list[int], args, path: Path) -> None:
     a.set(xticks=list(x), xticklabels=kinds, ylabel="KV bytes per token per layer",
           title=f"cache per token, hidden {HIDDEN}, {args.dtype}")  # fmt: skip
     a.legend()
-    b.bar([i - 0.2 for i in x], [r["seconds"] * 1e3 for r in got], 0.4, label="measured")
-    b.bar([i + 0.2 for i in x], [r["planned_seconds"] * 1e3 for r in got], 0.4,
+    w = 0.27
+    b.bar([i - w for i in x], [r["seconds"] * 1e3 for r in got], w, label="torch path")
+    b.bar(list(x), [r.get("c_kernel_seconds", 0) * 1e3 for r in got], w,
+          label="C kernel (in place)")  # fmt: skip
+    b.bar([i + w for i in x], [r["planned_seconds"] * 1e3 for r in got], w,
           label="plan (roofline)")  # fmt: skip
     b.set(xticks=list(x), xticklabels=kinds, ylabel="ms per layer",
           title=f"decode attention, batch {args.batch}, context {context}")  # fmt: skip

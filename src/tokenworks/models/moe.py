@@ -34,10 +34,12 @@ from torch import nn
 from tokenworks.models.spec import ModelSpec
 
 STRATEGIES = ("auto", "loop", "grouped", "dense")
-# auto runs grouped once the experts a batch touches take this many tokens each on average
-# (bench moe, Qwen3-30B-A3B's layer in bfloat16: the loop wins while most take one, the
-# grouped product from about two, random or skewed router alike)
-GROUPED_FROM = 1.5
+# auto runs grouped once a batch touches this many experts and they take this many tokens
+# each on average (bench moe, bfloat16): the grouped product saves the loop's per-expert
+# cost, which counts with Qwen3-30B-A3B's 128 small experts and not with Mixtral's 8 large
+# ones; and the loop's matrix-vector products win while most experts take one token
+GROUPED_MIN_EXPERTS = 32
+GROUPED_FROM = 2.0
 
 
 def rows_product(x: torch.Tensor, w: torch.Tensor, tile: int | None = None) -> torch.Tensor:
@@ -179,7 +181,9 @@ class MoE(nn.Module):
         if self.tile is not None:
             return "loop"  # the only one computed row by row in fixed tiles
         pairs, touched = int(counts.sum()), int((counts > 0).sum())
-        return "loop" if pairs < GROUPED_FROM * touched else "grouped"
+        if touched < GROUPED_MIN_EXPERTS or pairs < GROUPED_FROM * touched:
+            return "loop"
+        return "grouped"
 
     def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
         if x.shape[0] == 1 and self.tile is None and x.dtype == torch.bfloat16:
