@@ -484,3 +484,17 @@ def test_a_gguf_of_the_family_loads_as_its_hugging_face_directory_does(
             got = model(ids, torch.arange(24), AttentionMetadata.single(24))
         assert (got - want).abs().max().item() < 1e-4
     assert (tmp_path / "home" / "converted").is_dir()
+
+
+@pytest.mark.parametrize(("name", "quantization"), [("deepseek-v3", "int8"), ("qwen3-moe", "int4")])
+def test_moe_and_mla_models_run_quantized(new_family_dirs, name, quantization):
+    """Attention and shared experts quantise; routed experts, routers and MLA's W_UK/W_UV
+    stay in the model dtype. Prefill and absorbed decode both run."""
+    from tokenworks import LLM, SamplingParams
+
+    _, path = new_family_dirs[name]
+    llm = LLM(str(path), dtype="bfloat16", loaded=_loaded(path), warmup=False,
+              quantization=quantization)  # fmt: skip
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    outs = llm.generate([[5, 6, 7], list(range(30))], params, use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [4, 4]

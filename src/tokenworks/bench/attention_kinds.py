@@ -96,8 +96,7 @@ def measure(kind: str, batch: int, context: int, dtype, repeats: int, block_size
                 out["c_kernel_seconds"] = _median_time(c, repeats)
             return out
         attn = LatentAttention(spec, 0)
-        w = attn.kv_b.weight
-        w.copy_(torch.randn(w.shape, generator=g) / MLA.kv_lora_rank**0.5)
+        attn.kv_b.copy_(torch.randn(attn.kv_b.shape, generator=g) / MLA.kv_lora_rank**0.5)
         attn = attn.to(dtype)
         q = torch.randn(batch, HEADS, attn.dq, generator=g).to(dtype)
         dec = meta.decode

@@ -141,6 +141,10 @@ def run_throughput(args, peers: dict[str, str] | None = None, not_run: dict | No
         "preemptions": sum(s.preemptions for s in stats),
         "rounds": ours_runs,
     }
+    if engine.routing_totals is not None:  # an MoE model: what its routers did
+        ours["moe_experts_touched_mean"] = sum(s.moe_experts_touched for s in stats) / len(stats)
+        ours["moe_imbalance_mean"] = sum(s.moe_imbalance for s in stats) / len(stats)
+        ours["moe_tokens_per_expert"] = engine.routing_totals.tolist()  # all rounds
     peer_results = {name: {"status": "NOT_RUN", "reason": r} for name, r in (not_run or {}).items()}
     per_round = {}
     for name, runs in peer_runs.items():

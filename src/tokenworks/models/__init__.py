@@ -57,6 +57,8 @@ def build_model(
         moe.strategy, moe.capacity_factor = moe_strategy, moe_capacity_factor
         if batch_invariant:
             moe.tile = 16  # the experts' products in fixed row tiles, as TiledLinear's
+    for layer in model.layers if spec.mla and batch_invariant else ():
+        layer.mla.tile = 16
     if batch_invariant:
         tile_linears_(model)
     elif quantization is None and dtype == torch.bfloat16 and device == "cpu":

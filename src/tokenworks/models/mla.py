@@ -23,6 +23,7 @@ from torch import nn
 
 from tokenworks.models.spec import ModelSpec
 from tokenworks.ops.attention import AttentionMetadata, sequence_attention
+from tokenworks.ops.linear import rows_product
 from tokenworks.ops.rope import apply_rope
 
 
@@ -41,12 +42,14 @@ class LatentAttention(nn.Module):
             self.q_proj = nn.Linear(h, heads * self.dq, bias=False)
         self.kv_a = nn.Linear(h, m.kv_lora_rank + m.qk_rope_head_dim, bias=False)
         self.kv_a_norm = nn.Parameter(torch.ones(m.kv_lora_rank), requires_grad=False)
-        self.kv_b = nn.Linear(
-            m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim), bias=False
-        )
+        # W_UK and W_UV as a plain tensor, not a layer: the absorbed form reads it per head,
+        # so it stays in the model dtype under --quantization
+        width = heads * (m.qk_nope_head_dim + m.v_head_dim)
+        self.kv_b = nn.Parameter(torch.empty(width, m.kv_lora_rank), requires_grad=False)
         self.o_proj = nn.Linear(heads * m.v_head_dim, h, bias=False)
         self.scale = self.dq**-0.5
         self.absorb = True  # decode in the absorbed form (False: expanded, for comparison)
+        self.tile: int | None = None  # batch-invariant mode: kv_b over fixed row tiles
 
     def load(self, w: dict, p: str) -> None:
         a = p + "self_attn."
@@ -58,7 +61,7 @@ class LatentAttention(nn.Module):
             self.q_proj.weight.copy_(w[a + "q_proj.weight"])
         self.kv_a.weight.copy_(w[a + "kv_a_proj_with_mqa.weight"])
         self.kv_a_norm.copy_(w[a + "kv_a_layernorm.weight"])
-        self.kv_b.weight.copy_(w[a + "kv_b_proj.weight"])
+        self.kv_b.copy_(w[a + "kv_b_proj.weight"])
         self.o_proj.weight.copy_(w[a + "o_proj.weight"])
 
     def _norm(self, x, weight):
@@ -67,7 +70,7 @@ class LatentAttention(nn.Module):
     def _w_b(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W_UK [H, nope, r] and W_UV [H, v, r], views of kv_b_proj."""
         m = self.m
-        w = self.kv_b.weight.view(self.spec.n_heads, m.qk_nope_head_dim + m.v_head_dim, -1)
+        w = self.kv_b.view(self.spec.n_heads, m.qk_nope_head_dim + m.v_head_dim, -1)
         return w[:, : m.qk_nope_head_dim], w[:, m.qk_nope_head_dim :]
 
     def forward(self, x, cos, sin, meta: AttentionMetadata, cache) -> torch.Tensor:
@@ -110,7 +113,9 @@ class LatentAttention(nn.Module):
     def _expanded(self, q: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """q [n, H, dq] against context rows [L, r + rope] (q's own last) -> [n, H * v]."""
         m, heads = self.m, self.spec.n_heads
-        kv = self.kv_b(rows[:, : m.kv_lora_rank]).view(-1, heads, m.qk_nope_head_dim + m.v_head_dim)
+        kv = rows_product(rows[:, : m.kv_lora_rank], self.kv_b, self.tile).view(
+            -1, heads, m.qk_nope_head_dim + m.v_head_dim
+        )
         k_rope = rows[:, None, m.kv_lora_rank :].expand(-1, heads, -1)
         keys = torch.cat([kv[..., : m.qk_nope_head_dim], k_rope], dim=-1).transpose(0, 1)
         values = kv[..., m.qk_nope_head_dim :].transpose(0, 1)  # [H, L, v]

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenworks.models.spec import ModelSpec
+from tokenworks.ops.linear import rows_product
 
 STRATEGIES = ("auto", "loop", "grouped", "dense")
 # auto runs grouped once a batch touches this many experts and they take this many tokens
@@ -40,18 +41,6 @@ STRATEGIES = ("auto", "loop", "grouped", "dense")
 # ones; and the loop's matrix-vector products win while most experts take one token
 GROUPED_MIN_EXPERTS = 32
 GROUPED_FROM = 2.0
-
-
-def rows_product(x: torch.Tensor, w: torch.Tensor, tile: int | None = None) -> torch.Tensor:
-    """x [n, in] @ w[out, in].T; with tile, over fixed tiles of rows (zero-padded) so a
-    row's result does not depend on how many rows come with it (batch-invariant mode)."""
-    if tile is None or x.shape[0] == 0:
-        return F.linear(x, w)
-    m = x.shape[0]
-    pad = -m % tile
-    if pad:
-        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
-    return torch.cat([F.linear(t, w) for t in x.split(tile)])[:m]
 
 
 class RoutingStats:

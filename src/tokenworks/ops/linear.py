@@ -243,3 +243,15 @@ def tile_linears_(model: nn.Module, tile: int = 16) -> nn.Module:
         else:
             tile_linears_(child, tile)
     return model
+
+
+def rows_product(x: torch.Tensor, w: torch.Tensor, tile: int | None = None) -> torch.Tensor:
+    """x [n, in] @ w[out, in].T; with tile, over fixed tiles of rows (zero-padded) so a
+    row's result does not depend on how many rows come with it (batch-invariant mode)."""
+    if tile is None or x.shape[0] == 0:
+        return F.linear(x, w)
+    m = x.shape[0]
+    pad = -m % tile
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+    return torch.cat([F.linear(t, w) for t in x.split(tile)])[:m]
