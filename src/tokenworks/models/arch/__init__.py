@@ -78,26 +78,34 @@ def family(name: str) -> Family:
         ) from None
 
 
+def _names(attr: str) -> list[str]:
+    """Every family's hf_model_types or gguf_archs, sorted."""
+    return sorted(x for f in families().values() for x in getattr(f, attr))
+
+
+def _reading(attr: str, value: str | None) -> Family | None:
+    return next((f for f in families().values() if value in getattr(f, attr)), None)
+
+
 def for_hf_model_type(model_type: str | None) -> Family:
-    for f in families().values():
-        if model_type in f.hf_model_types:
-            return f
-    known = sorted(t for f in families().values() for t in f.hf_model_types)
-    raise UnknownArchitectureError(
-        f"model_type {model_type!r} is not supported; supported: {', '.join(known)}"
-    )
+    found = _reading("hf_model_types", model_type)
+    if found is None:
+        raise UnknownArchitectureError(
+            f"model_type {model_type!r} is not supported; supported: "
+            f"{', '.join(_names('hf_model_types'))}"
+        )
+    return found
 
 
 def for_gguf_arch(arch: str | None) -> Family:
-    for f in families().values():
-        if arch in f.gguf_archs:
-            return f
-    known = sorted(a for f in families().values() for a in f.gguf_archs)
-    raise UnknownArchitectureError(
-        f"GGUF architecture {arch!r} is not supported; supported: {', '.join(known)} (other "
-        f"families load from a Hugging Face directory: "
-        f"{', '.join(sorted(t for f in families().values() for t in f.hf_model_types))})"
-    )
+    found = _reading("gguf_archs", arch)
+    if found is None:
+        raise UnknownArchitectureError(
+            f"GGUF architecture {arch!r} is not supported; supported: "
+            f"{', '.join(_names('gguf_archs'))} (other families load from a Hugging Face "
+            f"directory: {', '.join(_names('hf_model_types'))})"
+        )
+    return found
 
 
 __all__ = [
