@@ -93,9 +93,6 @@ class ModelSpec:
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
-        from tokenworks.models.arch import family
-
-        family(self.arch)  # raises, naming the families there are
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv={self.n_kv_heads}")
 

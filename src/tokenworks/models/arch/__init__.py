@@ -11,36 +11,7 @@ family is one module here plus its tests.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
-
-class UnknownArchitectureError(ValueError):
-    """A config or file naming an architecture no family here reads."""
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str  # ModelSpec.arch
-    hf_model_types: tuple[str, ...]  # config.json "model_type" values it reads
-    module: str = "decoder"  # the torch module and reference that run it: decoder or gpt2
-    # config.json -> the ModelSpec fields beyond the shared shape (moe, mla, qk_norm, ...)
-    spec_fields: Callable[[dict], dict] = lambda cfg: {}
-    # Hugging Face names -> engine names: (regex, replacement) applied in order
-    hf_renames: tuple[tuple[str, str], ...] = ()
-    # GGUF "general.architecture" values it reads, and its per-block tensor names
-    gguf_archs: tuple[str, ...] = ()
-    gguf_block: dict[str, str] = field(default_factory=dict)
-    # GGUF metadata (a key -> value getter, the arch prefix) -> extra ModelSpec fields
-    gguf_fields: Callable[[Callable, str], dict] = lambda get, arch: {}
-    # weights under engine names, the spec -> the weights the module reads
-    prepare: Callable[[dict, object], dict] = lambda weights, spec: weights
-
-    def rename(self, name: str) -> str:
-        for pattern, repl in self.hf_renames:
-            name = re.sub(pattern, repl, name)
-        return name
+from tokenworks.models.arch.family import Family, UnknownArchitectureError
 
 
 def _families() -> dict[str, Family]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from tokenworks.models.arch import Family
+from tokenworks.models.arch.family import Family
 from tokenworks.models.spec import MLASpec, MoESpec
 from tokenworks.shapes import dense_layers
 

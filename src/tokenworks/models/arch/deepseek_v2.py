@@ -5,8 +5,8 @@ always interleaved (it rotates them as complex numbers)."""
 
 from __future__ import annotations
 
-from tokenworks.models.arch import Family
 from tokenworks.models.arch.deepseek import deinterleave_rope, latent_spec
+from tokenworks.models.arch.family import Family
 from tokenworks.models.spec import MoESpec
 from tokenworks.shapes import dense_layers
 

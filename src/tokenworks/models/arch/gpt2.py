@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tokenworks.models.arch import Family
+from tokenworks.models.arch.family import Family
 
 FAMILY = Family(name="gpt2", hf_model_types=("gpt2",), module="gpt2")

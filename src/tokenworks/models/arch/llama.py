@@ -3,7 +3,7 @@ other decoder family's are mapped onto."""
 
 from __future__ import annotations
 
-from tokenworks.models.arch import Family
+from tokenworks.models.arch.family import Family
 
 # GGUF per-block tensor names -> engine names (llama.cpp's naming)
 GGUF_BLOCK = {

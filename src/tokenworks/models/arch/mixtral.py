@@ -3,7 +3,7 @@ over all experts, then the top 2 renormalised)."""
 
 from __future__ import annotations
 
-from tokenworks.models.arch import Family
+from tokenworks.models.arch.family import Family
 from tokenworks.models.spec import MoESpec
 
 

@@ -4,7 +4,7 @@ whose output is scaled by sigmoid(x . g)."""
 
 from __future__ import annotations
 
-from tokenworks.models.arch import Family
+from tokenworks.models.arch.family import Family
 from tokenworks.models.spec import MoESpec
 from tokenworks.shapes import dense_layers
 

@@ -3,7 +3,7 @@ and no QKV bias."""
 
 from __future__ import annotations
 
-from tokenworks.models.arch import Family
+from tokenworks.models.arch.family import Family
 from tokenworks.models.arch.llama import GGUF_BLOCK as LLAMA_GGUF
 
 GGUF_BLOCK = LLAMA_GGUF | {

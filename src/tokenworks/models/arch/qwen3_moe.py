@@ -3,7 +3,7 @@ one (softmax, top-k, renormalised where norm_topk_prob says)."""
 
 from __future__ import annotations
 
-from tokenworks.models.arch import Family
+from tokenworks.models.arch.family import Family
 from tokenworks.models.arch.qwen3 import GGUF_BLOCK as QWEN3_GGUF
 from tokenworks.models.spec import MoESpec
 from tokenworks.shapes import dense_layers
