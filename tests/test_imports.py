@@ -30,8 +30,19 @@ ALLOWED = {
     "plan": {"shapes", "units"},
     "serve": {"config", "engine", "models", "tokenizer", "units"},
     # bench measures layers below the engine directly too (one MoE layer, one attention)
-    "bench": {"config", "engine", "kernels", "models", "ops", "plan", "serve", "shapes",
-              "tokenizer", "top", "units"},  # fmt: skip
+    "bench": {
+        "config",
+        "engine",
+        "kernels",
+        "models",
+        "ops",
+        "plan",
+        "serve",
+        "shapes",
+        "tokenizer",
+        "top",
+        "units",
+    },  # fmt: skip
     "env_report": {"bench", "kernels", "paths"},
     "cli": {"bench", "config", "env_report", "models", "plan", "serve", "top", "units"},
     "top": {"engine", "llm"},
