@@ -205,7 +205,8 @@ class MoE(nn.Module):
         counts = torch.bincount(flat, minlength=self.m.n_experts)
         token = order // k
         xs = x.index_select(0, token)  # the pairs' tokens, grouped by expert
-        if hasattr(torch, "_grouped_mm"):
+        # torch's grouped product: every dtype on the CPU, bfloat16 on CUDA
+        if hasattr(torch, "_grouped_mm") and (x.device.type == "cpu" or x.dtype == torch.bfloat16):
             ends = torch.cumsum(counts, 0).to(torch.int32)
             gate, up = torch._grouped_mm(xs, self.gate_up.transpose(1, 2), offs=ends).chunk(2, -1)
             ys = torch._grouped_mm(F.silu(gate) * up, self.down.transpose(1, 2), offs=ends)
