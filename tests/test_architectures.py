@@ -2,8 +2,8 @@
 
 Each config is saved as a Hugging Face directory (config.json + safetensors) and loaded by
 the engine's own loader, so the directory path of the loader is tested too. The families
-added with the architecture registry (Qwen3, Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2
-and V3)
+added with the architecture registry (Qwen3, Gemma 2 and 3, Mixtral, Qwen2-MoE, Qwen3-MoE,
+DeepSeek-V2 and V3)
 are built with sharper weights than transformers' initialisation: matrices x5, norms and
 biases (DeepSeek's routing bias included) drawn at random, so attention is peaked and the
 routers' choices are decisive rather than near ties.
@@ -106,8 +106,25 @@ CONFIGS = {
         v_head_dim=16,
         routed_scaling_factor=1.5,
     ),  # fmt: skip
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **SMALL | {"num_hidden_layers": 6},
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        query_pre_attn_scalar=24,
+    ),  # fmt: skip
+    "gemma2": lambda: transformers.Gemma2Config(
+        **SMALL | {"num_hidden_layers": 4},
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        query_pre_attn_scalar=24,
+    ),  # fmt: skip
 }
-SHARPENED = {"qwen3", "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite"}
+SHARPENED = {
+    "qwen3", "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite", "gemma3",
+    "gemma2",
+}  # fmt: skip
 MOE = {"mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite"}
 
 

@@ -33,7 +33,8 @@ class ModelShape:
     mlp: str = "gated"  # gated (SwiGLU/GeGLU: 3 matrices) or plain (GPT-2: 2)
     norm: str = "rms"  # rms (weight) or layer (weight + bias)
     qkv_bias: bool = False  # Qwen2
-    qk_norm: bool = False  # Qwen3: an RMSNorm weight over each head of Q and of K
+    qk_norm: bool = False  # Qwen3, Gemma 3: an RMSNorm weight over each head of Q and of K
+    sandwich_norms: bool = False  # Gemma 2/3: four norms a layer (after attention and MLP too)
     bias: bool = False  # every linear has a bias (GPT-2)
     learned_positions: int = 0  # GPT-2's position embedding rows
     # sliding-window attention: local layers keep `sliding_window` tokens of KV;
@@ -131,8 +132,11 @@ class ModelShape:
             n += width + self.hidden
         return n
 
+    def _layer_norms(self) -> int:
+        return (4 if self.sandwich_norms else 2) * self._norm()
+
     def layer_params(self, layer: int, active: bool = False) -> int:
-        n = self.attention_params() + 2 * self._norm()
+        n = self.attention_params() + self._layer_norms()
         if self.is_moe and layer >= self.first_dense_layers:
             experts = self.experts_per_token if active else self.n_experts
             width = self.moe_intermediate or self.intermediate
@@ -159,7 +163,7 @@ class ModelShape:
     def matmul_params(self, active: bool = True) -> int:
         """Parameters a token multiplies by (FLOPs per token = 2 x this): the layers and
         the LM head; embedding lookups and norms are not matmuls."""
-        body = sum(self.layer_params(i, active) - 2 * self._norm() for i in range(self.n_layers))
+        body = sum(self.layer_params(i, active) - self._layer_norms() for i in range(self.n_layers))
         return body + self.vocab * self.hidden
 
     # ------------------------------------------------------------------ attention sizes
@@ -236,7 +240,8 @@ def from_hf_config(cfg: dict, name: str = "") -> ModelShape:
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(cfg.get("attention_bias", False) or cfg.get("qkv_bias", False))
             or mtype == "qwen2",
-            qk_norm=mtype.startswith("qwen3"),
+            qk_norm=mtype.startswith(("qwen3", "gemma3")),
+            sandwich_norms=mtype.startswith(("gemma2", "gemma3")),
             sliding_window=window,
             global_every=global_every,
             n_experts=experts,

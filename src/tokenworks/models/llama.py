@@ -11,6 +11,8 @@ faster.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,6 +22,10 @@ from tokenworks.models.moe import MoE, RoutingStats
 from tokenworks.models.spec import ModelSpec
 from tokenworks.ops.attention import AttentionMetadata, attention
 from tokenworks.ops.rope import apply_rope, cos_sin_table
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
 
 
 class LlamaLayer(nn.Module):
@@ -40,7 +46,14 @@ class LlamaLayer(nn.Module):
         if self.moe is None:
             self.gate_up = nn.Linear(h, 2 * spec.intermediate_size, bias=False)
             self.down = nn.Linear(spec.intermediate_size, h, bias=False)
-        self.scale = spec.head_dim**-0.5
+        if spec.sandwich_norms:  # Gemma: each sublayer's output normed before the residual
+            self.attn_output_norm = nn.Parameter(torch.ones(h), requires_grad=False)
+            self.mlp_output_norm = nn.Parameter(torch.ones(h), requires_grad=False)
+        self.scale = spec.attn_scale or spec.head_dim**-0.5
+        self.window = spec.window(layer)
+        # which RoPE table: 1 for a windowed layer with its own base (Gemma 3), else 0
+        self.rope_table = int(spec.rope_local_theta is not None and self.window is not None)
+        self.act = F.silu if spec.mlp_act == "silu" else _gelu_tanh
 
     def load(self, w: dict[str, torch.Tensor], p: str) -> None:
         """Copy this layer's weights (engine names under prefix p) in, fusing QKV and gate/up."""
@@ -60,6 +73,9 @@ class LlamaLayer(nn.Module):
         if self.spec.qk_norm:
             self.q_norm.copy_(w[p + "self_attn.q_norm.weight"])
             self.k_norm.copy_(w[p + "self_attn.k_norm.weight"])
+        if self.spec.sandwich_norms:
+            self.attn_output_norm.copy_(w[p + "attn_output_norm.weight"])
+            self.mlp_output_norm.copy_(w[p + "mlp_output_norm.weight"])
         if self.moe is not None:
             self.moe.load(w, p)
         else:
@@ -77,16 +93,24 @@ class LlamaLayer(nn.Module):
         cache,
     ) -> torch.Tensor:
         s = self.spec
-        h = F.rms_norm(x, (s.hidden_size,), self.input_norm, s.norm_eps)
+        norm = (s.hidden_size,)
+        h = F.rms_norm(x, norm, self.input_norm, s.norm_eps)
         if self.mla is not None:
-            x = x + self.mla(h, cos, sin, meta, cache)
+            a = self.mla(h, cos, sin, meta, cache)
         else:
-            x = x + self.o_proj(self._attention(h, cos, sin, meta, cache))
-        h = F.rms_norm(x, (s.hidden_size,), self.post_norm, s.norm_eps)
+            a = self.o_proj(self._attention(h, cos, sin, meta, cache))
+        if s.sandwich_norms:
+            a = F.rms_norm(a, norm, self.attn_output_norm, s.norm_eps)
+        x = x + a
+        h = F.rms_norm(x, norm, self.post_norm, s.norm_eps)
         if self.moe is not None:
-            return x + self.moe(h)
-        gate, up = self.gate_up(h).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
+            m = self.moe(h)
+        else:
+            gate, up = self.gate_up(h).chunk(2, dim=-1)
+            m = self.down(self.act(gate) * up)
+        if s.sandwich_norms:
+            m = F.rms_norm(m, norm, self.mlp_output_norm, s.norm_eps)
+        return x + m
 
     def _attention(self, h, cos, sin, meta, cache) -> torch.Tensor:
         s = self.spec
@@ -105,7 +129,7 @@ class LlamaLayer(nn.Module):
         qk = apply_rope(qk, cos, sin)
         q, k = qk[:, : s.n_heads], qk[:, s.n_heads :]
         v = qkv[:, s.q_size + s.kv_size :].view(t, s.n_kv_heads, s.head_dim)
-        return attention(q, k, v, meta, cache, self.layer, self.scale, s.sliding_window)
+        return attention(q, k, v, meta, cache, self.layer, self.scale, self.window, s.attn_softcap)
 
 
 class LlamaModel(nn.Module):
@@ -119,6 +143,11 @@ class LlamaModel(nn.Module):
         cos, sin = cos_sin_table(spec, spec.max_position)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        if spec.rope_local_theta is not None:  # Gemma 3: the windowed layers' own base
+            local = dataclasses.replace(spec, rope_theta=spec.rope_local_theta, rope_scaling=None)
+            cos, sin = cos_sin_table(local, spec.max_position)
+        self.register_buffer("cos_local", cos, persistent=False)
+        self.register_buffer("sin_local", sin, persistent=False)
         self.routing = RoutingStats() if spec.moe else None  # what each step's routers chose
         for layer in self.layers:
             if layer.moe is not None:
@@ -149,12 +178,20 @@ class LlamaModel(nn.Module):
         float_logits: bool = True,  # False: logits in the weights' dtype (no float32 copy)
     ) -> torch.Tensor:  # [N, vocab]
         x = self.embed(input_ids)
-        cos = self.cos[positions].to(x.dtype).unsqueeze(1)  # [T, 1, D]
-        sin = self.sin[positions].to(x.dtype).unsqueeze(1)
+        if self.spec.embed_scale:  # Gemma: sqrt(hidden), rounded to the model's dtype first
+            x = x * torch.tensor(self.spec.hidden_size**0.5, dtype=x.dtype)
+        tables = [(self.cos, self.sin), (self.cos_local, self.sin_local)]
+        rope = [
+            (c[positions].to(x.dtype).unsqueeze(1), s[positions].to(x.dtype).unsqueeze(1))
+            for c, s in tables[: 1 + (self.spec.rope_local_theta is not None)]
+        ]  # each [T, 1, D]
         for layer in self.layers:
-            x = layer(x, cos, sin, meta, cache)
+            x = layer(x, *rope[layer.rope_table], meta, cache)
         if logits_rows is not None:
             x = x[logits_rows]
         x = F.rms_norm(x, (self.spec.hidden_size,), self.norm, self.spec.norm_eps)
         logits = self.lm_head(x)
+        if self.spec.final_softcap is not None:  # Gemma 2
+            cap = self.spec.final_softcap
+            logits = torch.tanh(logits / cap) * cap
         return logits.float() if float_logits else logits

@@ -164,7 +164,7 @@ def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
             continue
         weights[name] = torch.from_numpy(np.array(arr, dtype=np.float32))  # owned, writable
 
-    spec = ModelSpec(
+    kw = dict(
         arch=fam.name,
         vocab_size=vocab,
         hidden_size=hidden,
@@ -187,8 +187,11 @@ def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
         name=str(_field(reader, "general.name", path.stem)),
         source=f"gguf:{path.name}",
         extra={"rope_freqs": rope_freqs} if rope_freqs is not None else {},
-        **fam.gguf_fields(lambda key, default=None: _field(reader, key, default), arch),
     )
+    extra = fam.gguf_fields(lambda key, default=None: _field(reader, key, default), arch)
+    # stop tokens the family knows of beyond the file's EOS (Gemma's <end_of_turn>)
+    kw["eos_token_ids"] = tuple(sorted(set(eos_ids) | set(extra.pop("stop_token_ids", ()))))
+    spec = ModelSpec(**kw | extra)
     fields = {
         k: _field(reader, k)
         for k in reader.fields
@@ -238,6 +241,8 @@ def spec_from_hf_config(cfg: dict, source: str = "") -> ModelSpec:
             source=source,
         )
     rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if "full_attention" in rs:  # per layer type (Gemma 3): the family reads both
+        rs = rs["full_attention"]
     rope_theta = cfg.get("rope_theta", rs.get("rope_theta", 10000.0))
     scaling = None
     if rs.get("rope_type", rs.get("type")) == "llama3":
@@ -251,9 +256,8 @@ def spec_from_hf_config(cfg: dict, source: str = "") -> ModelSpec:
         raise ModelLoadError(f"rope scaling {rs!r} is not supported yet")
     # a window only where the model uses it (Qwen2 configs carry one they switch off)
     window = shape.sliding_window if mtype == "mistral" or cfg.get("use_sliding_window") else None
-    return ModelSpec(
+    kw = dims | dict(
         arch=fam.name,
-        **dims | fields,
         max_position=cfg.get("max_position_embeddings", 2048),
         norm_eps=cfg.get("rms_norm_eps", 1e-6),
         rope_theta=float(rope_theta),
@@ -266,6 +270,7 @@ def spec_from_hf_config(cfg: dict, source: str = "") -> ModelSpec:
         name=cfg.get("_name_or_path", mtype),
         source=source,
     )
+    return ModelSpec(**kw | fields)  # the family's fields over the shared ones
 
 
 def load_hf_dir(path: Path, model_id: str | None = None) -> LoadedModel:

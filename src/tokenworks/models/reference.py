@@ -7,6 +7,8 @@ engine, so a disagreement is in the engine's arithmetic, not in the loading.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from tokenworks.models.arch import family
@@ -44,11 +46,13 @@ def rope(x, positions, inv_freq):  # [n, heads, d], [n], [d/2] -> [n, heads, d]
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def causal_attention(q, k, v, window=None):  # [n, H, d], [n, KVH, d] x2 -> [n, H*d]
-    n, h, d = q.shape
+def causal_attention(q, k, v, window=None, scale=None, softcap=None):  # -> [n, H*d]
+    n, h, d = q.shape  # q [n, H, d]; k, v [n, KVH, d]
     group = h // k.shape[1]
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # [n, H, d]
-    scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(d)  # [H, n, n]
+    scores = np.einsum("qhd,khd->hqk", q, k) * (scale or 1 / np.sqrt(d))  # [H, n, n]
+    if softcap is not None:  # Gemma 2
+        scores = np.tanh(scores / softcap) * softcap
     i, j = np.arange(n)[:, None], np.arange(n)[None, :]
     allowed = j <= i
     if window is not None:
@@ -57,7 +61,7 @@ def causal_attention(q, k, v, window=None):  # [n, H, d], [n, KVH, d] x2 -> [n, 
     return np.einsum("hqk,khd->qhd", softmax(scores), v).reshape(n, h * d)
 
 
-def gqa(x, w, p, spec, pos, inv_freq):  # [n, h] -> [n, h]: grouped-query attention
+def gqa(x, w, p, spec, pos, inv_freq, window=None):  # [n, h] -> [n, h]: grouped-query
     n = len(x)
     proj = {}
     for name in "qkv":
@@ -71,7 +75,8 @@ def gqa(x, w, p, spec, pos, inv_freq):  # [n, h] -> [n, h]: grouped-query attent
         k = rms_norm(k, w[p + "self_attn.k_norm.weight"], spec.norm_eps)
     q, k = rope(q, pos, inv_freq), rope(k, pos, inv_freq)
     v = proj["v"].reshape(n, spec.n_kv_heads, spec.head_dim)
-    return causal_attention(q, k, v, spec.sliding_window) @ w[p + "self_attn.o_proj.weight"].T
+    a = causal_attention(q, k, v, window, spec.attn_scale, spec.attn_softcap)
+    return a @ w[p + "self_attn.o_proj.weight"].T
 
 
 def mla(x, w, p, spec, pos, inv_freq):  # [n, h] -> [n, h]: latent attention, expanded
@@ -97,8 +102,8 @@ def mla(x, w, p, spec, pos, inv_freq):  # [n, h] -> [n, h]: latent attention, ex
     return out @ w[a + "o_proj.weight"].T
 
 
-def gated_mlp(x, w, p):  # [n, h] -> [n, h]: SwiGLU
-    return (silu(x @ w[p + "gate_proj.weight"].T) * (x @ w[p + "up_proj.weight"].T)) @ w[
+def gated_mlp(x, w, p, act=silu):  # [n, h] -> [n, h]: SwiGLU (GeGLU with gelu_tanh)
+    return (act(x @ w[p + "gate_proj.weight"].T) * (x @ w[p + "up_proj.weight"].T)) @ w[
         p + "down_proj.weight"
     ].T
 
@@ -135,19 +140,36 @@ def moe(x, w, p, m):  # [n, h] -> [n, h]: each token through its top-k experts
 
 
 def llama_forward(ids, w: dict, spec: ModelSpec):  # [n] -> [n, vocab]
-    n = len(ids)
+    n, eps = len(ids), spec.norm_eps
     pos = np.arange(n, dtype=np.float64)
     inv_freq = inv_frequencies(spec).numpy()
+    if spec.rope_local_theta is not None:  # Gemma 3's windowed layers: their own base
+        local = dataclasses.replace(spec, rope_theta=spec.rope_local_theta, rope_scaling=None)
+        local_freq = inv_frequencies(local).numpy()
     x = w["model.embed_tokens.weight"][ids]  # [n, h]
+    if spec.embed_scale:
+        x = x * np.sqrt(spec.hidden_size)
+    act = silu if spec.mlp_act == "silu" else gelu_tanh
     for i in range(spec.n_layers):
         p = f"model.layers.{i}."
-        h = rms_norm(x, w[p + "input_layernorm.weight"], spec.norm_eps)
-        x = x + (mla if spec.mla else gqa)(h, w, p, spec, pos, inv_freq)
-        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], spec.norm_eps)
-        x = x + (moe(h, w, p, spec.moe) if spec.is_moe_layer(i) else gated_mlp(h, w, p + "mlp."))
-    x = rms_norm(x, w["model.norm.weight"], spec.norm_eps)
+        window = spec.window(i)
+        freq = local_freq if spec.rope_local_theta is not None and window else inv_freq
+        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        a = mla(h, w, p, spec, pos, freq) if spec.mla else gqa(h, w, p, spec, pos, freq, window)
+        if spec.sandwich_norms:
+            a = rms_norm(a, w[p + "attn_output_norm.weight"], eps)
+        x = x + a
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        m = moe(h, w, p, spec.moe) if spec.is_moe_layer(i) else gated_mlp(h, w, p + "mlp.", act)
+        if spec.sandwich_norms:
+            m = rms_norm(m, w[p + "mlp_output_norm.weight"], eps)
+        x = x + m
+    x = rms_norm(x, w["model.norm.weight"], eps)
     head = w["model.embed_tokens.weight" if spec.tie_embeddings else "lm_head.weight"]
-    return x @ head.T  # [n, vocab]
+    logits = x @ head.T  # [n, vocab]
+    if spec.final_softcap is not None:
+        logits = np.tanh(logits / spec.final_softcap) * spec.final_softcap
+    return logits
 
 
 def gpt2_forward(ids, w: dict, spec: ModelSpec):  # [n] -> [n, vocab]

@@ -82,8 +82,18 @@ class ModelSpec:
     rope_scaling: RopeScaling | None = None
     tie_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2
-    qk_norm: bool = False  # Qwen3: RMSNorm over each head of Q and K before RoPE
+    qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm over each head of Q and K before RoPE
     sliding_window: int | None = None  # Mistral: attend to at most this many past tokens
+    window_layers: tuple[int, ...] | None = None  # the layers with the window (None: all)
+    rope_local_theta: float | None = None  # Gemma 3: the RoPE base of the windowed layers
+    # Gemma 2/3: norms after attention and after the MLP too, a GeGLU MLP, embeddings
+    # times sqrt(hidden), queries scaled by query_pre_attn_scalar**-0.5, soft-capped scores
+    sandwich_norms: bool = False
+    mlp_act: str = "silu"  # silu (SwiGLU) or gelu_tanh (GeGLU)
+    embed_scale: bool = False
+    attn_scale: float | None = None  # None: head_dim**-0.5
+    attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap)
+    final_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     bos_token_id: int | None = None
@@ -117,6 +127,22 @@ class ModelSpec:
             return 1, self.mla.kv_lora_rank + self.mla.qk_rope_head_dim, 0
         return self.n_kv_heads, self.head_dim, self.head_dim
 
+    def window(self, layer: int) -> int | None:
+        """The sliding window of this layer, or None where it attends to everything."""
+        if self.sliding_window is None:
+            return None
+        if self.window_layers is None or layer in self.window_layers:
+            return self.sliding_window
+        return None
+
+    @property
+    def global_every(self) -> int | None:
+        """k where every k-th layer is global and the rest windowed (ModelShape's form)."""
+        if self.window_layers is None or self.sliding_window is None:
+            return None
+        full = [i for i in range(self.n_layers) if i not in self.window_layers]
+        return full[0] + 1 if full else None
+
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe is not None and layer not in self.moe.dense_layers
 
@@ -146,7 +172,9 @@ class ModelSpec:
             intermediate=self.intermediate_size, vocab=self.vocab_size,
             tie_embeddings=self.tie_embeddings, mlp="plain" if gpt2 else "gated",
             norm="layer" if gpt2 else "rms", qkv_bias=self.qkv_bias, bias=gpt2,
-            qk_norm=self.qk_norm, learned_positions=self.max_position if gpt2 else 0,
-            sliding_window=self.sliding_window, max_context=self.max_position,
+            qk_norm=self.qk_norm, sandwich_norms=self.sandwich_norms,
+            learned_positions=self.max_position if gpt2 else 0,
+            sliding_window=self.sliding_window, global_every=self.global_every,
+            max_context=self.max_position,
             source=self.source, **experts, **latent,
         )  # fmt: skip

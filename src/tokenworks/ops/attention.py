@@ -32,12 +32,25 @@ def context_slots(table: list[int], n_tokens: int, block_size: int) -> torch.Ten
     return blocks * block_size + pos % block_size
 
 
-def chunk_attention(q, k_pool, v_pool, index, scale, window) -> torch.Tensor:
+def chunk_attention(q, k_pool, v_pool, index, scale, window, softcap=None) -> torch.Tensor:
     """A prompt chunk's attention over the pool (its own K/V already written): q [n, H, D],
     index the slots of its context then its rows -> [n, H*D]."""
     keys = k_pool.index_select(0, index).transpose(0, 1)  # [KVH, ctx + n, D]
     values = v_pool.index_select(0, index).transpose(0, 1)
-    return sequence_attention(q, keys, values, scale, window)
+    return sequence_attention(q, keys, values, scale, window, softcap)
+
+
+def softcapped_attention(q, keys, values, mask, scale: float, cap: float) -> torch.Tensor:
+    """Attention with Gemma 2's soft-capped scores, cap * tanh(scores / cap), which SDPA
+    cannot apply: q [B, H, n, D]; keys, values [B, KVH, L, D]; mask broadcasting to
+    [B, H, n, L] (True: may attend) or None -> [B, H, n, Dv]."""
+    group = q.shape[1] // keys.shape[1]
+    keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale
+    scores = torch.tanh(scores / cap) * cap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -torch.inf)
+    return torch.matmul(scores.softmax(dim=-1).to(values.dtype), values)
 
 
 @dataclass
@@ -132,11 +145,16 @@ def _causal_mask(n_q: int, n_k: int, window: int | None, device) -> torch.Tensor
     return allowed
 
 
-def sequence_attention(qi, keys, values, scale, window) -> torch.Tensor:
+def sequence_attention(qi, keys, values, scale, window, softcap=None) -> torch.Tensor:
     """One sequence's causal attention: qi [n, H, D]; keys, values [KVH, L, D] (the last n
     keys are qi's own) -> [n, H*D]."""
     n, n_heads, d = qi.shape
     n_kv, n_k, dv = keys.shape[0], keys.shape[1], values.shape[-1]
+    if softcap is not None:
+        mask = _causal_mask(n, n_k, window, qi.device)
+        o = softcapped_attention(qi.transpose(0, 1)[None], keys[None], values[None], mask,
+                                 scale, softcap)  # fmt: skip
+        return o[0].transpose(0, 1).reshape(n, n_heads * dv)
     # SDPA takes 4-D [batch, heads, len, D]: only then does the CPU use its fused kernel
     # (3-D inputs fall back to the unfused math path, many times slower).
     keys, values = keys[None], values[None]
@@ -158,7 +176,9 @@ def sequence_attention(qi, keys, values, scale, window) -> torch.Tensor:
     return o[0].transpose(0, 1).reshape(n, n_heads * dv)
 
 
-def decode_attention(q, k_pool, v_pool, dec: DecodeBatch, scale, window) -> torch.Tensor:
+def decode_attention(
+    q, k_pool, v_pool, dec: DecodeBatch, scale, window, softcap=None
+) -> torch.Tensor:
     """All decode tokens in one call: q [T, H, D] -> [B, H*Dv]."""
     n_heads, d = q.shape[1], q.shape[2]
     b, length = dec.kv_index.shape
@@ -171,6 +191,10 @@ def decode_attention(q, k_pool, v_pool, dec: DecodeBatch, scale, window) -> torc
     n_kv = keys.shape[1]
     qg = q.index_select(0, dec.token_rows).reshape(b, n_kv, n_heads // n_kv, d)  # [B,KVH,G,D]
     mask = dec.mask(window)
+    if softcap is not None:
+        qh = qg.reshape(b, n_heads, 1, d)
+        o = softcapped_attention(qh, keys, values, mask, scale, softcap)
+        return o.reshape(b, n_heads * values.shape[-1])
     o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
     return o.reshape(b, n_heads * values.shape[-1])
 
@@ -184,15 +208,16 @@ def attention(
     layer: int,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,  # Gemma 2's soft-capped scores
 ) -> torch.Tensor:  # [T, H*D]
     if cache is None:
         if any(meta.context_lens):
             raise ValueError("context_lens must be 0 when running without a KV cache")
-        return _uncached(q, k, v, meta, scale, window)
+        return _uncached(q, k, v, meta, scale, window, softcap)
     k_pool, v_pool = cache.k[layer], cache.v[layer]
     k_pool.index_copy_(0, meta.slot_mapping, k)
     v_pool.index_copy_(0, meta.slot_mapping, v)
-    return attention_over_pool(q, meta, k_pool, v_pool, scale, window)
+    return attention_over_pool(q, meta, k_pool, v_pool, scale, window, softcap)
 
 
 def attention_over_pool(
@@ -202,31 +227,30 @@ def attention_over_pool(
     v_pool: torch.Tensor,
     scale: float,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [T, H*D]
     n_heads, dv = q.shape[1], v_pool.shape[-1]
-    if meta.decode is not None and meta.decode.token_rows.numel() == q.shape[0]:
-        return decode_attention(q, k_pool, v_pool, meta.decode, scale, window)  # decode only
+    dec = meta.decode
+    if dec is not None and dec.token_rows.numel() == q.shape[0]:  # decode only
+        return decode_attention(q, k_pool, v_pool, dec, scale, window, softcap)
     out = q.new_empty(q.shape[0], n_heads * dv)
-    if meta.decode is not None:
-        out[meta.decode.token_rows] = decode_attention(
-            q, k_pool, v_pool, meta.decode, scale, window
-        )
+    if dec is not None:
+        out[dec.token_rows] = decode_attention(q, k_pool, v_pool, dec, scale, window, softcap)
     start = 0
     for n, index in zip(meta.query_lens, meta.kv_index, strict=True):
         if index is not None:
             out[start : start + n] = chunk_attention(
-                q[start : start + n], k_pool, v_pool, index, scale, window
+                q[start : start + n], k_pool, v_pool, index, scale, window, softcap
             )
         start += n
     return out
 
 
-def _uncached(q, k, v, meta, scale, window) -> torch.Tensor:
+def _uncached(q, k, v, meta, scale, window, softcap=None) -> torch.Tensor:
     outs, start = [], 0
     for n in meta.query_lens:
         sl = slice(start, start + n)
-        outs.append(
-            sequence_attention(q[sl], k[sl].transpose(0, 1), v[sl].transpose(0, 1), scale, window)
-        )
+        keys, values = k[sl].transpose(0, 1), v[sl].transpose(0, 1)
+        outs.append(sequence_attention(q[sl], keys, values, scale, window, softcap))
         start += n
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

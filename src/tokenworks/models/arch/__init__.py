@@ -18,6 +18,7 @@ def _families() -> dict[str, Family]:
     from tokenworks.models.arch import (
         deepseek,
         deepseek_v2,
+        gemma,
         gpt2,
         llama,
         mixtral,
@@ -26,8 +27,9 @@ def _families() -> dict[str, Family]:
         qwen3_moe,
     )
 
-    modules = (llama, gpt2, qwen3, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek)
-    found = [m.FAMILY for m in modules]
+    modules = (llama, gpt2, qwen3, gemma, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek)
+    # a module declares FAMILY, or FAMILIES where one file holds close relatives
+    found = [f for m in modules for f in getattr(m, "FAMILIES", (getattr(m, "FAMILY", None),))]
     return {f.name: f for f in found}
 
 
