@@ -47,6 +47,17 @@ CONFIGS = {
         },
     ),
     "qwen2-bias": lambda: transformers.Qwen2Config(**SMALL, num_key_value_heads=2),
+    # RoPE scaled for longer contexts: the prompts of 64 tokens run past the trained 32
+    "rope-linear": lambda: transformers.LlamaConfig(
+        **SMALL | {"max_position_embeddings": 32},
+        num_key_value_heads=2,
+        rope_scaling={"rope_type": "linear", "factor": 4.0},
+    ),  # fmt: skip
+    "rope-yarn": lambda: transformers.Qwen2Config(
+        **SMALL,
+        num_key_value_heads=2,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    ),  # fmt: skip
     "mistral-window": lambda: transformers.MistralConfig(
         **SMALL, num_key_value_heads=1, sliding_window=8
     ),
@@ -123,7 +134,7 @@ CONFIGS = {
 }
 SHARPENED = {
     "qwen3", "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite", "gemma3",
-    "gemma2",
+    "gemma2", "rope-linear", "rope-yarn",
 }  # fmt: skip
 MOE = {"mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite"}
 
@@ -515,3 +526,42 @@ def test_moe_and_mla_models_run_quantized(new_family_dirs, name, quantization):
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
     outs = llm.generate([[5, 6, 7], list(range(30))], params, use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in outs] == [4, 4]
+
+
+def test_dynamic_ntk_rope_matches_transformers_at_the_length_it_is_fixed_for(tmp_path):
+    """Dynamic NTK scaling here is fixed for the longest context it allows, factor x the
+    trained length (as vLLM computes it, so cached keys keep their rotation);
+    transformers recomputes the base for each length and agrees at that one."""
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        **SMALL | {"max_position_embeddings": 32}, num_key_value_heads=2,
+        rope_scaling={"rope_type": "dynamic", "factor": 2.0},
+    )  # fmt: skip
+    cfg._attn_implementation = "eager"
+    hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    sharpen(hf)
+    hf.save_pretrained(tmp_path)
+    loaded = load(str(tmp_path))
+    assert loaded.spec.rope_scaling.kind == "dynamic" and loaded.spec.max_position == 64
+    ours = build_model(loaded.spec, loaded.weights, torch.float32)
+    ids = torch.randint(0, 320, (64,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        a = ours(ids, torch.arange(64), AttentionMetadata.single(64))
+        b = hf(ids[None]).logits[0]
+    assert (a - b).abs().max().item() < 1e-4
+    r = reference.forward(ids.numpy(), loaded.weights, loaded.spec)
+    assert np.abs(r - b.double().numpy()).max() < 1e-4
+
+
+def test_an_unknown_rope_scaling_is_refused_by_name(tmp_path):
+    import json
+
+    from tokenworks.models import ModelLoadError
+
+    cfg = transformers.LlamaConfig(**SMALL).to_dict()
+    cfg["rope_scaling"] = {"rope_type": "longrope", "factor": 2.0}
+    cfg.pop("rope_parameters", None)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="longrope.*llama3, linear, dynamic and yarn"):
+        load(str(tmp_path))

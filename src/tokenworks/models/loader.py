@@ -248,21 +248,18 @@ def spec_from_hf_config(cfg: dict, source: str = "") -> ModelSpec:
     if "full_attention" in rs:  # per layer type (Gemma 3): the family reads both
         rs = rs["full_attention"]
     rope_theta = cfg.get("rope_theta", rs.get("rope_theta", 10000.0))
-    scaling = None
-    if rs.get("rope_type", rs.get("type")) == "llama3":
-        scaling = RopeScaling(
-            factor=rs["factor"],
-            low_freq_factor=rs["low_freq_factor"],
-            high_freq_factor=rs["high_freq_factor"],
-            original_max_position=rs["original_max_position_embeddings"],
-        )
-    elif rs.get("rope_type", rs.get("type")) not in (None, "default"):
-        raise ModelLoadError(f"rope scaling {rs!r} is not supported yet")
+    try:
+        scaling = rope_scaling(rs, cfg.get("max_position_embeddings", 2048))
+    except (KeyError, ValueError) as e:
+        raise ModelLoadError(f"{source or 'config.json'}: rope scaling {rs!r}: {e}") from e
+    max_position = cfg.get("max_position_embeddings", 2048)
+    if scaling is not None and scaling.kind in ("linear", "dynamic", "yarn"):
+        max_position = max(max_position, scaling.context)  # what the scaling is for
     # a window only where the model uses it (Qwen2 configs carry one they switch off)
     window = shape.sliding_window if mtype == "mistral" or cfg.get("use_sliding_window") else None
     kw = dims | dict(
         arch=fam.name,
-        max_position=cfg.get("max_position_embeddings", 2048),
+        max_position=max_position,
         norm_eps=cfg.get("rms_norm_eps", 1e-6),
         rope_theta=float(rope_theta),
         rope_scaling=scaling,
@@ -275,6 +272,37 @@ def spec_from_hf_config(cfg: dict, source: str = "") -> ModelSpec:
         source=source,
     )
     return ModelSpec(**kw | fields)  # the family's fields over the shared ones
+
+
+def rope_scaling(rs: dict, max_position: int) -> RopeScaling | None:
+    """A config's rope_scaling / rope_parameters as a RopeScaling (None: plain RoPE)."""
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind in (None, "default"):
+        return None
+    if kind == "llama3":
+        return RopeScaling(
+            factor=rs["factor"],
+            low_freq_factor=rs["low_freq_factor"],
+            high_freq_factor=rs["high_freq_factor"],
+            original_max_position=rs["original_max_position_embeddings"],
+        )
+    if kind in ("linear", "dynamic"):
+        return RopeScaling(
+            factor=float(rs["factor"]), original_max_position=max_position, kind=kind
+        )
+    if kind == "yarn":
+        return RopeScaling(
+            factor=float(rs["factor"]),
+            original_max_position=rs.get("original_max_position_embeddings") or max_position,
+            kind="yarn",
+            beta_fast=float(rs.get("beta_fast") or 32),
+            beta_slow=float(rs.get("beta_slow") or 1),
+            attention_factor=rs.get("attention_factor"),
+            mscale=rs.get("mscale"),
+            mscale_all_dim=rs.get("mscale_all_dim"),
+            truncate=bool(rs.get("truncate", True)),
+        )
+    raise ValueError(f"{kind!r} is not supported (llama3, linear, dynamic and yarn are)")
 
 
 def load_hf_dir(path: Path, model_id: str | None = None) -> LoadedModel:

@@ -13,7 +13,7 @@ import numpy as np
 
 from tokenworks.models.arch import family
 from tokenworks.models.spec import ModelSpec
-from tokenworks.ops.rope import inv_frequencies
+from tokenworks.ops.rope import attention_factor, inv_frequencies
 
 
 def rms_norm(x, w, eps):  # [n, h], [h] -> [n, h]
@@ -39,9 +39,9 @@ def gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
 
-def rope(x, positions, inv_freq):  # [n, heads, d], [n], [d/2] -> [n, heads, d]
+def rope(x, positions, inv_freq, scale=1.0):  # [n, heads, d], [n], [d/2] -> [n, heads, d]
     ang = positions[:, None] * inv_freq[None, :]  # [n, d/2]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    cos, sin = scale * np.cos(ang)[:, None, :], scale * np.sin(ang)[:, None, :]  # scale: YaRN
     x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
@@ -73,7 +73,8 @@ def gqa(x, w, p, spec, pos, inv_freq, window=None):  # [n, h] -> [n, h]: grouped
     if spec.qk_norm:  # Qwen3: each head's q and k normed before RoPE
         q = rms_norm(q, w[p + "self_attn.q_norm.weight"], spec.norm_eps)
         k = rms_norm(k, w[p + "self_attn.k_norm.weight"], spec.norm_eps)
-    q, k = rope(q, pos, inv_freq), rope(k, pos, inv_freq)
+    af = attention_factor(spec)
+    q, k = rope(q, pos, inv_freq, af), rope(k, pos, inv_freq, af)
     v = proj["v"].reshape(n, spec.n_kv_heads, spec.head_dim)
     a = causal_attention(q, k, v, window, spec.attn_scale, spec.attn_softcap)
     return a @ w[p + "self_attn.o_proj.weight"].T

@@ -9,12 +9,36 @@ from tokenworks.shapes import ModelShape
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """Llama 3-style frequency-dependent RoPE scaling (rope_type "llama3")."""
+    """RoPE scaled for contexts longer than training's (ops/rope.py computes each):
+    - llama3: Llama 3.1's frequency-dependent interpolation;
+    - linear: every frequency divided by factor (position interpolation);
+    - dynamic: NTK-aware, a larger base, fixed for the longest context it allows
+      (factor x the trained length, as vLLM computes it, so cached keys stay valid);
+    - yarn: interpolate the low frequencies, keep the high ones, ramp between, and scale
+      cos and sin by attention_factor (arXiv 2309.00071)."""
 
     factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position: int
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    original_max_position: int = 8192  # llama3, yarn; dynamic: the trained context
+    kind: str = "llama3"
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0
+    attention_factor: float | None = None  # yarn; None: 0.1 ln(factor) + 1 (or mscales)
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("llama3", "linear", "dynamic", "yarn"):
+            raise ValueError(f"rope scaling {self.kind!r}: expected llama3, linear, dynamic, yarn")
+        if self.factor <= 0:
+            raise ValueError(f"rope scaling factor {self.factor} must be > 0")
+
+    @property
+    def context(self) -> int:
+        """The longest context the scaling is made for."""
+        return int(self.original_max_position * self.factor)
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,59 @@ import math
 import torch
 
 
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def attention_factor(spec) -> float:
+    """What YaRN multiplies cos and sin by (1.0 for every other kind)."""
+    rs = spec.rope_scaling
+    if rs is None or rs.kind != "yarn":
+        return 1.0
+    if rs.attention_factor is not None:
+        return rs.attention_factor
+    if rs.mscale and rs.mscale_all_dim:
+        return _yarn_mscale(rs.factor, rs.mscale) / _yarn_mscale(rs.factor, rs.mscale_all_dim)
+    return _yarn_mscale(rs.factor)
+
+
+def _yarn(spec, d: int) -> torch.Tensor:
+    """YaRN's blend: interpolated (/factor) below the low-rotation dimensions, unchanged
+    above the high-rotation ones, a linear ramp between (transformers' arithmetic, float32)."""
+    rs, base = spec.rope_scaling, spec.rope_theta
+
+    def dim_for(rotations: float) -> float:
+        return (
+            d
+            * math.log(rs.original_max_position / (rotations * 2 * math.pi))
+            / (2 * math.log(base))
+        )
+
+    low, high = dim_for(rs.beta_fast), dim_for(rs.beta_slow)
+    if rs.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos = base ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    keep = 1 - ramp  # 1: extrapolate (the frequency as trained), 0: interpolate
+    return (1.0 / (rs.factor * pos) * (1 - keep) + 1.0 / pos * keep).double()
+
+
 def inv_frequencies(spec) -> torch.Tensor:
-    """[rope_dim/2] float64 inverse frequencies, with Llama 3 scaling where the spec has it
+    """[rope_dim/2] float64 inverse frequencies, scaled as the spec's rope_scaling says
     (rope_dim: the dimensions RoPE rotates, the whole head unless the spec says less)."""
     d = getattr(spec, "rope_dim", spec.head_dim)
-    inv = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     rs = spec.rope_scaling
-    if rs is not None:
+    base = spec.rope_theta
+    if rs is not None and rs.kind == "dynamic":  # NTK-aware: the base for factor x the context
+        base = base * (rs.factor * rs.factor - (rs.factor - 1)) ** (d / (d - 2))
+    inv = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    if rs is not None and rs.kind == "linear":
+        inv = inv / rs.factor
+    elif rs is not None and rs.kind == "yarn":
+        inv = _yarn(spec, d)
+    elif rs is not None and rs.kind == "llama3":
         low_wavelen = rs.original_max_position / rs.low_freq_factor
         high_wavelen = rs.original_max_position / rs.high_freq_factor
         wavelen = 2 * math.pi / inv
@@ -39,7 +85,8 @@ def cos_sin_table(spec, n_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
     t = torch.arange(n_positions, dtype=torch.float32)
     angles = torch.outer(t, inv)  # [P, D/2]
     emb = torch.cat([angles, angles], dim=-1)  # [P, D]
-    return emb.cos(), emb.sin()
+    scale = attention_factor(spec)
+    return emb.cos() * scale, emb.sin() * scale
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,10 @@ def _fields(cfg: dict) -> dict:
 
 def latent_spec(cfg: dict) -> MLASpec:
     """The latent attention numbers of a DeepSeek config.json."""
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if rope.get("rope_type", rope.get("type")) not in (None, "default"):
+        # DeepSeek's YaRN also rescales the softmax (mscale): not read yet
+        raise ValueError(f"DeepSeek rope scaling {rope!r} is not supported yet")
     return MLASpec(
         kv_lora_rank=cfg["kv_lora_rank"],
         qk_nope_head_dim=cfg["qk_nope_head_dim"],
