@@ -23,17 +23,13 @@ import numpy as np
 import torch
 
 from tokenworks.config import EngineConfig
+from tokenworks.engine.admission import Admission, PromptTooLongError, RequestTooLargeError
 from tokenworks.engine.host_memory import keep_freed_memory, release_freed_memory
 from tokenworks.engine.kv_cache import BlockManager, KVPool
 from tokenworks.engine.request import FinishReason, SamplingParams
 from tokenworks.engine.runner import ModelRunner, open_kernels
 from tokenworks.engine.sampler import ForwardOutput, argmax_only, prepare_rows, sample_row
-from tokenworks.engine.scheduler import (
-    QueueFullError,
-    RequestTooLargeError,
-    Scheduler,
-    SchedulerOutput,
-)
+from tokenworks.engine.scheduler import QueueFullError, Scheduler, SchedulerOutput
 from tokenworks.engine.sequence import Sequence
 from tokenworks.engine.speculative import open_speculator
 from tokenworks.engine.structured import GrammarCompiler
@@ -47,10 +43,6 @@ log = logging.getLogger("tokenworks.engine")
 GiB = 1024**3
 
 __all__ = ["LLMEngine", "PromptTooLongError", "QueueFullError", "RequestTooLargeError", "StepStats"]
-
-
-class PromptTooLongError(ValueError):
-    pass
 
 
 @dataclass
@@ -134,6 +126,9 @@ class LLMEngine:
             )
         self.pool = KVPool.for_spec(self.spec, num_blocks, bs, config.torch_dtype, config.device)
         self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
+        self.admission = Admission(
+            self.spec.vocab_size, self.max_model_len, self._context_source(), num_blocks, bs
+        )
         self.scheduler = Scheduler(config, self.blocks)
         # speculative decoding, checked against the target now rather than at a request
         self.speculator = open_speculator(config, loaded, num_blocks, draft)
@@ -166,6 +161,15 @@ class LLMEngine:
             log.info("warming up: one forward pass at the step budget, before any request")
             self.warm_up()
             log.info("ready (warm-up %.1f s)", time.perf_counter() - t0)
+
+    def _context_source(self) -> str:
+        """Where max_model_len comes from, in the words a refusal uses."""
+        if self.max_model_len < self.spec.max_position:
+            return f"max_model_len {self.max_model_len} set for this engine"
+        scaling = self.spec.rope_scaling
+        if scaling is not None and scaling.kind in ("linear", "dynamic", "yarn"):
+            return f"the context {scaling.kind} RoPE scaling makes for {self.spec.name}"
+        return f"the context {self.spec.name or 'the model'} was trained for"
 
     def kernels(self) -> str:
         """Which code computes this engine's batches, in words."""
@@ -281,18 +285,9 @@ class LLMEngine:
             if prompt is None:
                 raise ValueError("give a prompt or prompt_token_ids")
             prompt_token_ids = self.tokenizer.encode(prompt)
-        if not prompt_token_ids:
-            raise ValueError("the prompt is empty: give at least one token")
-        bad = [t for t in prompt_token_ids if not 0 <= t < self.spec.vocab_size]
-        if bad:
-            raise ValueError(
-                f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.spec.vocab_size})"
-            )
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise PromptTooLongError(
-                f"the prompt has {len(prompt_token_ids)} tokens, but the context holds "
-                f"{self.max_model_len} (prompt plus at least one new token); shorten the prompt"
-            )
+        refusal = self.admission.check(prompt_token_ids, params.max_tokens, params.n, clamp=True)
+        if refusal is not None:
+            raise refusal.error()
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")

@@ -15,9 +15,9 @@ often survive in the prefix cache). Because a preempted sequence keeps its arriv
 it is admitted again before anything that came after it: no starvation.
 
 Admission control: requests waiting for a running slot are bounded (`max_waiting`,
-`QueueFullError`; arrivals that a free slot will take next step do not count), and a
-request that could never fit in the pool even alone is refused up front
-(`RequestTooLargeError`).
+`QueueFullError`; arrivals that a free slot will take next step do not count). Whether a
+request could ever run (context, KV pool) is decided before it gets here
+(engine/admission.py).
 """
 
 from __future__ import annotations
@@ -27,16 +27,13 @@ import time
 from dataclasses import dataclass, field
 
 from tokenworks.config import EngineConfig
+from tokenworks.engine.admission import RequestTooLargeError  # noqa: F401 (its old home)
 from tokenworks.engine.kv_cache import BlockManager
 from tokenworks.engine.sequence import Sequence, SequenceStatus
 
 
 class QueueFullError(RuntimeError):
     """The waiting queue is full; the caller should retry later (HTTP 429 / 529)."""
-
-
-class RequestTooLargeError(ValueError):
-    """The request cannot fit in the KV pool even with nothing else running."""
 
 
 @dataclass
@@ -79,19 +76,7 @@ class Scheduler:
     # ------------------------------------------------------------------ queue
 
     def add(self, seq: Sequence) -> None:
-        n = seq.params.n
-        total = min(seq.num_tokens + seq.params.max_tokens, seq.max_len)
-        need = self.blocks.blocks_for(total) + (n - 1) * (
-            self.blocks.blocks_for(seq.params.max_tokens) + 1
-        )
-        need = min(need, n * self.blocks.blocks_for(seq.max_len))
-        if need > self.blocks.num_blocks:
-            bs = self.blocks.block_size
-            raise RequestTooLargeError(
-                f"the request needs up to {need} KV blocks of {bs} tokens ({total} tokens x "
-                f"n={n}) but the whole pool has {self.blocks.num_blocks}; lower max_tokens or "
-                "n, shorten the prompt, or give the engine more KV memory (kv_cache_memory)"
-            )
+        """Queue an admitted request (engine/admission.py), unless the queue is full."""
         if self.queued_beyond_slots(arriving=1) > self.config.max_waiting:
             raise QueueFullError(
                 f"the waiting queue is full: all {self.config.max_num_seqs} running slots are "

@@ -86,27 +86,17 @@ def clamp_max_tokens(
     prompt_len: int,
     field_name: str = "max_tokens",
     prompt_field: str = "messages",
+    n: int = 1,
 ) -> int:
-    """max_tokens, or what is left of the context when the request does not say; the
-    prompt plus max_tokens must fit the context (a 400 naming field_name, as vLLM does)."""
-    room = state.max_model_len - prompt_len
-    if room < 1:
-        raise bad_request(
-            f"the prompt has {prompt_len} tokens but the context holds {state.max_model_len} "
-            "(prompt plus at least one new token); shorten the prompt",
-            prompt_field,
-        )
-    if requested is None:  # what is left of the context, or of the whole KV pool if less
-        blocks = state.engine.engine.blocks
-        return max(1, min(room, blocks.num_blocks * blocks.block_size - prompt_len))
-    if requested > room:
-        raise bad_request(
-            f"{field_name} is {requested}, but the context holds {state.max_model_len} tokens "
-            f"and the prompt takes {prompt_len}: at most {room} new tokens fit; lower "
-            f"{field_name} or shorten the prompt",
-            field_name,
-        )
-    return requested
+    """max_tokens, or what is left of the context when the request does not say, after the
+    engine's admission (engine/admission.py) says the request can be served: a refusal is
+    a 400 naming the field to change, as vLLM's are."""
+    admission = state.engine.engine.admission
+    refusal = admission.check_lengths(prompt_len, requested, n, field_name)
+    if refusal is not None:
+        field = prompt_field if refusal.field == "prompt" else refusal.field
+        raise bad_request(refusal.reason, field)
+    return requested if requested is not None else admission.default_max_tokens(prompt_len)
 
 
 def tenant_salt(state: ServerState, request: Request, salt: str | None) -> str | None:
