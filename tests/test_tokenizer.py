@@ -92,3 +92,63 @@ def test_a_model_without_tokenizer_says_so():
     loaded.tokenizer_source = {}
     with pytest.raises(TokenizerError, match="no tokenizer"):
         TokenizerWrapper.from_loaded(loaded)
+
+
+def _sentencepiece_gguf(path) -> None:
+    """A Llama GGUF whose vocabulary is a small SentencePiece one: specials, the 256 byte
+    pieces, then pieces ranked by score (no merges, as llama.cpp writes them)."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(8)
+    w.add_head_count(2)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_dimension_count(4)
+    toks, scores, types = ["<unk>", "<s>", "</s>"], [0.0, 0.0, 0.0], [2, 3, 3]
+    toks += [f"<0x{b:02X}>" for b in range(256)]
+    scores += [0.0] * 256
+    types += [6] * 256
+    pieces = (
+        "▁ e t a o n h l r s d w i g ö ß 1 2 3 ▁t he ▁the ll llo ▁he ▁hello ▁w or orl ▁world "
+        "in ing ▁s ▁sing 12 123 ▁▁ ▁a an and ▁and er re ▁re ed ▁red"
+    ).split(" ")
+    toks += pieces
+    scores += [-float(i) for i in range(len(pieces))]
+    types += [1] * len(pieces)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_tensor("token_embd.weight", np.zeros((len(toks), 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_llama_sentencepiece_gguf_tokenises_as_transformers_reads_it(tmp_path):
+    """Llama 2 / Mistral style: merges from scores, a "▁" in front, byte fallback for
+    characters no piece covers."""
+    import gguf
+
+    transformers = pytest.importorskip("transformers")
+    from tokenworks.tokenizer.sentencepiece import sentencepiece_from_gguf
+
+    _sentencepiece_gguf(tmp_path / "tiny.gguf")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="tiny.gguf")
+    reader = gguf.GGUFReader(tmp_path / "tiny.gguf")
+    fields = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.ggml.")}
+    ours = sentencepiece_from_gguf(fields, "llama")
+    for text in ["hello world", " the red and hello", "singing in the  rain 123 ößx",
+                 "Hello\tworld\n", "  leading", "x", "日本 €"]:  # fmt: skip
+        ids = ours.encode(text, add_special_tokens=False).ids
+        assert ids == theirs(text, add_special_tokens=False)["input_ids"], text
+        assert ours.decode(ids) == theirs.decode(ids), text

@@ -7,13 +7,13 @@ recovered from the vocabulary: every way of cutting a piece into two pieces that
 in the vocabulary is a merge, ranked by the piece it makes. Llama's pieces rank by score;
 Gemma's scores do not follow its merge order, and its pieces rank by their place in the
 file instead (as transformers' GGUF reader ranks them). Text is spelled with "▁" for a
-space (after an optional leading one), and bytes that no piece covers fall back to
-`<0xNN>` pieces.
+space (Llama's files add one in front of text that does not start with a space; Gemma's
+do not), and bytes that no piece covers fall back to `<0xNN>` pieces.
 """
 
 from __future__ import annotations
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 SPACE = "\u2581"
 _CONTROL, _USER_DEFINED = 3, 4  # gguf token types
@@ -54,10 +54,10 @@ def sentencepiece_from_gguf(fields: dict, arch: str | None = None) -> Tokenizer:
     )
     tok = Tokenizer(model)
     prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", not gemma))
-    replace = normalizers.Replace(" ", SPACE)
-    tok.normalizer = (
-        normalizers.Sequence([normalizers.Prepend(SPACE), replace]) if prefix else replace
-    )
+    if prefix:  # Llama 2, Mistral: spaces as "▁", and one in front unless the text has one
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(SPACE, prepend_scheme="first", split=False)
+    else:
+        tok.normalizer = normalizers.Replace(" ", SPACE)
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if prefix:
         steps.append(decoders.Strip(" ", 1, 0))

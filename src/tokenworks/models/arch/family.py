@@ -23,9 +23,11 @@ class Family:
     # GGUF "general.architecture" values it reads, and its per-block tensor names
     gguf_archs: tuple[str, ...] = ()
     gguf_block: dict[str, str] = field(default_factory=dict)
-    # GGUF metadata (a key -> value getter, the arch prefix) -> extra ModelSpec fields
+    # GGUF metadata (a key -> value getter, the arch prefix) -> extra ModelSpec fields,
+    # and "stop_token_ids" to end replies on besides the file's EOS
     gguf_fields: Callable[[Callable, str], dict] = lambda get, arch: {}
-    # weights under engine names, the spec -> the weights the module reads
+    # Hugging Face weights under engine names, the spec -> the weights the module reads
+    # (GGUF files come in llama.cpp's conventions, which the engine's names follow)
     prepare: Callable[[dict, object], dict] = lambda weights, spec: weights
 
     def rename(self, name: str) -> str:
