@@ -48,8 +48,9 @@ CONFIGS = {
     ),
     "qwen2-bias": lambda: transformers.Qwen2Config(**SMALL, num_key_value_heads=2),
     # RoPE scaled for longer contexts: the prompts of 64 tokens run past the trained 32
+    # (linear: the config's context is already the interpolated one, as in real configs)
     "rope-linear": lambda: transformers.LlamaConfig(
-        **SMALL | {"max_position_embeddings": 32},
+        **SMALL | {"max_position_embeddings": 128},
         num_key_value_heads=2,
         rope_scaling={"rope_type": "linear", "factor": 4.0},
     ),  # fmt: skip
@@ -124,6 +125,14 @@ CONFIGS = {
         sliding_window=8,
         query_pre_attn_scalar=24,
     ),  # fmt: skip
+    "gemma3-global-rope-linear": lambda: transformers.Gemma3TextConfig(
+        **SMALL | {"num_hidden_layers": 6}, num_key_value_heads=2, head_dim=16,
+        sliding_window=8, query_pre_attn_scalar=24,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    ),  # fmt: skip
     "gemma2": lambda: transformers.Gemma2Config(
         **SMALL | {"num_hidden_layers": 4},
         num_key_value_heads=2,
@@ -134,7 +143,7 @@ CONFIGS = {
 }
 SHARPENED = {
     "qwen3", "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite", "gemma3",
-    "gemma2", "rope-linear", "rope-yarn",
+    "gemma2", "rope-linear", "rope-yarn", "gemma3-global-rope-linear",
 }  # fmt: skip
 MOE = {"mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite"}
 

@@ -56,11 +56,12 @@ def _common(cfg: dict, pattern: int) -> dict:
 
 
 def _gemma3(cfg: dict) -> dict:
+    """Gemma 3's global layers may scale RoPE (4B and up: linear, factor 8; the loader
+    reads that from rope_parameters["full_attention"]); its windowed layers never do."""
     rope = cfg.get("rope_parameters") or {}
     full, local = rope.get("full_attention", {}), rope.get("sliding_attention", {})
-    for kind in (full, local):
-        if kind.get("rope_type", "default") != "default":
-            raise ValueError(f"Gemma 3 rope scaling {kind!r} is not supported yet")
+    if local.get("rope_type", "default") != "default":
+        raise ValueError(f"Gemma 3 windowed-layer rope scaling {local!r} is not supported")
     return _common(cfg, GEMMA3_PATTERN) | dict(
         qk_norm=True,
         rope_theta=float(full.get("rope_theta", cfg.get("rope_theta", 1e6))),
