@@ -126,8 +126,11 @@ CONFIGS = {
         query_pre_attn_scalar=24,
     ),  # fmt: skip
     "gemma3-global-rope-linear": lambda: transformers.Gemma3TextConfig(
-        **SMALL | {"num_hidden_layers": 6}, num_key_value_heads=2, head_dim=16,
-        sliding_window=8, query_pre_attn_scalar=24,
+        **SMALL | {"num_hidden_layers": 6},
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        query_pre_attn_scalar=24,
         rope_parameters={
             "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
@@ -452,15 +455,26 @@ def test_step_stats_carry_the_routing(new_family_dirs):
 # --------------------------------------------------------------------------- GGUF
 
 
+def _llama_cpp_permute(w, n_head: int):
+    """The row order llama.cpp's converter writes a llama-arch Q or K projection in."""
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
 def _write_gguf(hf, directory, path):
     """hf's weights (as saved in directory) as a float32 GGUF under llama.cpp's names, with
-    the metadata it writes."""
+    the metadata it writes (Mixtral as a "llama" file with experts, Q/K rows permuted)."""
     import gguf
 
     from tokenworks.models import arch
 
     cfg = hf.config
     family = arch.for_hf_model_type(cfg.model_type)
+    if not family.gguf_archs:  # Mixtral
+        family = arch.family("llama")
     garch = family.gguf_archs[0]
     w = gguf.GGUFWriter(str(path), garch)
     w.add_block_count(cfg.num_hidden_layers)
@@ -469,13 +483,16 @@ def _write_gguf(hf, directory, path):
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    if cfg.model_type == "qwen3_moe":
-        w.add_expert_count(cfg.num_experts)
+    n_experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    if n_experts:
+        w.add_expert_count(n_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
+    if cfg.model_type == "qwen3_moe":
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     w.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])
     inverse = {v: k for k, v in family.gguf_block.items()}
@@ -487,12 +504,16 @@ def _write_gguf(hf, directory, path):
         p = f"model.layers.{i}."
         for ours, theirs in inverse.items():
             if "{e}" in ours:
-                n = cfg.num_experts
-                key = [p + ours.format(e=e) for e in range(n)]
-                if key[0] in sd:
+                key = [p + ours.format(e=e) for e in range(n_experts or 0)]
+                if key and key[0] in sd:
                     tensors[f"blk.{i}.{theirs}"] = np.stack([sd[k] for k in key])
             elif p + ours in sd:
-                tensors[f"blk.{i}.{theirs}"] = sd[p + ours]
+                t = sd[p + ours]
+                if garch == "llama" and ours == "self_attn.q_proj.weight":
+                    t = _llama_cpp_permute(t, cfg.num_attention_heads)
+                elif garch == "llama" and ours == "self_attn.k_proj.weight":
+                    t = _llama_cpp_permute(t, cfg.num_key_value_heads)
+                tensors[f"blk.{i}.{theirs}"] = t
     for k, v in tensors.items():
         w.add_tensor(k, np.ascontiguousarray(v, dtype=np.float32))
     w.write_header_to_file()
@@ -501,7 +522,7 @@ def _write_gguf(hf, directory, path):
     w.close()
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3-moe"])
+@pytest.mark.parametrize("name", ["qwen3", "qwen3-moe", "mixtral"])
 def test_a_gguf_of_the_family_loads_as_its_hugging_face_directory_does(
     name, new_family_dirs, tmp_path, monkeypatch
 ):
