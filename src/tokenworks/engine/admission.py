@@ -34,10 +34,8 @@ class Refusal:
     field: str  # the request field to change: prompt, max_tokens or n
 
     def error(self) -> ValueError:
-        cls = RequestTooLargeError if self.limit == "kv_memory" else PromptTooLongError
-        if self.limit == "vocabulary":
-            cls = ValueError
-        return cls(self.reason)
+        kinds = {"kv_memory": RequestTooLargeError, "vocabulary": ValueError}
+        return kinds.get(self.limit, PromptTooLongError)(self.reason)
 
 
 @dataclass(frozen=True)

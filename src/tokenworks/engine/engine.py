@@ -167,7 +167,7 @@ class LLMEngine:
         if self.max_model_len < self.spec.max_position:
             return f"max_model_len {self.max_model_len} set for this engine"
         scaling = self.spec.rope_scaling
-        if scaling is not None and scaling.kind in ("dynamic", "yarn"):
+        if scaling is not None and scaling.extends_context:
             return f"the context {scaling.kind} RoPE scaling makes for {self.spec.name}"
         return f"the context {self.spec.name or 'the model'} was trained for"
 

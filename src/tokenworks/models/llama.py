@@ -11,8 +11,6 @@ faster.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -143,9 +141,8 @@ class LlamaModel(nn.Module):
         cos, sin = cos_sin_table(spec, spec.max_position)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-        if spec.rope_local_theta is not None:  # Gemma 3: the windowed layers' own base
-            local = dataclasses.replace(spec, rope_theta=spec.rope_local_theta, rope_scaling=None)
-            cos, sin = cos_sin_table(local, spec.max_position)
+        if spec.local_rope is not None:  # Gemma 3: the windowed layers' own base
+            cos, sin = cos_sin_table(spec.local_rope, spec.max_position)
         self.register_buffer("cos_local", cos, persistent=False)
         self.register_buffer("sin_local", sin, persistent=False)
         self.routing = RoutingStats() if spec.moe else None  # what each step's routers chose

@@ -253,9 +253,7 @@ def spec_from_hf_config(cfg: dict, source: str = "") -> ModelSpec:
     except (KeyError, ValueError) as e:
         raise ModelLoadError(f"{source or 'config.json'}: rope scaling {rs!r}: {e}") from e
     max_position = cfg.get("max_position_embeddings", 2048)
-    if scaling is not None and scaling.kind in ("dynamic", "yarn"):
-        # their configs give the trained context (yarn: original_max_position_embeddings);
-        # a linear one's max_position_embeddings is already the interpolated context
+    if scaling is not None and scaling.extends_context:
         max_position = max(max_position, scaling.context)
     # a window only where the model uses it (Qwen2 configs carry one they switch off)
     window = shape.sliding_window if mtype == "mistral" or cfg.get("use_sliding_window") else None

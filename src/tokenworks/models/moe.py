@@ -182,15 +182,20 @@ class MoE(nn.Module):
         gate, up = rows_product(x, self.gate_up[e], self.tile).chunk(2, dim=-1)
         return rows_product(F.silu(gate) * up, self.down[e], self.tile)
 
-    def _loop(self, x, weights, ids) -> torch.Tensor:
-        out = torch.zeros_like(x)
+    def _pairs_by_expert(self, weights, ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The (token, expert) pairs sorted by expert: (each pair's token, its weight, tokens
+        per expert [E])."""
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.m.n_experts).tolist()
-        token = order // ids.shape[1]
-        w = weights.reshape(-1)[order].to(x.dtype)
+        counts = torch.bincount(flat, minlength=self.m.n_experts)
+        return order // ids.shape[1], weights.reshape(-1)[order], counts
+
+    def _loop(self, x, weights, ids) -> torch.Tensor:
+        token, w, counts = self._pairs_by_expert(weights, ids)
+        w = w.to(x.dtype)
+        out = torch.zeros_like(x)
         start = 0
-        for e, n in enumerate(counts):
+        for e, n in enumerate(counts.tolist()):
             if n:
                 rows = token[start : start + n]
                 y = self._expert(x.index_select(0, rows), e) * w[start : start + n, None]
@@ -199,11 +204,7 @@ class MoE(nn.Module):
         return out
 
     def _grouped(self, x, weights, ids) -> torch.Tensor:
-        k = ids.shape[1]
-        flat = ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.m.n_experts)
-        token = order // k
+        token, w, counts = self._pairs_by_expert(weights, ids)
         xs = x.index_select(0, token)  # the pairs' tokens, grouped by expert
         # torch's grouped product: every dtype on the CPU, bfloat16 on CUDA
         if hasattr(torch, "_grouped_mm") and (x.device.type == "cpu" or x.dtype == torch.bfloat16):
@@ -212,9 +213,8 @@ class MoE(nn.Module):
             ys = torch._grouped_mm(F.silu(gate) * up, self.down.transpose(1, 2), offs=ends)
         else:
             ys = self._padded_groups(xs, counts)
-        w = weights.reshape(-1)[order].to(x.dtype)
         out = torch.zeros_like(x)
-        out.index_add_(0, token, ys * w[:, None])
+        out.index_add_(0, token, ys * w.to(x.dtype)[:, None])
         return out
 
     def _padded_groups(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

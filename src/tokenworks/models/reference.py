@@ -7,8 +7,6 @@ engine, so a disagreement is in the engine's arithmetic, not in the loading.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from tokenworks.models.arch import family
@@ -144,9 +142,8 @@ def llama_forward(ids, w: dict, spec: ModelSpec):  # [n] -> [n, vocab]
     n, eps = len(ids), spec.norm_eps
     pos = np.arange(n, dtype=np.float64)
     inv_freq = inv_frequencies(spec).numpy()
-    if spec.rope_local_theta is not None:  # Gemma 3's windowed layers: their own base
-        local = dataclasses.replace(spec, rope_theta=spec.rope_local_theta, rope_scaling=None)
-        local_freq = inv_frequencies(local).numpy()
+    if spec.local_rope is not None:  # Gemma 3's windowed layers: their own base
+        local_freq = inv_frequencies(spec.local_rope).numpy()
     x = w["model.embed_tokens.weight"][ids]  # [n, h]
     if spec.embed_scale:
         x = x * np.sqrt(spec.hidden_size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from tokenworks.shapes import ModelShape
@@ -39,6 +40,13 @@ class RopeScaling:
     def context(self) -> int:
         """The longest context the scaling is made for."""
         return int(self.original_max_position * self.factor)
+
+    @property
+    def extends_context(self) -> bool:
+        """Whether the model's context is `context` rather than its config's
+        max_position_embeddings: dynamic and YaRN configs give the trained length there,
+        linear ones the interpolated length already, Llama 3's its own."""
+        return self.kind in ("dynamic", "yarn")
 
 
 @dataclass(frozen=True)
@@ -158,6 +166,14 @@ class ModelSpec:
         if self.window_layers is None or layer in self.window_layers:
             return self.sliding_window
         return None
+
+    @property
+    def local_rope(self) -> ModelSpec | None:
+        """This spec as the windowed layers' RoPE sees it (Gemma 3: their own base and no
+        scaling), or None where every layer rotates alike."""
+        if self.rope_local_theta is None:
+            return None
+        return dataclasses.replace(self, rope_theta=self.rope_local_theta, rope_scaling=None)
 
     @property
     def global_every(self) -> int | None:

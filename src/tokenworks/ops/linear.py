@@ -224,14 +224,20 @@ class TiledLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
-        m = flat.shape[0]
-        if m == 0:
+        if flat.shape[0] == 0:
             return self.inner(x)
-        pad = -m % self.tile
-        if pad:
-            flat = torch.cat([flat, flat.new_zeros(pad, self.in_features)])
-        out = torch.cat([self.inner(t) for t in flat.split(self.tile)])[:m]
+        out = in_tiles(flat, self.tile, self.inner)
         return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def in_tiles(x: torch.Tensor, tile: int, fn) -> torch.Tensor:
+    """fn over x [m, in] in tiles of exactly `tile` rows (the last zero-padded) -> [m, out]:
+    each row computed the same way whatever else is in the batch."""
+    m = x.shape[0]
+    pad = -m % tile
+    if pad:
+        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
+    return torch.cat([fn(t) for t in x.split(tile)])[:m]
 
 
 def tile_linears_(model: nn.Module, tile: int = 16) -> nn.Module:
@@ -250,8 +256,4 @@ def rows_product(x: torch.Tensor, w: torch.Tensor, tile: int | None = None) -> t
     row's result does not depend on how many rows come with it (batch-invariant mode)."""
     if tile is None or x.shape[0] == 0:
         return F.linear(x, w)
-    m = x.shape[0]
-    pad = -m % tile
-    if pad:
-        x = torch.cat([x, x.new_zeros(pad, x.shape[1])])
-    return torch.cat([F.linear(t, w) for t in x.split(tile)])[:m]
+    return in_tiles(x, tile, lambda t: F.linear(t, w))
