@@ -11,6 +11,8 @@ routers' choices are decisive rather than near ties.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -595,3 +597,138 @@ def test_an_unknown_rope_scaling_is_refused_by_name(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(ModelLoadError, match="longrope.*llama3, linear, dynamic and yarn"):
         load(str(tmp_path))
+
+
+# --------------------------------------------------------------------------- windows
+
+
+def _run_checked(engine, requests) -> dict:
+    """Run requests [(prompt ids, SamplingParams)] to the end, checking the block manager
+    between steps (references, and no window holding more than its blocks + 1): each
+    request's outputs, and the most blocks any sequence held in a windowed group."""
+    peak = 0
+    for i, (prompt, params) in enumerate(requests):
+        engine.add_request(prompt_token_ids=prompt, params=params, request_id=f"r{i}")
+    out = {}
+    while engine.has_unfinished():
+        for seq in engine.step():
+            out[seq.request_id] = [s.output_ids for s in seq.group]
+        live = engine.scheduler.running + engine.scheduler.waiting
+        live += [s for head in live for s in head.group if s not in live]
+        engine.blocks.check([s for s in live if not s.finished])
+        windowed = [g for g, w in enumerate(engine.blocks.windows) if w is not None]
+        for s in live:
+            held = engine.blocks.held(s)
+            peak = max([peak] + [held[g] for g in windowed])
+    return out, peak
+
+
+@pytest.mark.parametrize("name", ["gemma3", "gemma2", "mistral-window"])
+def test_windows_that_free_blocks_give_the_mask_only_outputs(new_family_dirs, tmp_path, name):
+    """Random requests (shared prefixes, n=2, sampling and greedy, chunked prompts) give
+    the same tokens whether windowed layers free their blocks or only mask; a windowed
+    group never holds more than window / block size + 1 blocks a sequence after a pass,
+    and the pool is whole again at the end."""
+    from tokenworks.config import EngineConfig
+    from tokenworks.engine.engine import LLMEngine
+    from tokenworks.engine.request import SamplingParams
+
+    if name in new_family_dirs:
+        path = new_family_dirs[name][1]
+    else:
+        path = tmp_path / name
+        hf_model(name).save_pretrained(path)
+    rng = np.random.default_rng(7)
+    shared = rng.integers(0, 320, 30).tolist()
+    requests = []
+    for i in range(10):
+        head = shared[: rng.integers(0, 31)] if i % 2 else []
+        prompt = head + rng.integers(0, 320, rng.integers(1, 40)).tolist()
+        params = SamplingParams(
+            max_tokens=int(rng.integers(1, 30)),
+            temperature=0 if i % 3 else 0.8,
+            seed=i,
+            n=2 if i % 4 == 1 else 1,
+            ignore_eos=True,
+        )
+        requests.append((prompt, params))
+    results = {}
+    for kv in ("mask", "free"):
+        config = EngineConfig(
+            model=str(path), dtype="float32", warmup=False, block_size=4,
+            max_num_batched_tokens=16, max_num_seqs=4, kv_cache_memory=0.002,
+            sliding_window_kv=kv,
+        )  # fmt: skip
+        engine = LLMEngine(config, _loaded(path))
+        assert engine.kv_layout.frees == (kv == "free")
+        results[kv] = _run_checked(engine, requests)
+        again, _ = _run_checked(engine, requests[:4])  # now from the prefix cache
+        assert again == {f"r{i}": results[kv][0][f"r{i}"] for i in range(4)}
+        assert engine.blocks.prefix.hit_tokens > 0
+        assert engine.blocks.num_free == engine.blocks.num_blocks
+        engine.blocks.check([])
+    assert results["free"][0] == results["mask"][0]
+    assert 0 < results["free"][1] <= 8 // 4 + 1
+    assert results["mask"][1] == 0  # one group that keeps everything
+
+
+@pytest.mark.parametrize("name", ["gemma3", "gemma2"])
+def test_a_sequences_kv_bytes_equal_the_planners_paged_count(new_family_dirs, name):
+    """Pool bytes one sequence holds, windows freeing, equal `plan kv --block-size` at the
+    same context (whole blocks; a windowed layer the blocks its next token reads); with
+    windows only masking, they equal every block of every layer."""
+    from tokenworks.config import EngineConfig
+    from tokenworks.engine.engine import LLMEngine
+    from tokenworks.engine.request import SamplingParams
+    from tokenworks.shapes import from_hf_config, kv_bytes
+
+    hf, path = new_family_dirs[name]
+    shape = from_hf_config(hf.config.to_dict())
+    unwindowed = dataclasses.replace(shape, sliding_window=None)
+    for kv in ("free", "mask"):
+        engine = LLMEngine(
+            EngineConfig(model=str(path), dtype="float32", warmup=False, block_size=4,
+                         sliding_window_kv=kv),
+            _loaded(path),
+        )  # fmt: skip
+        seq = engine.add_request(
+            prompt_token_ids=list(range(1, 40)),
+            params=SamplingParams(max_tokens=10, temperature=0, ignore_eos=True),
+        )
+        while seq.num_tokens < 45:
+            engine.step()
+            if kv == "free":
+                planned = kv_bytes(shape, seq.n_cached, "fp32", block_size=4)
+            else:  # every layer keeps every block
+                planned = kv_bytes(unwindowed, seq.n_cached, "fp32", block_size=4)
+            assert engine.kv_bytes_held(seq) == planned, (kv, seq.n_cached)
+
+
+def test_the_c_kernels_decode_past_blocks_a_window_gave_back(tmp_path):
+    """A model whose every layer is windowed keeps one block table, and the C forward
+    reads it: decoding past given-back blocks gives the tokens of the mask-only run."""
+    from tokenworks.config import EngineConfig
+    from tokenworks.engine.engine import LLMEngine
+    from tokenworks.engine.request import SamplingParams
+    from tokenworks.kernels.build import library
+
+    if library() is None:
+        pytest.skip("no C compiler here")
+    path = tmp_path / "mistral-window"
+    hf_model("mistral-window").save_pretrained(path)
+    prompts = [list(range(1, 41)), list(range(50, 63)), [9] * 30]
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    outs = {}
+    for kv in ("free", "mask"):
+        config = EngineConfig(
+            model=str(path), dtype="bfloat16", warmup=False, block_size=4, kernels="c",
+            sliding_window_kv=kv,
+        )  # fmt: skip
+        engine = LLMEngine(config, _loaded(path))
+        assert engine.c_kernels is not None and len(engine.kv_layout.groups) == 1
+        seqs = [engine.add_request(prompt_token_ids=p, params=params) for p in prompts]
+        while engine.has_unfinished():
+            engine.step()
+        outs[kv] = [s.output_ids for s in seqs]
+        assert engine.blocks.released > 0 if kv == "free" else engine.blocks.released == 0
+    assert outs["free"] == outs["mask"]

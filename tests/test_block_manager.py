@@ -1,4 +1,5 @@
-"""Property-based tests of the block manager: references, copy-on-write, prefix cache."""
+"""Property-based tests of the block manager: references, copy-on-write, prefix cache, and
+layer groups whose windows give blocks back."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tokenworks.engine.kv_cache import BlockManager, NoFreeBlocksError
+from tokenworks.engine.kv_groups import NULL, KVGroup, KVLayout
 from tokenworks.engine.prefix_cache import block_hash, prefix_hashes
 
 BS = 4
@@ -23,7 +25,7 @@ class FakeSeq:
     all_ids: list[int]
     request_id: str = "s"
     cache_salt: str | None = None
-    block_table: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
     n_registered: int = 0
     n_cached: int = 0
@@ -33,19 +35,42 @@ class FakeSeq:
         return len(self.all_ids)
 
 
+def layouts() -> st.SearchStrategy[KVLayout | None]:
+    """One group; a global group beside windowed ones; every group windowed."""
+    window = st.integers(1, 3 * BS + 1)
+    mixed = st.builds(
+        lambda w, n: KVLayout(
+            (KVGroup((0,), None),) + tuple(KVGroup((i + 1,), w) for i in range(n)), 1
+        ),
+        window,
+        st.integers(1, 2),
+    )
+    local = st.builds(lambda w: KVLayout((KVGroup((0,), w),), 1), window)
+    return st.one_of(st.none(), mixed, local)
+
+
 class BlockMachine(RuleBasedStateMachine):
-    @initialize(num_blocks=st.integers(4, 24), caching=st.booleans())
-    def setup(self, num_blocks, caching):
-        self.bm = BlockManager(num_blocks, BS, caching)
+    @initialize(num_blocks=st.integers(4, 24), caching=st.booleans(), layout=layouts())
+    def setup(self, num_blocks, caching, layout):
+        self.bm = BlockManager(
+            num_blocks * (len(layout.groups) if layout else 1), BS, caching, layout
+        )
         self.seqs: list[FakeSeq] = []
         self.owner: dict[int, tuple[int, ...]] = {}  # block -> tokens it holds (model of content)
+
+    def _live(self, seq: FakeSeq):
+        """(group, index, block) of every block seq's next token may read."""
+        for g, table in enumerate(seq.block_tables):
+            first = KVLayout.first_needed(self.bm.windows[g], seq.n_cached, BS)
+            for i in range(first, len(table)):
+                yield g, i, table[i]
 
     @rule(tokens=st.lists(st.integers(0, 3), min_size=1, max_size=30))
     def admit(self, tokens):
         seq = FakeSeq(list(tokens))
         hit = self.bm.match_prefix(seq)
         assert hit % BS == 0 and hit < seq.num_tokens
-        for i, b in enumerate(seq.block_table):  # a hit holds exactly the same tokens
+        for _, i, b in self._live(seq):  # a hit holds exactly the same tokens
             assert self.owner[b] == tuple(tokens[i * BS : (i + 1) * BS])
         n = seq.num_tokens - seq.n_cached
         if not self.bm.can_append(seq, n):
@@ -59,11 +84,11 @@ class BlockMachine(RuleBasedStateMachine):
         for src, dst in copies:
             self.owner[dst] = self.owner.get(src, ())
         self.bm.commit(seq, seq.n_cached + n)
-        start = seq.n_cached
-        seq.n_cached += n
-        for b_index in range(start // BS, self.bm.blocks_for(seq.n_cached)):
-            b = seq.block_table[b_index]
-            self.owner[b] = tuple(seq.all_ids[b_index * BS : min((b_index + 1) * BS, seq.n_cached)])
+        start, end = seq.n_cached, seq.n_cached + n
+        for table in seq.block_tables:  # the pass writes every new token in every group
+            for i in range(start // BS, self.bm.blocks_for(end)):
+                self.owner[table[i]] = tuple(seq.all_ids[i * BS : min((i + 1) * BS, end)])
+        self.bm.computed(seq, n)  # and the windows move on
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data(), token=st.integers(0, 3))
@@ -101,19 +126,28 @@ class BlockMachine(RuleBasedStateMachine):
     def references_match_tables(self):
         if not hasattr(self, "bm"):
             return
-        self.bm.check()
-        counts = Counter(b for s in self.seqs for b in s.block_table)
+        self.bm.check(self.seqs)  # references = entries; a window holds <= its blocks + 1
+        counts = Counter(b for s in self.seqs for t in s.block_tables for b in t if b != NULL)
         for b in range(self.bm.num_blocks):
             assert self.bm.ref[b] == counts.get(b, 0)
+        for s in self.seqs:  # every group spans the same positions
+            assert len({len(t) for t in s.block_tables}) <= 1
 
     @invariant()
     def every_sequence_reads_its_own_tokens(self):
         if not hasattr(self, "bm"):
             return
         for s in self.seqs:
-            for i in range(self.bm.blocks_for(s.n_cached)):
+            for _, i, b in self._live(s):
+                assert b != NULL, "a block the window still reads was given back"
                 want = tuple(s.all_ids[i * BS : min((i + 1) * BS, s.n_cached)])
-                assert self.owner[s.block_table[i]][: len(want)] == want
+                assert self.owner[b][: len(want)] == want
+
+    @invariant()
+    def an_idle_pool_is_empty(self):
+        if not hasattr(self, "bm") or self.seqs:
+            return
+        assert self.bm.num_free == self.bm.num_blocks
 
 
 TestBlockMachine = BlockMachine.TestCase
@@ -148,3 +182,44 @@ def test_an_exhausted_pool_says_so():
     bm = BlockManager(2, BS, enable_prefix_caching=False)
     with pytest.raises(NoFreeBlocksError):
         bm.append(FakeSeq([1] * 12), 12)
+
+
+def _decode_to(bm: BlockManager, seq: FakeSeq, n: int) -> None:
+    """Feed seq's tokens one pass each until n are cached, as decoding does."""
+    while seq.n_cached < n:
+        bm.append(seq, 1)
+        bm.commit(seq, seq.n_cached + 1)
+        bm.computed(seq, 1)
+
+
+WINDOWED = KVLayout((KVGroup((0,), None), KVGroup((1,), 2 * BS)), 1)
+
+
+def test_a_window_gives_back_the_blocks_it_no_longer_reads():
+    bm = BlockManager(64, BS, layout=WINDOWED)
+    seq = FakeSeq(list(range(40)))
+    _decode_to(bm, seq, 40)
+    held = bm.held(seq)
+    assert held[0] == 10  # the global group keeps every block
+    assert held[1] <= 2 + 1 and bm.released == 10 - held[1]
+    assert seq.block_tables[1][: 10 - held[1]] == [NULL] * (10 - held[1])
+    bm.check([seq])
+    bm.free_seq(seq)
+    assert bm.num_free == 64
+
+
+def test_a_prefix_hit_needs_the_blocks_the_window_reads():
+    bm = BlockManager(64, BS, layout=WINDOWED)
+    first = FakeSeq(list(range(40)))
+    _decode_to(bm, first, 40)
+    bm.free_seq(first)  # its blocks stay cached, the windowed ones given back earlier too
+    again = FakeSeq(list(range(41)))
+    assert bm.match_prefix(again) == 40
+    assert bm.held(again) == [10, 2]  # the window of position 40 reads blocks 8 and 9
+    bm.free_seq(again)
+    lost = FakeSeq(list(range(41)))
+    gone = bm.prefix.get(bm._key(prefix_hashes(list(range(40)), BS)[8], 1))
+    bm.prefix.forget(gone)  # evicted, as the pool does when it needs the block
+    bm.free.append(gone)
+    assert bm.match_prefix(lost) == 8 * BS  # block 8 of the window is gone: stop before it
+    bm.check([lost])

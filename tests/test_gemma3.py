@@ -138,3 +138,36 @@ def test_the_chat_template_speaks_gemmas_turns(gemma3_loaded):
         "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
         "Hello!<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
     )
+
+
+def test_past_the_window_freed_blocks_give_the_mask_only_tokens(gemma3_loaded, gemma3_ours):
+    """A 900-token prompt in 256-token chunks, then decoding: with the windowed layers
+    giving back the blocks behind their 512-token window, the tokens equal the mask-only
+    cache's and those of one uncached pass, and a sequence holds about a third of the KV."""
+    from tokenworks import LLM, SamplingParams
+
+    prompt = [2] + torch.randint(
+        3, 262144, (899,), generator=torch.Generator().manual_seed(9)
+    ).tolist()
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    ids = list(prompt)
+    with torch.no_grad():  # the oracle: greedy over whole uncached passes
+        for _ in range(6):
+            n = len(ids)
+            logits = gemma3_ours(torch.tensor(ids), torch.arange(n), AttentionMetadata.single(n))
+            ids.append(int(logits[-1].argmax()))
+    held = {}
+    for kv in ("free", "mask"):
+        llm = LLM("gemma3-270m", dtype="float32", loaded=gemma3_loaded, warmup=False,
+                  max_num_batched_tokens=256, sliding_window_kv=kv)  # fmt: skip
+        engine = llm.engine
+        seq = engine.add_request(prompt_token_ids=prompt, params=params)
+        while not seq.finished:
+            engine.step()
+            if not seq.finished:
+                engine.blocks.check([seq])
+                held[kv] = engine.kv_bytes_held(seq)
+        assert seq.output_ids == ids[len(prompt) :], kv
+    # 15 windowed layers hold 33 blocks of 16 and 3 global ones 57; masking, all 18 hold 57
+    assert held["free"] == (15 * 33 + 3 * 57) * 16 * 2 * 256 * 4
+    assert held["mask"] == 18 * 57 * 16 * 2 * 256 * 4

@@ -205,6 +205,16 @@ class EngineConfig:
             "reuse the KV blocks of shared prompt prefixes", "--prefix-caching", MEMORY
         ),
     )
+    sliding_window_kv: str = field(
+        default="free",
+        metadata=option(
+            "free: windowed layers give back the KV blocks wholly behind their window (one "
+            "block table per layer group); mask: they keep every block and the window only "
+            "masks",
+            group=MEMORY,
+            choices=["free", "mask"],
+        ),
+    )
     max_num_seqs: int = field(
         default=64, metadata=option("sequences running at once", group=MEMORY)
     )
@@ -324,6 +334,8 @@ class EngineConfig:
             )
         if self.threads is not None and self.threads < 1:
             raise ValueError("threads must be >= 1")
+        if self.sliding_window_kv not in ("free", "mask"):
+            raise ValueError(f"sliding_window_kv {self.sliding_window_kv!r}: expected free or mask")
         if self.moe_strategy not in ("auto", "loop", "grouped", "dense"):
             raise ValueError(
                 f"moe_strategy {self.moe_strategy!r}: expected auto, loop, grouped or dense"

@@ -286,16 +286,38 @@ def kv_bytes_per_token(
     return sum(model.kv_elements_per_token(i) for i in range(layers or model.n_layers)) * b
 
 
+def first_block_read(window: int | None, position: int, block_size: int) -> int:
+    """The first block of a paged cache a query at `position` reads in a layer with this
+    window (None: it reads all, from block 0)."""
+    return 0 if window is None else max(0, position - window + 1) // block_size
+
+
+def window_blocks(context: int, window: int, block_size: int) -> int:
+    """Blocks a windowed layer of a paged cache holds at `context` cached tokens: those the
+    next token's window reads (the ones wholly behind it are given back)."""
+    return -(-context // block_size) - first_block_read(window, context, block_size)
+
+
 def kv_bytes(
-    model: ModelShape, context: int, kv_dtype: str = "bf16", layers: int | None = None
+    model: ModelShape,
+    context: int,
+    kv_dtype: str = "bf16",
+    layers: int | None = None,
+    block_size: int | None = None,
 ) -> float:
     """Bytes one sequence's cache holds at `context` tokens (sliding windows capped), over
-    all layers or the first `layers`."""
+    all layers or the first `layers`. With a block_size, in whole blocks of a paged cache
+    whose windowed layers give back the blocks behind their window (engine/kv_groups.py)."""
     if context < 0:
         raise ValueError("context must be >= 0 tokens")
     b = dtype_bytes(kv_dtype)
     total = 0.0
     for i in range(layers or model.n_layers):
-        tokens = min(context, model.sliding_window) if model.is_local(i) else context
+        if block_size is None:
+            tokens = min(context, model.sliding_window) if model.is_local(i) else context
+        elif model.is_local(i):
+            tokens = window_blocks(context, model.sliding_window, block_size) * block_size
+        else:
+            tokens = -(-context // block_size) * block_size
         total += tokens * model.kv_elements_per_token(i) * b
     return total

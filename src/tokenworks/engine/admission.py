@@ -8,7 +8,9 @@ A request is refused, with the reason and the limit it hits, when:
 - its prompt plus max_tokens exceeds the context;
 - even with nothing else running, the KV pool could not hold it: prompt + max_tokens for
   the first sequence, and for each further parallel sample (n > 1) its own new tokens plus
-  the block it shares with the prompt's copy-on-write tail.
+  the block it shares with the prompt's copy-on-write tail; in every layer group
+  (engine/kv_groups.py), where a windowed group holds only its window and the chunk being
+  written.
 
 What a request may wait for (a free slot, a full queue) is the scheduler's business; this
 says only whether it could ever run.
@@ -16,7 +18,10 @@ says only whether it could ever run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from tokenworks.engine.kv_groups import KVLayout
 
 
 class PromptTooLongError(ValueError):
@@ -45,24 +50,45 @@ class Admission:
     context_source: str  # where that limit comes from, said in refusals
     num_blocks: int
     block_size: int
+    layout: KVLayout = field(default_factory=lambda: KVLayout.single(1))
+    chunk: int | None = 1  # tokens a prompt pass takes at least; None: the whole prompt
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
+    def _held(self, tokens: int, prompt_len: int) -> int:
+        chunk = self.chunk or 1
+        first = 0 if self.chunk else prompt_len
+        return self.layout.blocks_held(tokens, self.block_size, chunk, first)
+
     def blocks_needed(self, prompt_len: int, max_tokens: int, n: int = 1) -> int:
         """The most KV blocks the request can hold at once with nothing else running."""
         total = min(prompt_len + max_tokens, self.context)
-        need = self.blocks_for(total) + (n - 1) * (self.blocks_for(max_tokens) + 1)
-        return min(need, n * self.blocks_for(self.context))
+        sibling = self.layout.blocks_held(max_tokens + self.block_size, self.block_size)
+        need = self._held(total, prompt_len) + (n - 1) * sibling
+        return min(need, n * self._held(self.context, prompt_len))
 
     def room(self, prompt_len: int) -> int:
         """New tokens the context leaves after this prompt."""
         return self.context - prompt_len
 
+    @cached_property
+    def pool_tokens(self) -> int:
+        """The longest sequence (up to the context) the whole pool holds, fed a token at
+        a time."""
+        lo, hi = 0, self.context
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.layout.blocks_held(mid, self.block_size) <= self.num_blocks:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def default_max_tokens(self, prompt_len: int) -> int:
         """What a request that names no max_tokens may generate: the rest of the context,
         or of the whole KV pool where that is smaller."""
-        return max(1, min(self.room(prompt_len), self.num_blocks * self.block_size - prompt_len))
+        return max(1, min(self.room(prompt_len), self.pool_tokens - prompt_len))
 
     def check(
         self,

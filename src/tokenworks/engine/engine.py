@@ -26,6 +26,7 @@ from tokenworks.config import EngineConfig
 from tokenworks.engine.admission import Admission, PromptTooLongError, RequestTooLargeError
 from tokenworks.engine.host_memory import keep_freed_memory, release_freed_memory
 from tokenworks.engine.kv_cache import BlockManager, KVPool
+from tokenworks.engine.kv_groups import KVLayout
 from tokenworks.engine.request import FinishReason, SamplingParams
 from tokenworks.engine.runner import ModelRunner, open_kernels
 from tokenworks.engine.sampler import ForwardOutput, argmax_only, prepare_rows, sample_row
@@ -58,6 +59,7 @@ class StepStats:
     num_running: int
     num_waiting: int
     kv_usage: float  # fraction of KV blocks referenced by live sequences
+    kv_bytes_in_use: int  # the bytes of those blocks
     prefix_hit_tokens: int  # prompt tokens admitted from the prefix cache this step
     preemptions: int
     cow_copies: int
@@ -118,16 +120,26 @@ class LLMEngine:
         )
         bs = config.block_size
         self.kv_bytes_per_token = int(kv_bytes_per_token(self.spec.shape, config.resolved_dtype))
-        num_blocks = self.kv_budget_bytes() // (self.kv_bytes_per_token * bs)
+        self.kv_layout = KVLayout.for_spec(self.spec, config.sliding_window_kv == "free")
+        self.block_bytes = self.kv_layout.bytes_per_block(self.kv_bytes_per_token, bs)
+        num_blocks = self.kv_budget_bytes() // self.block_bytes
         if num_blocks < 1:
             raise ValueError(
                 f"kv_cache_memory {config.kv_cache_memory} GiB holds no {bs}-token block "
-                f"({self.kv_bytes_per_token * bs} bytes each); give it more"
+                f"({self.block_bytes} bytes each); give it more"
             )
-        self.pool = KVPool.for_spec(self.spec, num_blocks, bs, config.torch_dtype, config.device)
-        self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching)
+        self.pool = KVPool.for_spec(
+            self.spec, num_blocks, bs, config.torch_dtype, config.device, self.kv_layout
+        )
+        self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching, self.kv_layout)
         self.admission = Admission(
-            self.spec.vocab_size, self.max_model_len, self._context_source(), num_blocks, bs
+            self.spec.vocab_size,
+            self.max_model_len,
+            self._context_source(),
+            num_blocks,
+            bs,
+            self.kv_layout,
+            self._prompt_pass(),
         )
         self.scheduler = Scheduler(config, self.blocks)
         # speculative decoding, checked against the target now rather than at a request
@@ -162,6 +174,15 @@ class LLMEngine:
             self.warm_up()
             log.info("ready (warm-up %.1f s)", time.perf_counter() - t0)
 
+    def _prompt_pass(self) -> int | None:
+        """The fewest tokens a prompt pass may take (what admission counts a windowed group
+        holding): the scheduler shrinks a chunk to the blocks there are, down to one token;
+        batch-invariant chunks are fixed; None: without chunked prefill, the whole prompt."""
+        c = self.config
+        if c.batch_invariant:
+            return c.max_num_batched_tokens
+        return 1 if c.enable_chunked_prefill else None
+
     def _context_source(self) -> str:
         """Where max_model_len comes from, in the words a refusal uses."""
         if self.max_model_len < self.spec.max_position:
@@ -185,8 +206,8 @@ class LLMEngine:
             f"model {self.loaded.model_id} ({self.loaded.file_path}); dtype "
             f"{c.resolved_dtype}, quantization {c.quantization or 'none'}, kernels: "
             f"{self.kernels()}; KV {blocks.num_blocks} blocks of {blocks.block_size} tokens "
-            f"({gib:.2f} GiB, {blocks.num_blocks * blocks.block_size} tokens, pages touched "
-            f"as used); context {self.max_model_len}; up to {c.max_num_seqs} sequences, "
+            f"({gib:.2f} GiB, {self.kv_layout.describe()}, pages touched as used); context "
+            f"{self.max_model_len}; up to {c.max_num_seqs} sequences, "
             f"{c.max_num_batched_tokens} tokens a step; {torch.get_num_threads()} threads"
             + (f"; speculative: {self.speculator.describe()}" if self.speculator else "")
         )
@@ -224,7 +245,7 @@ class LLMEngine:
         length = min(self.WARMUP_PROMPT, self.max_model_len - 1, c.max_num_batched_tokens)
         if length < 1:  # a context of one token holds no prompt
             return
-        blocks_each = -(-(length + 1) // c.block_size)
+        blocks_each = self.kv_layout.blocks_held(length + 1, c.block_size, length, length)
         n = min(
             c.max_num_batched_tokens // length,
             c.max_num_seqs,
@@ -251,13 +272,18 @@ class LLMEngine:
         """Compiles structured-output grammars for this tokenizer (built on first use)."""
         return GrammarCompiler(self.tokenizer, self.spec.vocab_size, self.tokenizer.eos_token_ids)
 
+    def kv_bytes_held(self, seq: Sequence) -> int:
+        """Bytes of KV blocks seq references now, in every layer group."""
+        return sum(self.blocks.held(seq)) * self.block_bytes
+
     def kv_budget_bytes(self) -> int:
         """kv_cache_memory GiB if given; else what max_num_seqs full contexts need, capped
         at kv_cache_fraction of free memory."""
         c = self.config
         if c.kv_cache_memory is not None:
             return int(c.kv_cache_memory * GiB)
-        want = c.max_num_seqs * self.max_model_len * self.kv_bytes_per_token
+        held = self.kv_layout.blocks_held(self.max_model_len, c.block_size)
+        want = c.max_num_seqs * held * self.block_bytes
         if c.device.startswith("cuda"):
             free = torch.cuda.mem_get_info(torch.device(c.device))[0]
         else:
@@ -484,6 +510,7 @@ class LLMEngine:
                 num_running=len(self.scheduler.running),
                 num_waiting=len(self.scheduler.waiting),
                 kv_usage=self.blocks.usage,
+                kv_bytes_in_use=(self.blocks.num_blocks - self.blocks.num_free) * self.block_bytes,
                 prefix_hit_tokens=out.prefix_hit_tokens,
                 preemptions=len(out.preempted),
                 cow_copies=self.blocks.cow_copies,

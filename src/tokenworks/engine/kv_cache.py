@@ -19,6 +19,7 @@ from collections import deque
 
 import torch
 
+from tokenworks.engine.kv_groups import NULL, KVLayout
 from tokenworks.engine.prefix_cache import PrefixCache, prefix_hashes
 
 
@@ -41,18 +42,20 @@ class KVPool:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
         v_dim: int | None = None,  # None: head_dim
+        layout: KVLayout | None = None,  # None: one group, a tensor per layer
     ):
         slots = num_blocks * block_size
         v_dim = head_dim if v_dim is None else v_dim
+        layout = layout or KVLayout.single(n_layers)
         self._maps: list[mmap.mmap] = []  # the CPU pool's memory (see _zeros)
-        k_shape = (slots, n_kv_heads, head_dim)
-        self.k = [self._zeros(k_shape, dtype, device) for _ in range(n_layers)]
-        self.v = (
-            [self._zeros((slots, n_kv_heads, v_dim), dtype, device) for _ in range(n_layers)]
-            if v_dim
-            else []
-        )
-        self.num_blocks, self.block_size = num_blocks, block_size
+        k_shape, v_shape = (slots, n_kv_heads, head_dim), (slots, n_kv_heads, v_dim)
+        # one tensor per layer of a group; layer j of every group shares tensor j
+        k = [self._zeros(k_shape, dtype, device) for _ in range(layout.size)]
+        v = [self._zeros(v_shape, dtype, device) for _ in range(layout.size)] if v_dim else []
+        self.tensors = k + v  # each once (the per-layer lists repeat them)
+        self.k = [k[layout.slot_of(i)] for i in range(n_layers)]
+        self.v = [v[layout.slot_of(i)] for i in range(n_layers)] if v_dim else []
+        self.num_blocks, self.block_size, self.layout = num_blocks, block_size, layout
 
     def _zeros(self, shape, dtype, device) -> torch.Tensor:
         """A zero tensor; on the CPU in private anonymous memory, which the kernel fills
@@ -66,10 +69,15 @@ class KVPool:
         return torch.frombuffer(m, dtype=dtype).view(shape)
 
     @classmethod
-    def for_spec(cls, spec, num_blocks: int, block_size: int, dtype, device="cpu") -> KVPool:
-        """A pool laid out as the model's cache (ModelSpec.kv_layout)."""
+    def for_spec(
+        cls, spec, num_blocks: int, block_size: int, dtype, device="cpu", layout=None
+    ) -> KVPool:
+        """A pool laid out as the model's cache (ModelSpec.kv_layout), its layers grouped
+        as `layout` says (KVLayout; None: one group)."""
         heads, k_dim, v_dim = spec.kv_layout
-        return cls(spec.n_layers, num_blocks, block_size, heads, k_dim, dtype, device, v_dim)
+        return cls(
+            spec.n_layers, num_blocks, block_size, heads, k_dim, dtype, device, v_dim, layout
+        )
 
     def discard(self) -> None:
         """Forget every value in the pool (they read as zeros again) and give its pages
@@ -86,30 +94,42 @@ class KVPool:
         src = torch.cat([torch.arange(s * bs, (s + 1) * bs) for s, _ in pairs])
         dst = torch.cat([torch.arange(d * bs, (d + 1) * bs) for _, d in pairs])
         src, dst = src.to(self.k[0].device), dst.to(self.k[0].device)
-        for t in self.k + self.v:
+        for t in self.tensors:
             t[dst] = t[src]
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return sum(t.numel() * t.element_size() for t in self.tensors)
 
 
 class BlockManager:
-    """Which blocks are free, who references each, and what each sequence's table holds.
+    """Which blocks are free, who references each, and what each sequence's tables hold.
 
-    The sequence objects it manages carry `block_table` (list[int]), `n_cached` (tokens
-    whose K/V are written), `all_ids`, `num_tokens`, `cache_salt`, `block_hashes` and
-    `n_registered` (leading full blocks already offered to the prefix cache).
+    The sequence objects it manages carry `block_tables` (one list[int] per layer group of
+    the layout, engine/kv_groups.py; empty until the first block), `n_cached` (tokens whose
+    K/V are written), `all_ids`, `num_tokens`, `cache_salt`, `block_hashes` and
+    `n_registered` (leading full blocks already offered to the prefix cache). In a windowed
+    group the blocks wholly behind the window are given back once a pass has moved past
+    them, and their entries read NULL.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        layout: KVLayout | None = None,  # None: one group that keeps everything
+    ):
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.layout = layout or KVLayout.single(1)
+        self.windows = self.layout.windows
         self.ref = [0] * num_blocks
         self.free: deque[int] = deque(range(num_blocks))
         self.prefix = PrefixCache() if enable_prefix_caching else None
         self.cow_copies = 0
+        self.released = 0  # blocks given back from behind a window
         # blocks handed out at least once: on the CPU, the pool's pages that are resident
         self._touched = bytearray(num_blocks)
         self.touched = 0
@@ -129,17 +149,36 @@ class BlockManager:
     def blocks_for(self, n_tokens: int) -> int:
         return -(-n_tokens // self.block_size)
 
-    def _needs_copy(self, seq, n_cached: int) -> bool:
+    def _tables(self, seq) -> list[list[int]]:
+        if not seq.block_tables:
+            seq.block_tables = [[] for _ in self.windows]
+        return seq.block_tables
+
+    def _needs_copy(self, table: list[int], n_cached: int) -> bool:
         i = n_cached // self.block_size
-        return i < len(seq.block_table) and self.ref[seq.block_table[i]] > 1
+        return i < len(table) and table[i] != NULL and self.ref[table[i]] > 1
 
     def blocks_needed(self, seq, n_new: int) -> int:
         """New blocks that writing n_new more tokens of seq would take (copies included)."""
-        grow = self.blocks_for(seq.n_cached + n_new) - len(seq.block_table)
-        return max(grow, 0) + (1 if n_new and self._needs_copy(seq, seq.n_cached) else 0)
+        want = self.blocks_for(seq.n_cached + n_new)
+        tables = seq.block_tables or [[]] * len(self.windows)
+        return sum(
+            max(want - len(t), 0) + (1 if n_new and self._needs_copy(t, seq.n_cached) else 0)
+            for t in tables
+        )
 
     def can_append(self, seq, n_new: int) -> bool:
         return self.blocks_needed(seq, n_new) <= self.num_free
+
+    def room(self, seq) -> int:
+        """Tokens seq could append with the blocks free now (copies aside): each group
+        grows by the same number of blocks."""
+        held = len(seq.block_tables[0]) if seq.block_tables else 0
+        return (held + self.num_free // len(self.windows)) * self.block_size - seq.n_cached
+
+    def held(self, seq) -> list[int]:
+        """Blocks seq references in each group."""
+        return [sum(b != NULL for b in t) for t in seq.block_tables] or [0] * len(self.windows)
 
     # ------------------------------------------------------------------ references
 
@@ -171,43 +210,86 @@ class BlockManager:
             else:  # first out again: its pages are resident, untouched ones stay unpaid
                 self.free.appendleft(b)
 
+    @staticmethod
+    def _key(h: bytes, group: int) -> bytes:
+        """A block's prefix-cache key in a group: the same tokens sit in another block in
+        every group."""
+        return h if group == 0 else h + group.to_bytes(2, "little")
+
     # ------------------------------------------------------------------ sequences
 
     def match_prefix(self, seq) -> int:
-        """Point a fresh sequence's table at cached blocks of its prefix; return tokens hit.
+        """Point a fresh sequence's tables at cached blocks of its prefix; return tokens hit.
 
-        At most num_tokens - 1 tokens are reused: the last one must run to give logits.
+        At most num_tokens - 1 tokens are reused: the last one must run to give logits. A
+        hit of k blocks needs the first k blocks in every global group, and in a windowed
+        group the blocks the window of the next token reads.
         """
-        if self.prefix is None or seq.block_table:
+        if self.prefix is None or any(seq.block_tables):
             return 0
-        usable = (seq.num_tokens - 1) // self.block_size
+        bs = self.block_size
+        usable = (seq.num_tokens - 1) // bs
         seq.block_hashes = prefix_hashes(
-            seq.all_ids[: usable * self.block_size],
-            self.block_size,
-            seq.cache_salt,
-            seq.block_hashes[:usable],
+            seq.all_ids[: usable * bs], bs, seq.cache_salt, seq.block_hashes[:usable]
         )
-        found = self.prefix.lookup(seq.block_hashes[:usable])
-        for b in found:
-            self._incref(b)
-        seq.block_table = list(found)
-        seq.n_cached = len(found) * self.block_size
+        hashes = seq.block_hashes[:usable]
+        if len(self.windows) == 1 and self.windows[0] is None:
+            found = [self.prefix.lookup(hashes)]
+            k = len(found[0])
+        else:
+            found = [
+                [self.prefix.get(self._key(h, g)) for h in hashes] for g in range(len(self.windows))
+            ]
+            k = self._longest_hit(found)
+        tables = []
+        for window, blocks in zip(self.windows, found, strict=True):
+            first = self.layout.first_needed(window, k * bs, bs)
+            table = [NULL] * first + blocks[first:k]
+            for b in table[first:]:
+                self._incref(b)
+            tables.append(table)
+        seq.block_tables = tables if k else []
+        seq.n_cached = k * bs
         return seq.n_cached
+
+    def _longest_hit(self, found: list[list[int | None]]) -> int:
+        """The most leading blocks every group can serve from the cache."""
+        k = len(found[0])
+        last_missing = []  # windowed groups: [i] the last index <= i not cached (-1: none)
+        for window, blocks in zip(self.windows, found, strict=True):
+            if window is None:
+                k = min(k, next((i for i, b in enumerate(blocks) if b is None), len(blocks)))
+                continue
+            gaps, last = [], -1
+            for i, b in enumerate(blocks):
+                last = i if b is None else last
+                gaps.append(last)
+            last_missing.append((window, gaps))
+        while k > 0:
+            if all(
+                gaps[k - 1] < self.layout.first_needed(w, k * self.block_size, self.block_size)
+                for w, gaps in last_missing
+            ):
+                break
+            k -= 1
+        return k
 
     def append(self, seq, n_new: int) -> list[tuple[int, int]]:
         """Make room for n_new tokens after seq.n_cached; return (src, dst) blocks to copy."""
         if self.blocks_needed(seq, n_new) > self.num_free:
             raise NoFreeBlocksError(f"{seq.request_id}: not enough free KV blocks")
         copies = []
-        if n_new and self._needs_copy(seq, seq.n_cached):
-            i = seq.n_cached // self.block_size
-            old, new = seq.block_table[i], self._take()
-            copies.append((old, new))
-            self._decref(old)
-            seq.block_table[i] = new
-            self.cow_copies += 1
-        while len(seq.block_table) < self.blocks_for(seq.n_cached + n_new):
-            seq.block_table.append(self._take())
+        want = self.blocks_for(seq.n_cached + n_new)
+        for table in self._tables(seq):
+            if n_new and self._needs_copy(table, seq.n_cached):
+                i = seq.n_cached // self.block_size
+                old, new = table[i], self._take()
+                copies.append((old, new))
+                self._decref(old)
+                table[i] = new
+                self.cow_copies += 1
+            while len(table) < want:
+                table.append(self._take())
         return copies
 
     def commit(self, seq, n_tokens: int) -> None:
@@ -228,16 +310,20 @@ class BlockManager:
                 seq.cache_salt,
                 seq.block_hashes,
             )
-        for i in range(seq.n_registered, full):
-            self.prefix.register(seq.block_table[i], seq.block_hashes[i])
+        for g, table in enumerate(seq.block_tables):
+            for i in range(seq.n_registered, full):
+                if table[i] != NULL:
+                    self.prefix.register(table[i], self._key(seq.block_hashes[i], g))
         seq.n_registered = max(seq.n_registered, full)
 
     def forget_seq(self, seq) -> None:
         """Drop the prefix-cache entries of seq's blocks (their content is not to be trusted,
         e.g. the forward pass that was to fill them failed)."""
         if self.prefix is not None:
-            for b in seq.block_table:
-                self.prefix.forget(b)
+            for table in seq.block_tables:
+                for b in table:
+                    if b != NULL:
+                        self.prefix.forget(b)
         seq.n_registered = 0
 
     def forget_touched(self) -> None:
@@ -246,8 +332,9 @@ class BlockManager:
         self.touched = 0
 
     def reset_counts(self) -> None:
-        """Copy-on-write and prefix-cache counters back to zero (the blocks are untouched)."""
-        self.cow_copies = 0
+        """Copy-on-write, window and prefix-cache counters back to zero (the blocks are
+        untouched)."""
+        self.cow_copies = self.released = 0
         if self.prefix is not None:
             self.prefix.queried_tokens = self.prefix.hit_tokens = self.prefix.evictions = 0
 
@@ -263,36 +350,56 @@ class BlockManager:
 
     def fork(self, parent, child) -> None:
         """child shares every block of parent (parallel sampling): references, not copies."""
-        for b in parent.block_table:
-            self._incref(b)
-        child.block_table = list(parent.block_table)
+        for table in parent.block_tables:
+            for b in table:
+                if b != NULL:
+                    self._incref(b)
+        child.block_tables = [list(t) for t in parent.block_tables]
         child.n_cached = parent.n_cached
         child.block_hashes = list(parent.block_hashes)
         child.n_registered = parent.n_registered
 
     def computed(self, seq, n_tokens: int) -> None:
-        """A forward pass wrote the K/V of seq's next n_tokens into its blocks."""
+        """A forward pass wrote the K/V of seq's next n_tokens into its blocks: in a
+        windowed group, the blocks no later token's window reaches go back."""
         seq.n_cached += n_tokens
+        for window, table in zip(self.windows, seq.block_tables, strict=True):
+            if window is None:
+                continue
+            # given-back entries are a leading run: walk back from the window's edge
+            i = self.layout.first_needed(window, seq.n_cached, self.block_size) - 1
+            while i >= 0 and table[i] != NULL:
+                self._decref(table[i])
+                table[i] = NULL
+                self.released += 1
+                i -= 1
 
     def trim(self, seq) -> None:
         """Give back seq's blocks past its cached tokens: those a speculative step took for
         proposals the target rejected (never registered in the prefix cache, which only
         sees real tokens)."""
         keep = self.blocks_for(seq.n_cached)
-        for b in seq.block_table[keep:]:
-            self._decref(b)
-        del seq.block_table[keep:]
+        for table in seq.block_tables:
+            for b in table[keep:]:
+                if b != NULL:
+                    self._decref(b)
+            del table[keep:]
 
     def free_seq(self, seq) -> None:
         """seq gives back its blocks (cached ones stay findable) and holds no K/V."""
-        for b in seq.block_table:
-            self._decref(b)
-        seq.block_table = []
+        for table in seq.block_tables:
+            for b in table:
+                if b != NULL:
+                    self._decref(b)
+        seq.block_tables = []
         seq.n_registered = 0
         seq.n_cached = 0
 
-    def check(self) -> None:
-        """Invariants (for tests): every block is free, parked or referenced, exactly once."""
+    def check(self, seqs=None) -> None:
+        """Invariants (for tests): every block is free, parked or referenced, exactly once;
+        with the live sequences given, each block's references are its table entries, and
+        no windowed group holds more than its window needs (ceil(window / block_size) + 1
+        blocks once a pass has run)."""
         free = set(self.free)
         parked = set(self.prefix.evictable) if self.prefix else set()
         assert len(free) == len(self.free), "a block is on the free list twice"
@@ -300,3 +407,17 @@ class BlockManager:
         for b in range(self.num_blocks):
             state = (b in free) + (b in parked) + (self.ref[b] > 0)
             assert state == 1, f"block {b}: free={b in free} parked={b in parked} ref={self.ref[b]}"
+        if seqs is None:
+            return
+        counts = [0] * self.num_blocks
+        for s in seqs:
+            for table in s.block_tables:
+                for b in table:
+                    if b != NULL:
+                        counts[b] += 1
+        assert counts == self.ref, "reference counts differ from the tables' entries"
+        for s in seqs:
+            for window, held in zip(self.windows, self.held(s), strict=True):
+                if window is not None:
+                    cap = self.blocks_for(window) + 1
+                    assert held <= cap, f"{s.request_id}: {held} blocks in a {window}-token window"

@@ -63,6 +63,10 @@ class PrefixCache:
             found.append(b)
         return found
 
+    def get(self, h: bytes) -> int | None:
+        """The block cached under this hash, if any."""
+        return self.by_hash.get(h)
+
     def record_query(self, queried: int, hit: int) -> None:
         self.queried_tokens += queried
         self.hit_tokens += hit

@@ -62,7 +62,7 @@ class ModelRunner:
             positions.extend(range(s.n_cached, s.n_cached + n))
             q_lens.append(n)
             ctx_lens.append(s.n_cached)
-            tables.append(s.block_table)
+            tables.append(s.block_tables)
             end += n
             if item.sample:  # a verify chunk: a row for its last real token and each guess
                 last_rows.extend(range(end - 1 - len(draft), end))
@@ -73,16 +73,32 @@ class ModelRunner:
         ids_t = torch.tensor(ids, device=self.device)
         pos_t = torch.tensor(positions, device=self.device)
         rows = torch.tensor(last_rows, dtype=torch.long, device=self.device)
-        if self.kernels is not None:
-            layout = self.kernels.layout(q_lens, ctx_lens, tables)
+        if self.kernels is not None:  # (which opens only for a pool of one group)
+            layout = self.kernels.layout(q_lens, ctx_lens, [t[0] for t in tables])
             if layout is not None:
                 logits, argmax = self.kernels.forward(ids_t, pos_t, layout, rows, argmax_only)
                 return ForwardOutput(logits, argmax)
-        meta = AttentionMetadata.paged(
-            q_lens, ctx_lens, tables, self.block_size, self.device, self.batch_decode
-        )
+        meta = self.metadata(q_lens, ctx_lens, tables)
         logits = self.model(ids_t, pos_t, meta, self.pool, logits_rows=rows, float_logits=False)
         return ForwardOutput(logits)
+
+    def metadata(self, query_lens, context_lens, tables) -> AttentionMetadata:
+        """The batch's attention metadata, one per KV group of the pool (tables: each
+        sequence's block tables, one per group)."""
+        kv = self.pool.layout
+        metas = [
+            AttentionMetadata.paged(
+                query_lens,
+                context_lens,
+                [t[g] for t in tables],
+                self.block_size,
+                self.device,
+                self.batch_decode,
+                window,
+            )
+            for g, window in enumerate(kv.windows)
+        ]
+        return AttentionMetadata.grouped(metas, [kv.group_of(i) for i in range(kv.n_layers)])
 
     @torch.inference_mode()
     def run_uncached(self, token_ids: list[int]) -> torch.Tensor:

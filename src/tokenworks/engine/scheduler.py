@@ -120,8 +120,7 @@ class Scheduler:
             return n if n <= budget else 0
         n = min(remaining, budget)
         if n > 1:  # a prompt chunk: shrink it to the blocks there are rather than wait
-            room = (len(seq.block_table) + self.blocks.num_free) * self.blocks.block_size
-            n = max(1, min(n, room - seq.n_cached))
+            n = max(1, min(n, self.blocks.room(seq)))
         if n < remaining and not self.config.enable_chunked_prefill:
             return 0
         return n

@@ -29,9 +29,9 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """One completion. A request with n > 1 is a group of sequences forked after its prompt.
 
-    KV state: `block_table` (the KV blocks holding its tokens), `n_cached` (how many of its
-    tokens have K/V written), `block_hashes`/`n_registered` (prefix-cache bookkeeping);
-    engine/kv_cache.BlockManager alone writes them.
+    KV state: `block_tables` (per layer group, the KV blocks holding its tokens), `n_cached`
+    (how many of its tokens have K/V written), `block_hashes`/`n_registered` (prefix-cache
+    bookkeeping); engine/kv_cache.BlockManager alone writes them.
     Scheduling: `priority` (lower runs first under the priority policy) and `arrival`
     (a counter: earlier arrivals first, and a preempted sequence keeps its place).
     """
@@ -60,7 +60,7 @@ class Sequence:
         self.index = index
         self.arrival, self.priority, self.cache_salt = arrival, priority, cache_salt
         self.group: list[Sequence] = [self]  # the request's completions, in index order
-        self.block_table: list[int] = []
+        self.block_tables: list[list[int]] = []
         self.block_hashes: list[bytes] = []
         self.n_registered = 0
         self.num_cached_prompt_tokens = 0  # prefix-cache hit on first admission

@@ -64,6 +64,11 @@ class CKernels:
             if kernels == "auto" and why not in _warned:
                 _warned.add(why)
                 log.warning("%s; running torch's modules instead", why)
+        elif len(pool.layout.groups) > 1:
+            why = (
+                "the layers' KV is split into groups (windows give blocks back) and the C "
+                "forward reads one block table a sequence"
+            )
         if not why:
             spec = getattr(model, "spec", None)
             forward = LlamaForward.prepare(
@@ -96,7 +101,9 @@ class CKernels:
         """The batch laid out for C, or None where the torch model is to run it."""
         if not self.forward_pass.accepts(query_lens):
             return None
-        return KernelBatch.build(query_lens, context_lens, tables, self.block_size)
+        forward = self.forward_pass
+        window = forward.spec.sliding_window if forward.pool.layout.frees else None
+        return KernelBatch.build(query_lens, context_lens, tables, self.block_size, window)
 
     def forward(
         self, input_ids, positions, batch: KernelBatch, logits_rows, greedy: bool

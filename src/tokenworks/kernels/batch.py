@@ -32,7 +32,10 @@ class KernelBatch:
         context_lens: list[int],
         tables: list[list[int]],
         block_size: int,
+        window: int | None = None,  # the tables give back blocks behind this window
     ) -> KernelBatch:
+        """Decode rows read their tables from the window's start in C; a prompt chunk
+        gathers the keys from its first token's window on (all of them without one)."""
         slots: list[int] = []
         rows, dec_tables, dec_lens, chunks = [], [], [], []
         start = 0
@@ -43,8 +46,9 @@ class KernelBatch:
                 dec_tables.append(table)
                 dec_lens.append(ctx + 1)
             else:
-                index = context_slots(table, ctx + n, block_size)
-                slots.extend(index[ctx:].tolist())
+                first = max(0, ctx - window + 1) if window is not None else 0
+                index = context_slots(table, ctx + n, block_size, first)
+                slots.extend(index[ctx - first :].tolist())
                 chunks.append((start, n, index))
             start += n
         width = max((len(t) for t in dec_tables), default=0)

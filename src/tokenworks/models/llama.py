@@ -182,8 +182,8 @@ class LlamaModel(nn.Module):
             (c[positions].to(x.dtype).unsqueeze(1), s[positions].to(x.dtype).unsqueeze(1))
             for c, s in tables[: 1 + (self.spec.rope_local_theta is not None)]
         ]  # each [T, 1, D]
-        for layer in self.layers:
-            x = layer(x, *rope[layer.rope_table], meta, cache)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, *rope[layer.rope_table], meta.for_layer(i), cache)
         if logits_rows is not None:
             x = x[logits_rows]
         x = F.rms_norm(x, (self.spec.hidden_size,), self.norm, self.spec.norm_eps)

@@ -18,16 +18,17 @@ kernels/batch.py.)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 
-def context_slots(table: list[int], n_tokens: int, block_size: int) -> torch.Tensor:
-    """[n_tokens] int64: the pool slot of each of a sequence's first n_tokens positions,
-    through its block table."""
-    pos = torch.arange(n_tokens)
+def context_slots(table: list[int], n_tokens: int, block_size: int, start: int = 0) -> torch.Tensor:
+    """[n_tokens - start] int64: the pool slot of each of a sequence's positions start to
+    n_tokens - 1, through its block table."""
+    pos = torch.arange(start, n_tokens)
     blocks = torch.tensor(table, dtype=torch.long)[pos // block_size]
     return blocks * block_size + pos % block_size
 
@@ -84,6 +85,8 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor | None = None  # [T] long: pool slot for each new token
     kv_index: list[torch.Tensor | None] | None = None  # per sequence: slots of its context
     decode: DecodeBatch | None = None  # set when the fast path batches the decode tokens
+    # per layer, the metadata of its KV group (engine/kv_groups.py); None: this one for all
+    by_layer: list[AttentionMetadata] | None = None
 
     def __post_init__(self) -> None:
         if len(self.query_lens) != len(self.context_lens):
@@ -94,6 +97,17 @@ class AttentionMetadata:
         """One sequence, no cache (a whole-sequence forward pass)."""
         return cls([n_new], [0])
 
+    def for_layer(self, layer: int) -> AttentionMetadata:
+        """What this layer reads and writes through: its own group's block tables."""
+        return self if self.by_layer is None else self.by_layer[layer]
+
+    @classmethod
+    def grouped(cls, metas: list[AttentionMetadata], group_of: list[int]) -> AttentionMetadata:
+        """One metadata per KV group, each layer pointed at its group's (group_of[layer])."""
+        if len(metas) == 1:
+            return metas[0]
+        return dataclasses.replace(metas[0], by_layer=[metas[g] for g in group_of])
+
     @classmethod
     def paged(
         cls,
@@ -103,14 +117,18 @@ class AttentionMetadata:
         block_size: int,
         device: torch.device | str = "cpu",
         batch_decode: bool = True,
+        window: int | None = None,  # the tables give back blocks behind this window
     ) -> AttentionMetadata:
-        """Slots and gather indices from block tables (built once per step, used by every layer)."""
+        """Slots and gather indices from block tables (built once per step, used by every
+        layer of their group). With a window, each sequence gathers only the keys its
+        first new token's window reaches: the blocks before them may be gone."""
         slots: list[int] = []
         kv_index, dec_rows, dec_seq = [], [], []
         start = 0
         for n, ctx, table in zip(query_lens, context_lens, block_tables, strict=True):
-            index = context_slots(table, ctx + n, block_size)
-            slots.extend(index[ctx:].tolist())
+            first = max(0, ctx - window + 1) if window is not None else 0
+            index = context_slots(table, ctx + n, block_size, first)
+            slots.extend(index[ctx - first :].tolist())
             if batch_decode and n == 1:
                 dec_rows.append(start)
                 dec_seq.append(index)

@@ -100,14 +100,18 @@ def cmd_kv(args) -> int:
     from tokenworks.plan.models import get_model
 
     m = get_model(args.model)
-    rows = [
-        {
+    rows = []
+    for c in args.context:
+        row = {
             "context": c,
             "kv per sequence": fmt_bytes(kv_bytes(m, c, args.kv_dtype)),
             "bytes": int(kv_bytes(m, c, args.kv_dtype)),
         }
-        for c in args.context
-    ]
+        if args.block_size:  # what a paged pool holds: whole blocks, windows freeing
+            paged = kv_bytes(m, c, args.kv_dtype, block_size=args.block_size)
+            row |= {f"paged ({args.block_size}-token blocks)": fmt_bytes(paged),
+                    "paged bytes": int(paged)}  # fmt: skip
+        rows.append(row)
     if m.attention == "mla":
         cached = f"a {m.kv_lora_rank} latent + {m.qk_rope_head_dim} RoPE key"
     else:
@@ -345,6 +349,11 @@ def add_plan_parser(sub) -> None:
     _model_args(p)
     p.add_argument("--context", type=_ints, default=[1024, 8192, 32768])
     p.add_argument("--kv-dtype", default="bf16")
+    p.add_argument(
+        "--block-size", type=int, default=None,
+        help="also count whole blocks of a paged cache whose windowed layers give back "
+        "the blocks behind their window (the engine's pool)",
+    )  # fmt: skip
 
     p = command("fit", cmd_fit, "does it fit: weights + KV per device, sequences that fit")
     _model_args(p)

@@ -24,7 +24,7 @@ class DraftState:
     def __init__(self, seq):
         self.seq = seq
         self.request_id, self.cache_salt = seq.request_id, None
-        self.block_table: list[int] = []
+        self.block_tables: list[list[int]] = []
         self.block_hashes: list[bytes] = []
         self.n_registered = 0
         self.n_cached = 0
