@@ -221,6 +221,13 @@ def cmd_bench_attention(args) -> int:
     return 0
 
 
+def cmd_bench_long_context(args) -> int:
+    from tokenworks.bench.long_context import run_long_context
+
+    run_long_context(args)
+    return 0
+
+
 def cmd_bench_spec(args) -> int:
     from tokenworks.bench.speculative import run_speculative
 
@@ -565,6 +572,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default="benchmarks/results", help="directory for the record")
     p.set_defaults(fn=cmd_bench_attention)
+    p = bsub.add_parser(
+        "long-context",
+        help="the five claims of a context length: accepts, behaves (perplexity by "
+        "position), fits (KV bytes against the plan), answers in time, uses what it is "
+        "given (needle in a haystack)",
+    )
+    add_engine_arguments(p)
+    p.add_argument("--lengths", default="1024,2048,4096",
+                   help="comma-separated haystack lengths (tokens)")  # fmt: skip
+    p.add_argument("--depths", default="0,0.25,0.5,0.75,1",
+                   help="comma-separated needle depths (0: the start, 1: the end)")  # fmt: skip
+    p.add_argument("--ppl-tokens", type=int, default=None,
+                   help="tokens of the text scored by position (default: the context)")  # fmt: skip
+    p.add_argument("--text", default=None, help="a long text file (default: music21's Lady Susan)")
+    p.add_argument("--window-model", default=None,
+                   help="also measure a windowed model's KV with windows freeing and masking "
+                   "(e.g. gemma3-270m)")  # fmt: skip
+    p.add_argument("--window-max", type=int, default=8192,
+                   help="the longest length run on the windowed model")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="benchmarks/results", help="directory for the record")
+    p.set_defaults(fn=cmd_bench_long_context)
     from tokenworks.plan.commands import add_plan_parser
 
     add_plan_parser(sub)
