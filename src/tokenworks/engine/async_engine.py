@@ -94,6 +94,41 @@ class RequestMetrics:
         return (self.e2e - self.ttft) / (self.generation_tokens - 1)
 
 
+def by_request(sampled: list[Sequence]) -> dict[str, list[Sequence]]:
+    """A step's sampled sequences, grouped by request (n > 1 gives several)."""
+    out: dict[str, list[Sequence]] = {}
+    for seq in sampled:
+        out.setdefault(seq.request_id, []).append(seq)
+    return out
+
+
+def request_update(head: Sequence, seqs: list[Sequence], emitted: dict[int, int]) -> RequestUpdate:
+    """What a step gave one request (head: its first sequence; seqs: those of its
+    completions the step sampled), past the tokens `emitted` says each completion already
+    handed out (updated here)."""
+    deltas = []
+    for s in seqs:
+        k = emitted.get(s.index, 0)
+        emitted[s.index] = len(s.output_ids)
+        deltas.append(
+            CompletionDelta(
+                s.index,
+                s.take_stream_text(),
+                s.output_ids[k:],
+                s.logprobs[k:] if s.logprobs is not None else None,
+                s.finish_reason,
+                s.stop_reason,
+            )
+        )
+    return RequestUpdate(
+        head.request_id,
+        deltas,
+        head.group_finished,
+        len(head.prompt_ids),
+        head.num_cached_prompt_tokens,
+    )
+
+
 @dataclass
 class _Stream:
     request_id: str
@@ -120,7 +155,41 @@ class _Stream:
         return True
 
 
-class AsyncEngine:
+class EngineFront:
+    """What every asyncio front of an engine shares (AsyncEngine here, CoreClient over a
+    core process): request ids, waiting for a request's acceptance, generate()."""
+
+    _next_id = 0
+
+    def new_request_id(self, prefix: str = "req") -> str:
+        self._next_id += 1
+        return f"{prefix}-{self._next_id}-{time.monotonic_ns() % 10**9}"
+
+    def abort(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    async def _accepted(self, stream: _Stream, deadline: float | None) -> RequestStream:
+        """The request's stream once the engine took it; what it raised if it refused."""
+        try:
+            accepted = await _next(stream.queue, deadline)
+        except BaseException:
+            self.abort(stream.request_id)
+            raise
+        if isinstance(accepted, BaseException):
+            raise accepted
+        return RequestStream(self, stream, deadline)
+
+    async def generate(self, params: SamplingParams, prompt_token_ids: list[int], **kw):
+        """submit() and stream in one: `async for update in engine.generate(...)`."""
+        stream = await self.submit(params, prompt_token_ids, **kw)
+        try:
+            async for update in stream:
+                yield update
+        finally:
+            await stream.aclose()
+
+
+class AsyncEngine(EngineFront):
     def __init__(
         self,
         engine: LLMEngine,
@@ -140,7 +209,6 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}  # touched only by the engine thread
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self._next_id = 0
         self.errors = 0  # forward passes that raised
 
     # ------------------------------------------------------------------ lifecycle
@@ -167,10 +235,6 @@ class AsyncEngine:
     def _post(self, *command) -> None:
         self._commands.append(command)
         self._wake.set()
-
-    def new_request_id(self, prefix: str = "req") -> str:
-        self._next_id += 1
-        return f"{prefix}-{self._next_id}-{time.monotonic_ns() % 10**9}"
 
     async def submit(
         self,
@@ -201,23 +265,7 @@ class AsyncEngine:
         )
         stream = _Stream(request_id, asyncio.get_running_loop(), asyncio.Queue(), kwargs)
         self._post("add", stream)
-        try:
-            accepted = await _next(stream.queue, deadline)
-        except BaseException:
-            self.abort(request_id)
-            raise
-        if isinstance(accepted, BaseException):
-            raise accepted
-        return RequestStream(self, stream, deadline)
-
-    async def generate(self, params: SamplingParams, prompt_token_ids: list[int], **kw):
-        """submit() and stream in one: `async for update in engine.generate(...)`."""
-        stream = await self.submit(params, prompt_token_ids, **kw)
-        try:
-            async for update in stream:
-                yield update
-        finally:
-            await stream.aclose()
+        return await self._accepted(stream, deadline)
 
     def abort(self, request_id: str) -> None:
         """Cancel a request (thread-safe, returns at once; applied before the next step)."""
@@ -282,40 +330,17 @@ class AsyncEngine:
 
     def _emit(self, sampled: list[Sequence]) -> None:
         now = time.monotonic()
-        by_request: dict[str, list[Sequence]] = {}
-        for seq in sampled:
-            by_request.setdefault(seq.request_id, []).append(seq)
-        for request_id, seqs in by_request.items():
+        for request_id, seqs in by_request(sampled).items():
             stream = self._streams.get(request_id)
             if stream is None:
                 continue
-            deltas = []
-            for s in seqs:
-                k = stream.emitted.get(s.index, 0)
-                stream.emitted[s.index] = len(s.output_ids)
-                deltas.append(
-                    CompletionDelta(
-                        s.index,
-                        s.take_stream_text(),
-                        s.output_ids[k:],
-                        s.logprobs[k:] if s.logprobs is not None else None,
-                        s.finish_reason,
-                        s.stop_reason,
-                    )
-                )
             if stream.t_first is None:
                 stream.t_first = now
             elif self.observer is not None:
                 self.observer.on_inter_token(now - stream.t_last)
             stream.t_last = now
-            head = stream.head
-            update = RequestUpdate(
-                request_id,
-                deltas,
-                head.group_finished,
-                len(head.prompt_ids),
-                head.num_cached_prompt_tokens,
-            )
+            update = request_update(stream.head, seqs, stream.emitted)
+            deltas = update.deltas
             if update.finished:  # count it before the reader can see the end
                 del self._streams[request_id]
                 self._finished(stream, now)
@@ -392,7 +417,7 @@ class RequestStream:
     """The updates of one accepted request, as an async iterator. Leaving early (break,
     cancellation, an error, aclose(), even before the first update) cancels the request."""
 
-    def __init__(self, front: AsyncEngine, stream: _Stream, deadline: float | None):
+    def __init__(self, front: EngineFront, stream: _Stream, deadline: float | None):
         self._front, self._stream, self._deadline = front, stream, deadline
         self.request_id = stream.request_id
         self.done = False

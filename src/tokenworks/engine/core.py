@@ -1,0 +1,142 @@
+"""The engine core: an LLMEngine in a process of its own, stepping back to back.
+
+`python -m tokenworks.engine.core --config JSON --commands ADDR --outputs ADDR` loads the
+model, says Ready on the outputs socket, then loops: take every command waiting (add,
+abort, shutdown), run one step, send every request's update of that step in one message.
+Idle, it waits on the commands socket. The API process (engine/core_client.py) owns both
+sockets; the core connects to them and exits when its parent is gone.
+
+Keeping the forward pass out of the API process gives it an interpreter of its own: the
+event loop, JSON, SSE and detokenisation no longer take turns with the step (vLLM's
+EngineCore has the same shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import msgspec
+import zmq
+
+from tokenworks.config import EngineConfig
+from tokenworks.engine import core_messages as m
+from tokenworks.engine.async_engine import by_request, request_update
+from tokenworks.engine.engine import LLMEngine
+
+log = logging.getLogger("tokenworks.engine")
+
+IDLE_POLL_MS = 500  # how often an idle core looks for its parent
+
+
+class EngineCore:
+    def __init__(self, engine: LLMEngine, commands: zmq.Socket, outputs: zmq.Socket):
+        self.engine, self.commands, self.outputs = engine, commands, outputs
+        self.emitted: dict[str, dict[int, int]] = {}  # tokens sent, per request and index
+        self.parent = os.getppid()
+
+    def ready(self) -> m.Ready:
+        e = self.engine
+        return m.Ready(
+            os.getpid(), e.loaded.model_id, e.spec.vocab_size, e.max_model_len,
+            e.blocks.num_blocks, e.blocks.block_size, e.describe(),
+        )  # fmt: skip
+
+    def send(self, message) -> None:
+        self.outputs.send(m.encode(message))
+
+    def run(self) -> None:
+        self.send(self.ready())
+        while True:
+            busy = self.engine.has_unfinished()
+            if self.commands.poll(0 if busy else IDLE_POLL_MS) and not self.apply_commands():
+                return
+            if os.getppid() != self.parent:  # the API process is gone: nobody reads us
+                return
+            if self.engine.has_unfinished():
+                self.step()
+
+    def apply_commands(self) -> bool:
+        """Every command waiting; False on shutdown."""
+        while True:
+            try:
+                data = self.commands.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return True
+            try:
+                command = m.decode_to_core(data)
+            except msgspec.DecodeError as e:
+                log.error("a command the core cannot read was dropped: %s", e)
+                continue
+            if isinstance(command, m.Shutdown):
+                return False
+            if isinstance(command, m.Abort):
+                self.emitted.pop(command.request_id, None)
+                self.engine.abort_request(command.request_id)
+                continue
+            try:
+                self.engine.add_request(
+                    prompt_token_ids=command.prompt_token_ids,
+                    params=command.params,
+                    request_id=command.request_id,
+                    priority=command.priority,
+                    cache_salt=command.cache_salt,
+                )
+            except Exception as e:  # bad input or a full queue: the caller's to report
+                self.send(m.Refused(command.request_id, type(e).__name__, str(e)))
+                continue
+            self.emitted[command.request_id] = {}
+            self.send(m.Accepted(command.request_id))
+
+    def step(self) -> None:
+        engine = self.engine
+        try:
+            sampled = engine.step()
+        except Exception as e:  # the engine aborted the requests this step touched
+            log.exception("a forward pass failed; failing the requests it touched")
+            for request_id in [r for r in self.emitted if r not in engine.requests]:
+                del self.emitted[request_id]
+                self.send(m.Failed(request_id, f"the engine failed while running it: {e}"))
+            return
+        for request_id, why in engine.take_failures().items():
+            self.emitted.pop(request_id, None)
+            self.send(m.Failed(request_id, f"the engine failed for this request: {why}"))
+        updates = []
+        for request_id, seqs in by_request(sampled).items():
+            emitted = self.emitted.get(request_id)
+            if emitted is None:  # aborted meanwhile
+                continue
+            update = request_update(seqs[0].group[0], seqs, emitted)
+            if update.finished:
+                del self.emitted[request_id]
+            updates.append(update)
+        if updates:
+            self.send(m.Outputs(updates))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="an engine core process (started by the server)")
+    p.add_argument("--config", required=True, help="the EngineConfig as JSON")
+    p.add_argument("--commands", required=True, help="ZeroMQ address to take commands from")
+    p.add_argument("--outputs", required=True, help="ZeroMQ address to send outputs to")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s[core]: %(message)s")
+    config = msgspec.json.decode(args.config, type=EngineConfig)
+    context = zmq.Context()
+    commands = context.socket(zmq.PULL)
+    commands.connect(args.commands)
+    outputs = context.socket(zmq.PUSH)
+    outputs.connect(args.outputs)
+    try:
+        EngineCore(LLMEngine(config), commands, outputs).run()
+    finally:
+        outputs.close(linger=1000)
+        commands.close(linger=0)
+        context.term()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

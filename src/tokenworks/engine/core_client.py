@@ -1,0 +1,207 @@
+"""CoreClient: AsyncEngine's interface over an engine core in its own process (engine/core.py).
+
+start() binds two ZeroMQ sockets on private ipc paths, starts `python -m
+tokenworks.engine.core` and waits for its Ready. submit() sends the request and returns
+its stream once the core accepted it (or raises what the core's add_request raised);
+abort() cancels one. A thread reads the core's outputs and hands each update to its
+stream's event loop, and watches the process: if the core dies, every request in flight
+fails with RequestFailedError within a poll (100 ms) and is_running turns False.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import msgspec
+import zmq
+
+from tokenworks.config import EngineConfig
+from tokenworks.engine import core_messages as m
+from tokenworks.engine.admission import PromptTooLongError, RequestTooLargeError
+from tokenworks.engine.async_engine import EngineFront, RequestFailedError, RequestStream, _Stream
+from tokenworks.engine.request import SamplingError, SamplingParams
+from tokenworks.engine.scheduler import QueueFullError
+
+log = logging.getLogger("tokenworks.engine")
+
+POLL_MS = 100  # how often the reader looks at the core process between outputs
+
+# what the core's add_request may raise, raised again here by name
+REFUSALS = {
+    cls.__name__: cls
+    for cls in (PromptTooLongError, RequestTooLargeError, QueueFullError, SamplingError)
+}
+
+
+class EngineCoreDiedError(RuntimeError):
+    """The engine core process exited."""
+
+
+class CoreClient(EngineFront):
+    def __init__(self, config: EngineConfig, startup_timeout_s: float = 600.0):
+        self.config = config
+        self.startup_timeout_s = startup_timeout_s
+        self.ready: m.Ready | None = None
+        self.process: subprocess.Popen | None = None
+        self.died: str | None = None  # why the core is gone, once it is
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()  # the commands socket and _streams
+        self._reader: threading.Thread | None = None
+        self._stopping = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self.process is not None:
+            return
+        self._dir = tempfile.TemporaryDirectory(prefix="tokenworks-core-")
+        self._context = zmq.Context()
+        self._commands = self._context.socket(zmq.PUSH)
+        self._outputs = self._context.socket(zmq.PULL)
+        commands = f"ipc://{self._dir.name}/commands"
+        outputs = f"ipc://{self._dir.name}/outputs"
+        self._commands.bind(commands)
+        self._outputs.bind(outputs)
+        config = msgspec.json.encode(self.config).decode()
+        argv = [sys.executable, "-m", "tokenworks.engine.core", "--commands", commands,
+                "--outputs", outputs, "--config", config]  # fmt: skip
+        self.process = subprocess.Popen(argv)
+        self.ready = self._wait_ready()
+        log.info("engine core %d: %s", self.ready.pid, self.ready.describe)
+        self._reader = threading.Thread(target=self._read, name="core-reader", daemon=True)
+        self._reader.start()
+
+    def _wait_ready(self) -> m.Ready:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._outputs.poll(POLL_MS):
+                message = m.decode_from_core(self._outputs.recv())
+                if isinstance(message, m.Ready):
+                    return message
+            code = self.process.poll()
+            if code is not None:
+                self._close()
+                raise EngineCoreDiedError(
+                    f"the engine core exited with code {code} before it was ready (its log "
+                    "above says why)"
+                )
+        self.process.kill()
+        self._close()
+        raise EngineCoreDiedError(f"the engine core was not ready in {self.startup_timeout_s} s")
+
+    def shutdown(self) -> None:
+        if self.process is None:
+            return
+        self._stopping = True
+        with self._lock:
+            if self.died is None:
+                self._commands.send(m.encode(m.Shutdown()))
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        self._fail_all("the server is shutting down")
+        self._close()
+        self.process = None
+
+    def _close(self) -> None:
+        self._commands.close(linger=0)
+        self._outputs.close(linger=0)
+        self._context.term()
+        self._dir.cleanup()
+
+    @property
+    def is_running(self) -> bool:
+        return self.process is not None and self.died is None and self.process.poll() is None
+
+    # ------------------------------------------------------------------ the async side
+
+    def _send(self, message) -> None:
+        with self._lock:
+            if self.died is None:
+                self._commands.send(m.encode(message))
+
+    async def submit(
+        self,
+        params: SamplingParams,
+        prompt_token_ids: list[int],
+        request_id: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        deadline: float | None = None,
+    ) -> RequestStream:
+        """As AsyncEngine.submit: the stream once the core accepted the request."""
+        if not self.is_running:
+            raise RuntimeError(f"the engine core is not running ({self.died or 'not started'})")
+        request_id = request_id or self.new_request_id()
+        stream = _Stream(request_id, asyncio.get_running_loop(), asyncio.Queue(), {})
+        with self._lock:
+            self._streams[request_id] = stream
+        self._send(m.AddRequest(request_id, list(prompt_token_ids), params, priority, cache_salt))
+        return await self._accepted(stream, deadline)
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request (returns at once; the core applies it before its next step)."""
+        with self._lock:
+            gone = self._streams.pop(request_id, None) is None
+        if not gone:
+            self._send(m.Abort(request_id))
+
+    # ------------------------------------------------------------------ the reader thread
+
+    def _read(self) -> None:
+        while not self._stopping:
+            if not self._outputs.poll(POLL_MS):
+                code = self.process.poll()
+                if code is not None and not self._stopping:
+                    self.died = f"the engine core process exited with code {code}"
+                    log.error("%s; failing every request in flight", self.died)
+                    self._fail_all(self.died)
+                    return
+                continue
+            try:
+                message = m.decode_from_core(self._outputs.recv())
+            except msgspec.DecodeError as e:
+                log.error("an output the API process cannot read was dropped: %s", e)
+                continue
+            self._deliver(message)
+
+    def _deliver(self, message) -> None:
+        if isinstance(message, m.Outputs):
+            for update in message.updates:
+                with self._lock:
+                    stream = (
+                        self._streams.pop(update.request_id, None)
+                        if update.finished
+                        else self._streams.get(update.request_id)
+                    )
+                if stream is not None and not stream.push(update):
+                    self.abort(update.request_id)  # its reader's loop is gone
+            return
+        with self._lock:
+            keep = isinstance(message, m.Accepted)
+            pop = self._streams.get if keep else self._streams.pop
+            stream = pop(message.request_id, None)
+        if stream is None:
+            return
+        if isinstance(message, m.Accepted):
+            stream.push(None)
+        elif isinstance(message, m.Refused):
+            stream.push(REFUSALS.get(message.error, ValueError)(message.message))
+        elif isinstance(message, m.Failed):
+            stream.push(RequestFailedError(message.message))
+
+    def _fail_all(self, why: str) -> None:
+        with self._lock:
+            streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            stream.push(RequestFailedError(why))

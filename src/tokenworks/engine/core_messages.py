@@ -1,0 +1,92 @@
+"""What the API process and an engine core process say to each other (engine/core.py).
+
+Each message is a msgspec Struct, tagged by its class name and sent as msgpack over a ZeroMQ
+socket: typed on both ends, and no pickle, so a request's text never reaches an unpickler.
+The engine's own dataclasses (SamplingParams, RequestUpdate) travel as they are; msgspec
+checks them on decoding and runs their __post_init__ validation.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from tokenworks.engine.async_engine import RequestUpdate
+from tokenworks.engine.request import SamplingParams
+
+# ------------------------------------------------------------------ API -> core
+
+
+class AddRequest(msgspec.Struct, tag=True):
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int = 0
+    cache_salt: str | None = None
+
+
+class Abort(msgspec.Struct, tag=True):
+    request_id: str
+
+
+class Shutdown(msgspec.Struct, tag=True):
+    pass
+
+
+# ------------------------------------------------------------------ core -> API
+
+
+class Ready(msgspec.Struct, tag=True):
+    """The core loaded its model and takes requests; what the API process needs of it."""
+
+    pid: int
+    model_id: str
+    vocab_size: int
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    describe: str
+
+
+class Accepted(msgspec.Struct, tag=True):
+    request_id: str
+
+
+class Refused(msgspec.Struct, tag=True):
+    """add_request raised: the error's class name (one of REFUSALS) and its message."""
+
+    request_id: str
+    error: str
+    message: str
+
+
+class Failed(msgspec.Struct, tag=True):
+    """The engine failed while running the request (it carries on for the others)."""
+
+    request_id: str
+    message: str
+
+
+class Outputs(msgspec.Struct, tag=True):
+    """One step's updates, every request's in one message."""
+
+    updates: list[RequestUpdate]
+
+
+ToCore = AddRequest | Abort | Shutdown
+FromCore = Ready | Accepted | Refused | Failed | Outputs
+
+_encoder = msgspec.msgpack.Encoder()
+_to_core = msgspec.msgpack.Decoder(ToCore)
+_from_core = msgspec.msgpack.Decoder(FromCore)
+
+
+def encode(message: ToCore | FromCore) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_to_core(data: bytes) -> ToCore:
+    return _to_core.decode(data)
+
+
+def decode_from_core(data: bytes) -> FromCore:
+    return _from_core.decode(data)

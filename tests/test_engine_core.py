@@ -1,0 +1,102 @@
+"""The engine core in its own process (engine/core.py) behind CoreClient: the same tokens
+as the engine in-process, refusals raised by name, cancellation, and a core that dies
+failing its requests at once instead of hanging them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+pytest.importorskip("zmq")
+pytest.importorskip("msgspec")
+
+from tokenworks import LLM  # noqa: E402
+from tokenworks.config import EngineConfig  # noqa: E402
+from tokenworks.engine.admission import PromptTooLongError  # noqa: E402
+from tokenworks.engine.async_engine import RequestFailedError  # noqa: E402
+from tokenworks.engine.core_client import CoreClient, EngineCoreDiedError  # noqa: E402
+from tokenworks.engine.request import SamplingParams  # noqa: E402
+
+CONFIG = EngineConfig(model="toy", warmup=False, max_num_seqs=8)
+PROMPTS = [[5, 6, 7], [9] * 20, list(range(3, 40))]
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+async def _collect(client, prompt, params=GREEDY):
+    tokens = []
+    async for update in client.generate(params, prompt):
+        tokens += update.deltas[0].token_ids
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def client():
+    c = CoreClient(CONFIG, startup_timeout_s=120)
+    c.start()
+    yield c
+    c.shutdown()
+
+
+def test_the_core_gives_the_in_process_engines_tokens(client):
+    llm = LLM("toy", warmup=False, max_num_seqs=8)
+    expected = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+    async def run():
+        return await asyncio.gather(*(_collect(client, p) for p in PROMPTS))
+
+    assert asyncio.run(run()) == expected
+    assert client.ready.pid != os.getpid() and client.ready.vocab_size == llm.engine.spec.vocab_size
+
+
+def test_a_refusal_is_raised_by_name_and_the_core_carries_on(client):
+    async def run():
+        too_long = [3] * (client.ready.max_model_len + 1)
+        with pytest.raises(PromptTooLongError, match="context"):
+            await client.submit(GREEDY, too_long)
+        return await _collect(client, PROMPTS[0])
+
+    assert len(asyncio.run(run())) == GREEDY.max_tokens
+
+
+def test_leaving_a_stream_early_cancels_its_request(client):
+    async def run():
+        long = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+        async for _update in client.generate(long, PROMPTS[1]):
+            break  # generate()'s finally aborts it
+        return await _collect(client, PROMPTS[2])
+
+    assert len(asyncio.run(run())) == GREEDY.max_tokens
+    assert not client._streams
+
+
+def test_a_core_that_dies_fails_its_requests_within_two_seconds():
+    c = CoreClient(CONFIG, startup_timeout_s=120)
+    c.start()
+    try:
+
+        async def run():
+            long = SamplingParams(max_tokens=100_000, temperature=0, ignore_eos=True)
+            stream = await c.submit(long, PROMPTS[0])
+            await stream.__anext__()
+            os.kill(c.ready.pid, signal.SIGKILL)
+            t0 = time.monotonic()
+            with pytest.raises(RequestFailedError, match="exited"):
+                async for _ in stream:
+                    pass
+            return time.monotonic() - t0
+
+        assert asyncio.run(run()) < 2.0
+        assert not c.is_running
+        with pytest.raises(RuntimeError, match="not running"):
+            asyncio.run(c.submit(GREEDY, PROMPTS[0]))
+    finally:
+        c.shutdown()
+
+
+def test_a_core_that_cannot_start_says_so():
+    with pytest.raises(EngineCoreDiedError, match="before it was ready"):
+        CoreClient(EngineConfig(model="/nonexistent/model.gguf"), startup_timeout_s=60).start()
