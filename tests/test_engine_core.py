@@ -100,3 +100,39 @@ def test_a_core_that_dies_fails_its_requests_within_two_seconds():
 def test_a_core_that_cannot_start_says_so():
     with pytest.raises(EngineCoreDiedError, match="before it was ready"):
         CoreClient(EngineConfig(model="/nonexistent/model.gguf"), startup_timeout_s=60).start()
+
+
+def test_the_server_serves_through_a_core_process_and_says_when_it_died():
+    """tokenworks serve --engine-process: the official client gets the in-process tokens,
+    streamed or not, refusals are 400s from the API process's own admission, and once the
+    core is killed /health says so and a request is a prompt 503, not a hang."""
+    import httpx
+    import openai
+
+    from tokenworks.serve.app import build_app
+    from tokenworks.serve.server import ServerThread, make_state
+
+    c = CoreClient(CONFIG, startup_timeout_s=120)
+    c.start()
+    srv = ServerThread(build_app(make_state(c, ["toy"]))).start()
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+        ask = dict(model="toy", prompt="hello there", max_tokens=10, temperature=0)
+        llm = LLM("toy", warmup=False, max_num_seqs=8)
+        params = SamplingParams(max_tokens=10, temperature=0)
+        expected = llm.generate(["hello there"], params, use_tqdm=False)[0].outputs[0].text
+        assert client.completions.create(**ask).choices[0].text == expected
+        streamed = client.completions.create(**ask, stream=True)
+        assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == expected
+        with pytest.raises(openai.BadRequestError, match="context"):
+            client.completions.create(**ask | {"max_tokens": 10_000})
+        assert httpx.get(srv.url + "/health").status_code == 200
+        os.kill(c.ready.pid, signal.SIGKILL)
+        time.sleep(0.5)
+        assert httpx.get(srv.url + "/health").status_code == 503
+        t0 = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as failed:
+            client.completions.create(**ask)
+        assert failed.value.status_code == 503 and time.monotonic() - t0 < 2
+    finally:
+        srv.stop()

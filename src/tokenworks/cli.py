@@ -361,6 +361,13 @@ def build_parser() -> argparse.ArgumentParser:
         "common prefixes, but one tenant can then time another's prompts)",
     )
     p.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="run the engine core in a process of its own (engine/core.py); the server "
+        "process keeps HTTP, templates and tokenising. Not yet behind /metrics' engine "
+        "figures or the stream backlog limits",
+    )
+    p.add_argument(
         "--served-model-name",
         action="append",
         default=[],

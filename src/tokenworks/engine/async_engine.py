@@ -39,6 +39,10 @@ class RequestFailedError(RuntimeError):
     """The engine failed while running this request (the engine itself carries on)."""
 
 
+class EngineNotRunningError(RuntimeError):
+    """The engine is not running (not started, shut down, or its core process died)."""
+
+
 class RequestCancelledError(RuntimeError):
     """abort() ended the request (its stream ends with this, if anyone still reads it)."""
 
@@ -254,7 +258,7 @@ class AsyncEngine(EngineFront):
         cancellation, aclose) cancels the request.
         """
         if not self.is_running:
-            raise RuntimeError("the engine is not running (AsyncEngine.start() first)")
+            raise EngineNotRunningError("the engine is not running (AsyncEngine.start() first)")
         request_id = request_id or self.new_request_id()
         kwargs = dict(
             params=params,

@@ -38,10 +38,12 @@ class EngineCore:
         self.parent = os.getppid()
 
     def ready(self) -> m.Ready:
-        e = self.engine
+        e, adm = self.engine, self.engine.admission
         return m.Ready(
-            os.getpid(), e.loaded.model_id, e.spec.vocab_size, e.max_model_len,
-            e.blocks.num_blocks, e.blocks.block_size, e.describe(),
+            os.getpid(), e.loaded.model_id, e.describe(), adm.vocab_size, adm.context,
+            adm.context_source, adm.num_blocks, adm.block_size,
+            [(list(g.layers), g.window) for g in adm.layout.groups], adm.layout.size,
+            adm.chunk,
         )  # fmt: skip
 
     def send(self, message) -> None:

@@ -1,11 +1,12 @@
 """CoreClient: AsyncEngine's interface over an engine core in its own process (engine/core.py).
 
 start() binds two ZeroMQ sockets on private ipc paths, starts `python -m
-tokenworks.engine.core` and waits for its Ready. submit() sends the request and returns
-its stream once the core accepted it (or raises what the core's add_request raised);
-abort() cancels one. A thread reads the core's outputs and hands each update to its
-stream's event loop, and watches the process: if the core dies, every request in flight
-fails with RequestFailedError within a poll (100 ms) and is_running turns False.
+tokenworks.engine.core` and waits for its Ready; `engine` then holds what the API process
+needs of the model (EngineView: tokenizer, context, admission). submit() sends a request
+and returns its stream once the core accepted it (or raises what the core's add_request
+raised); abort() cancels one. A thread reads the core's outputs and hands each update to
+its stream's event loop, and watches the process: if the core dies, every request in
+flight fails with RequestFailedError within a poll (100 ms) and is_running turns False.
 """
 
 from __future__ import annotations
@@ -17,16 +18,26 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 
 import msgspec
 import zmq
 
 from tokenworks.config import EngineConfig
 from tokenworks.engine import core_messages as m
-from tokenworks.engine.admission import PromptTooLongError, RequestTooLargeError
-from tokenworks.engine.async_engine import EngineFront, RequestFailedError, RequestStream, _Stream
+from tokenworks.engine.admission import Admission, PromptTooLongError, RequestTooLargeError
+from tokenworks.engine.async_engine import (
+    EngineFront,
+    EngineNotRunningError,
+    RequestFailedError,
+    RequestStream,
+    _Stream,
+)
+from tokenworks.engine.kv_groups import KVGroup, KVLayout
 from tokenworks.engine.request import SamplingError, SamplingParams
 from tokenworks.engine.scheduler import QueueFullError
+from tokenworks.models.spec import ModelSpec
+from tokenworks.tokenizer import TokenizerWrapper
 
 log = logging.getLogger("tokenworks.engine")
 
@@ -43,11 +54,41 @@ class EngineCoreDiedError(RuntimeError):
     """The engine core process exited."""
 
 
+@dataclass
+class EngineView:
+    """What the API process holds of an engine in another process: enough to tokenise,
+    template and refuse a request before sending it (the core's own admission, rebuilt
+    from its Ready)."""
+
+    spec: ModelSpec
+    tokenizer: TokenizerWrapper
+    max_model_len: int
+    admission: Admission
+
+    @classmethod
+    def build(cls, config: EngineConfig, ready: m.Ready) -> EngineView:
+        from tokenworks.models import load
+
+        loaded = load(config.model)  # (its weights are dropped at once: the core has them)
+        layout = KVLayout(
+            tuple(KVGroup(tuple(layers), window) for layers, window in ready.kv_groups),
+            ready.kv_group_size,
+        )
+        admission = Admission(
+            ready.vocab_size, ready.max_model_len, ready.context_source, ready.num_blocks,
+            ready.block_size, layout, ready.prompt_pass,
+        )  # fmt: skip
+        return cls(
+            loaded.spec, TokenizerWrapper.from_loaded(loaded), ready.max_model_len, admission
+        )
+
+
 class CoreClient(EngineFront):
     def __init__(self, config: EngineConfig, startup_timeout_s: float = 600.0):
         self.config = config
         self.startup_timeout_s = startup_timeout_s
         self.ready: m.Ready | None = None
+        self.engine: EngineView | None = None  # after start()
         self.process: subprocess.Popen | None = None
         self.died: str | None = None  # why the core is gone, once it is
         self._streams: dict[str, _Stream] = {}
@@ -74,6 +115,7 @@ class CoreClient(EngineFront):
         self.process = subprocess.Popen(argv)
         self.ready = self._wait_ready()
         log.info("engine core %d: %s", self.ready.pid, self.ready.describe)
+        self.engine = EngineView.build(self.config, self.ready)
         self._reader = threading.Thread(target=self._read, name="core-reader", daemon=True)
         self._reader.start()
 
@@ -141,7 +183,9 @@ class CoreClient(EngineFront):
     ) -> RequestStream:
         """As AsyncEngine.submit: the stream once the core accepted the request."""
         if not self.is_running:
-            raise RuntimeError(f"the engine core is not running ({self.died or 'not started'})")
+            raise EngineNotRunningError(
+                f"the engine core is not running ({self.died or 'not started'})"
+            )
         request_id = request_id or self.new_request_id()
         stream = _Stream(request_id, asyncio.get_running_loop(), asyncio.Queue(), {})
         with self._lock:

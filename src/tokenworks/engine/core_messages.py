@@ -40,11 +40,16 @@ class Ready(msgspec.Struct, tag=True):
 
     pid: int
     model_id: str
+    describe: str
+    # what the API process's admission needs to refuse exactly as the core's would
     vocab_size: int
     max_model_len: int
+    context_source: str
     num_blocks: int
     block_size: int
-    describe: str
+    kv_groups: list[tuple[list[int], int | None]]  # each group's layers and window
+    kv_group_size: int
+    prompt_pass: int | None
 
 
 class Accepted(msgspec.Struct, tag=True):

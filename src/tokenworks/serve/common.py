@@ -15,6 +15,7 @@ from fastapi import Request
 from tokenworks.engine.async_engine import (
     AsyncEngine,
     DeadlineExceededError,
+    EngineNotRunningError,
     ReaderTooSlowError,
     RequestFailedError,
     RequestUpdate,
@@ -141,6 +142,8 @@ async def submit(
         raise APIError(status, str(e), code="queue_full", retry_after=state.retry_after_s) from e
     except DeadlineExceededError as e:
         raise APIError(504, str(e), code="deadline_exceeded") from e
+    except EngineNotRunningError as e:
+        raise APIError(503, str(e), code="engine_unavailable") from e
     except ValueError as e:  # too long, too large, bad token ids, bad grammar
         raise bad_request(str(e), "prompt" if "prompt" in str(e) else None) from e
 

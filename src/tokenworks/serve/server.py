@@ -17,7 +17,7 @@ from tokenworks.serve.metrics import ServerMetrics
 
 
 def make_state(
-    engine: LLMEngine,
+    engine,  # an LLMEngine (run in a thread of this process) or a started CoreClient
     names: list[str],
     request_timeout: float | None = None,
     limits: ServerLimits | None = None,
@@ -27,12 +27,15 @@ def make_state(
 ) -> ServerState:
     metrics = ServerMetrics(names[0])
     limits = limits or ServerLimits()
-    front = AsyncEngine(
-        engine,
-        observer=metrics,
-        max_backlog=limits.max_stream_backlog,
-        max_stall_s=limits.max_stream_stall_s,
-    )
+    if isinstance(engine, LLMEngine):
+        front = AsyncEngine(
+            engine,
+            observer=metrics,
+            max_backlog=limits.max_stream_backlog,
+            max_stall_s=limits.max_stream_stall_s,
+        )
+    else:  # the engine core runs in its own process (engine/core_client.py)
+        front = engine
     return ServerState(
         front,
         names,
@@ -50,7 +53,13 @@ def run_server(args, engine_kwargs: dict) -> None:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = EngineConfig(model=args.model, **engine_kwargs)
-    engine = LLMEngine(config)
+    if args.engine_process:
+        from tokenworks.engine.core_client import CoreClient
+
+        engine = CoreClient(config)
+        engine.start()
+    else:
+        engine = LLMEngine(config)
     names = [args.model, *args.served_model_name]
     state = make_state(
         engine,
