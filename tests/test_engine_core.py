@@ -115,6 +115,7 @@ def test_the_server_serves_through_a_core_process_and_says_when_it_died():
     c = CoreClient(CONFIG, startup_timeout_s=120)
     c.start()
     srv = ServerThread(build_app(make_state(c, ["toy"]))).start()
+    assert c.observer is not None
     try:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
         ask = dict(model="toy", prompt="hello there", max_tokens=10, temperature=0)
@@ -126,6 +127,14 @@ def test_the_server_serves_through_a_core_process_and_says_when_it_died():
         assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == expected
         with pytest.raises(openai.BadRequestError, match="context"):
             client.completions.create(**ask | {"max_tokens": 10_000})
+        metrics = {  # the core's steps and finished requests reach /metrics
+            line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(srv.url + "/metrics").text.splitlines()
+            if line.startswith("tokenworks:") and "{" in line
+        }
+        assert metrics["tokenworks:generation_tokens_total"] == 20
+        assert metrics["tokenworks:prefix_cache_queries_total"] > 0
+        assert metrics["tokenworks:inter_token_latency_seconds_count"] >= 18
         assert httpx.get(srv.url + "/health").status_code == 200
         os.kill(c.ready.pid, signal.SIGKILL)
         time.sleep(0.5)
@@ -136,3 +145,24 @@ def test_the_server_serves_through_a_core_process_and_says_when_it_died():
         assert failed.value.status_code == 503 and time.monotonic() - t0 < 2
     finally:
         srv.stop()
+
+
+def test_a_reader_that_falls_behind_is_cancelled_as_in_process():
+    from tokenworks.engine.async_engine import ReaderTooSlowError
+
+    c = CoreClient(CONFIG, startup_timeout_s=120, max_backlog=5)
+    c.start()
+    try:
+
+        async def run():
+            long = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+            stream = await c.submit(long, PROMPTS[0])
+            await asyncio.sleep(1.0)  # read nothing while the core runs ahead
+            with pytest.raises(ReaderTooSlowError, match="at most 5"):
+                async for _ in stream:
+                    pass
+
+        asyncio.run(run())
+        assert not c._streams
+    finally:
+        c.shutdown()

@@ -364,8 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-process",
         action="store_true",
         help="run the engine core in a process of its own (engine/core.py); the server "
-        "process keeps HTTP, templates and tokenising. Not yet behind /metrics' engine "
-        "figures or the stream backlog limits",
+        "process keeps HTTP, templates and tokenising",
     )
     p.add_argument(
         "--served-model-name",

@@ -31,6 +31,7 @@ from typing import Any
 from tokenworks.engine.engine import LLMEngine
 from tokenworks.engine.request import SamplingParams, TokenLogprob
 from tokenworks.engine.sequence import Sequence
+from tokenworks.engine.speculative.speculator import SpeculativeMetrics
 
 log = logging.getLogger("tokenworks.engine")
 
@@ -96,6 +97,65 @@ class RequestMetrics:
         if self.ttft is None or self.generation_tokens < 2:
             return None
         return (self.e2e - self.ttft) / (self.generation_tokens - 1)
+
+
+@dataclass
+class EngineGauges:
+    """The engine as /metrics shows it, taken where the engine runs (its thread, or its
+    core process, which sends it with every step)."""
+
+    running: int
+    waiting: int
+    kv_usage: float
+    prefix_queried: int | None = None  # the prefix cache's running counts (None: no cache)
+    prefix_hits: int | None = None
+    speculation: SpeculativeMetrics | None = None  # the speculator's running totals
+
+    @classmethod
+    def of(cls, engine: LLMEngine) -> EngineGauges:
+        prefix, spec = engine.blocks.prefix, engine.speculator
+        return cls(
+            len(engine.scheduler.running),
+            len(engine.scheduler.waiting),
+            engine.blocks.usage,
+            prefix.queried_tokens if prefix is not None else None,
+            prefix.hit_tokens if prefix is not None else None,
+            spec.metrics if spec is not None else None,
+        )
+
+
+def request_metrics(head: Sequence, t_submit: float, t_first: float | None, now: float):
+    """A finished request's timings (RequestMetrics), from its first sequence."""
+    return RequestMetrics(
+        head.request_id,
+        [str(s.finish_reason) for s in head.group],
+        len(head.prompt_ids),
+        sum(len(s.output_ids) for s in head.group),
+        head.scheduled_time - t_submit if head.scheduled_time is not None else None,
+        t_first - t_submit if t_first is not None else None,
+        now - t_submit,
+    )
+
+
+def backlog_verdict(stream: _Stream, now: float, max_backlog, max_stall_s) -> str | None:
+    """Why a stream's reader is too far behind to keep (see ReaderTooSlowError), or None."""
+    backlog = stream.pushed - stream.taken
+    too_many = max_backlog is not None and backlog > max_backlog
+    stalled = max_stall_s is not None and backlog > 0 and now - stream.t_taken > max_stall_s
+    if too_many:
+        return f"{backlog} output tokens were waiting for it (at most {max_backlog})"
+    if stalled:
+        return (
+            f"it took none of its output for {now - stream.t_taken:.0f} s (at most {max_stall_s:g})"
+        )
+    return None
+
+
+def too_slow(stream: _Stream, why: str) -> ReaderTooSlowError:
+    log.warning("request %s: the client fell behind (%s); cancelled", stream.request_id, why)
+    return ReaderTooSlowError(
+        f"the client read its stream too slowly: {why}; the request was cancelled"
+    )
 
 
 def by_request(sampled: list[Sequence]) -> dict[str, list[Sequence]]:
@@ -297,7 +357,8 @@ class AsyncEngine(EngineFront):
             try:
                 self._emit(sampled)
                 if self.observer is not None and self.engine.stats:
-                    self.observer.on_step(self.engine.stats[-1], self.engine)
+                    gauges = EngineGauges.of(self.engine)
+                    self.observer.on_step(self.engine.stats[-1].preemptions, gauges)
             except Exception:  # a bug in reporting must not stop the engine thread
                 log.exception("reporting a step failed")
         for stream in self._streams.values():
@@ -307,7 +368,7 @@ class AsyncEngine(EngineFront):
     def _apply_commands(self) -> None:
         if self._commands and self.observer is not None:
             self._apply_commands_now()
-            self.observer.on_state(self.engine)  # e.g. an abort freed blocks while idle
+            self.observer.on_state(EngineGauges.of(self.engine))  # an abort freed blocks
         else:
             self._apply_commands_now()
 
@@ -357,44 +418,17 @@ class AsyncEngine(EngineFront):
 
     def _check_backlog(self, stream: _Stream, now: float) -> None:
         """Cancel the request of a reader too far behind (see ReaderTooSlowError)."""
-        backlog = stream.pushed - stream.taken
-        too_many = self.max_backlog is not None and backlog > self.max_backlog
-        stalled = (
-            self.max_stall_s is not None and backlog > 0 and now - stream.t_taken > self.max_stall_s
-        )
-        if not (too_many or stalled):
+        why = backlog_verdict(stream, now, self.max_backlog, self.max_stall_s)
+        if why is None:
             return
-        why = (
-            f"{backlog} output tokens were waiting for it (at most {self.max_backlog})"
-            if too_many
-            else f"it took none of its output for {now - stream.t_taken:.0f} s "
-            f"(at most {self.max_stall_s:g})"
-        )
-        log.warning("request %s: the client fell behind (%s); cancelled", stream.request_id, why)
         self._streams.pop(stream.request_id, None)
         self.engine.abort_request(stream.request_id)
-        stream.push(
-            ReaderTooSlowError(
-                f"the client read its stream too slowly: {why}; the request was cancelled"
-            )
-        )
+        stream.push(too_slow(stream, why))
 
     def _finished(self, stream: _Stream, now: float) -> None:
-        if self.observer is None:
-            return
-        head = stream.head
-        t0 = stream.t_submit
-        self.observer.on_request_finished(
-            RequestMetrics(
-                stream.request_id,
-                [str(s.finish_reason) for s in head.group],
-                len(head.prompt_ids),
-                sum(len(s.output_ids) for s in head.group),
-                head.scheduled_time - t0 if head.scheduled_time is not None else None,
-                stream.t_first - t0 if stream.t_first is not None else None,
-                now - t0,
-            )
-        )
+        if self.observer is not None:
+            metrics = request_metrics(stream.head, stream.t_submit, stream.t_first, now)
+            self.observer.on_request_finished(metrics)
 
     def _fail_alone(self, failures: dict[str, str]) -> None:
         """Requests whose sampling raised this step (the step's others went on)."""

@@ -17,13 +17,19 @@ import argparse
 import logging
 import os
 import sys
+import time
 
 import msgspec
 import zmq
 
 from tokenworks.config import EngineConfig
 from tokenworks.engine import core_messages as m
-from tokenworks.engine.async_engine import by_request, request_update
+from tokenworks.engine.async_engine import (
+    EngineGauges,
+    by_request,
+    request_metrics,
+    request_update,
+)
 from tokenworks.engine.engine import LLMEngine
 
 log = logging.getLogger("tokenworks.engine")
@@ -35,6 +41,7 @@ class EngineCore:
     def __init__(self, engine: LLMEngine, commands: zmq.Socket, outputs: zmq.Socket):
         self.engine, self.commands, self.outputs = engine, commands, outputs
         self.emitted: dict[str, dict[int, int]] = {}  # tokens sent, per request and index
+        self.times: dict[str, list[float]] = {}  # per request: its first and last update
         self.parent = os.getppid()
 
     def ready(self) -> m.Ready:
@@ -53,8 +60,11 @@ class EngineCore:
         self.send(self.ready())
         while True:
             busy = self.engine.has_unfinished()
-            if self.commands.poll(0 if busy else IDLE_POLL_MS) and not self.apply_commands():
-                return
+            if self.commands.poll(0 if busy else IDLE_POLL_MS):
+                if not self.apply_commands():
+                    return
+                if not self.engine.has_unfinished():  # e.g. an abort freed blocks while idle
+                    self.send(m.Outputs([], EngineGauges.of(self.engine)))
             if os.getppid() != self.parent:  # the API process is gone: nobody reads us
                 return
             if self.engine.has_unfinished():
@@ -76,6 +86,7 @@ class EngineCore:
                 return False
             if isinstance(command, m.Abort):
                 self.emitted.pop(command.request_id, None)
+                self.times.pop(command.request_id, None)
                 self.engine.abort_request(command.request_id)
                 continue
             try:
@@ -100,22 +111,30 @@ class EngineCore:
             log.exception("a forward pass failed; failing the requests it touched")
             for request_id in [r for r in self.emitted if r not in engine.requests]:
                 del self.emitted[request_id]
+                self.times.pop(request_id, None)
                 self.send(m.Failed(request_id, f"the engine failed while running it: {e}"))
             return
         for request_id, why in engine.take_failures().items():
             self.emitted.pop(request_id, None)
+            self.times.pop(request_id, None)
             self.send(m.Failed(request_id, f"the engine failed for this request: {why}"))
-        updates = []
+        now = time.monotonic()
+        out = m.Outputs([], EngineGauges.of(engine), engine.stats[-1].preemptions)
         for request_id, seqs in by_request(sampled).items():
             emitted = self.emitted.get(request_id)
             if emitted is None:  # aborted meanwhile
                 continue
-            update = request_update(seqs[0].group[0], seqs, emitted)
+            head = seqs[0].group[0]
+            update = request_update(head, seqs, emitted)
+            times = self.times.setdefault(request_id, [now, now])
+            if times[1] != now:
+                out.inter_token_s.append(now - times[1])
+            times[1] = now
             if update.finished:
-                del self.emitted[request_id]
-            updates.append(update)
-        if updates:
-            self.send(m.Outputs(updates))
+                del self.emitted[request_id], self.times[request_id]
+                out.finished.append(request_metrics(head, head.arrival_time, times[0], now))
+            out.updates.append(update)
+        self.send(out)
 
 
 def main(argv: list[str] | None = None) -> int:

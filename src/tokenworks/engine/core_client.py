@@ -32,6 +32,8 @@ from tokenworks.engine.async_engine import (
     RequestFailedError,
     RequestStream,
     _Stream,
+    backlog_verdict,
+    too_slow,
 )
 from tokenworks.engine.kv_groups import KVGroup, KVLayout
 from tokenworks.engine.request import SamplingError, SamplingParams
@@ -84,9 +86,18 @@ class EngineView:
 
 
 class CoreClient(EngineFront):
-    def __init__(self, config: EngineConfig, startup_timeout_s: float = 600.0):
+    def __init__(
+        self,
+        config: EngineConfig,
+        startup_timeout_s: float = 600.0,
+        observer=None,  # as AsyncEngine's (serve/metrics.py), called in the reader thread
+        max_backlog: int | None = None,  # as AsyncEngine's: how far a reader may fall behind
+        max_stall_s: float | None = None,
+    ):
         self.config = config
         self.startup_timeout_s = startup_timeout_s
+        self.observer = observer
+        self.max_backlog, self.max_stall_s = max_backlog, max_stall_s
         self.ready: m.Ready | None = None
         self.engine: EngineView | None = None  # after start()
         self.process: subprocess.Popen | None = None
@@ -221,6 +232,8 @@ class CoreClient(EngineFront):
 
     def _deliver(self, message) -> None:
         if isinstance(message, m.Outputs):
+            self._observe(message)
+            now = time.monotonic()
             for update in message.updates:
                 with self._lock:
                     stream = (
@@ -228,8 +241,16 @@ class CoreClient(EngineFront):
                         if update.finished
                         else self._streams.get(update.request_id)
                     )
-                if stream is not None and not stream.push(update):
+                if stream is None:
+                    continue
+                stream.pushed += sum(len(d.token_ids) for d in update.deltas)
+                if not stream.push(update):
                     self.abort(update.request_id)  # its reader's loop is gone
+                elif not update.finished:
+                    why = backlog_verdict(stream, now, self.max_backlog, self.max_stall_s)
+                    if why is not None:
+                        self.abort(update.request_id)
+                        stream.push(too_slow(stream, why))
             return
         with self._lock:
             keep = isinstance(message, m.Accepted)
@@ -243,6 +264,18 @@ class CoreClient(EngineFront):
             stream.push(REFUSALS.get(message.error, ValueError)(message.message))
         elif isinstance(message, m.Failed):
             stream.push(RequestFailedError(message.message))
+
+    def _observe(self, out: m.Outputs) -> None:
+        if self.observer is None:
+            return
+        try:
+            for seconds in out.inter_token_s:
+                self.observer.on_inter_token(seconds)
+            for finished in out.finished:
+                self.observer.on_request_finished(finished)
+            self.observer.on_step(out.preemptions, out.gauges)
+        except Exception:  # a bug in reporting must not stop the outputs
+            log.exception("reporting a step failed")
 
     def _fail_all(self, why: str) -> None:
         with self._lock:

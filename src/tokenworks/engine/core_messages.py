@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from tokenworks.engine.async_engine import RequestUpdate
+from tokenworks.engine.async_engine import EngineGauges, RequestMetrics, RequestUpdate
 from tokenworks.engine.request import SamplingParams
 
 # ------------------------------------------------------------------ API -> core
@@ -72,9 +72,14 @@ class Failed(msgspec.Struct, tag=True):
 
 
 class Outputs(msgspec.Struct, tag=True):
-    """One step's updates, every request's in one message."""
+    """One step's updates, every request's in one message, and what /metrics hears of the
+    step (sent after commands alone too, when they changed the engine's state)."""
 
     updates: list[RequestUpdate]
+    gauges: EngineGauges
+    preemptions: int = 0
+    inter_token_s: list[float] = []  # the gap before each update, for requests past their first
+    finished: list[RequestMetrics] = []
 
 
 ToCore = AddRequest | Abort | Shutdown

@@ -105,24 +105,21 @@ class ServerMetrics:
 
     # ------------------------------------------------------------------ observer hooks
 
-    def on_state(self, engine) -> None:
-        """Gauges from the engine as it is now (after a step, or after requests left)."""
-        self.running.set(len(engine.scheduler.running))
-        self.waiting.set(len(engine.scheduler.waiting))
-        self.kv_usage.set(engine.blocks.usage)
+    def on_state(self, gauges) -> None:
+        """The engine as it is now (EngineGauges: after a step, or after requests left)."""
+        self.running.set(gauges.running)
+        self.waiting.set(gauges.waiting)
+        self.kv_usage.set(gauges.kv_usage)
 
-    def on_step(self, stats, engine) -> None:
-        self.on_state(engine)
-        self.preemptions.inc(stats.preemptions)
-        prefix = engine.blocks.prefix
-        if prefix is not None:  # the cache's own running counts, as deltas
-            self.prefix_queries.inc(max(0, prefix.queried_tokens - self._queried))
-            self.prefix_hits.inc(max(0, prefix.hit_tokens - self._hits))
-            self._queried, self._hits = prefix.queried_tokens, prefix.hit_tokens
-
-        spec = getattr(engine, "speculator", None)
-        if spec is not None:
-            self._count_speculation(spec.metrics)
+    def on_step(self, preemptions: int, gauges) -> None:
+        self.on_state(gauges)
+        self.preemptions.inc(preemptions)
+        if gauges.prefix_queried is not None:  # the cache's own running counts, as deltas
+            self.prefix_queries.inc(max(0, gauges.prefix_queried - self._queried))
+            self.prefix_hits.inc(max(0, gauges.prefix_hits - self._hits))
+            self._queried, self._hits = gauges.prefix_queried, gauges.prefix_hits
+        if gauges.speculation is not None:
+            self._count_speculation(gauges.speculation)
 
     def _count_speculation(self, m) -> None:
         """The speculator's running totals, as deltas since the last step."""

@@ -36,6 +36,9 @@ def make_state(
         )
     else:  # the engine core runs in its own process (engine/core_client.py)
         front = engine
+        front.observer = metrics
+        front.max_backlog = limits.max_stream_backlog
+        front.max_stall_s = limits.max_stream_stall_s
     return ServerState(
         front,
         names,
