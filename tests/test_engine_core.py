@@ -166,3 +166,54 @@ def test_a_reader_that_falls_behind_is_cancelled_as_in_process():
         assert not c._streams
     finally:
         c.shutdown()
+
+
+def test_with_restart_a_new_core_serves_after_one_dies():
+    c = CoreClient(CONFIG, startup_timeout_s=120, restart=True)
+    c.start()
+    try:
+        first = c.ready.pid
+        os.kill(first, signal.SIGKILL)
+        t0 = time.monotonic()
+        while not (c.is_running and c.ready.pid != first) and time.monotonic() - t0 < 60:
+            time.sleep(0.1)
+        assert c.restarts == 1 and c.ready.pid != first
+        assert len(asyncio.run(_collect(c, PROMPTS[0]))) == GREEDY.max_tokens
+    finally:
+        c.shutdown()
+
+
+def _children(pid: int) -> list[int]:
+    path = f"/proc/{pid}/task/{pid}/children"
+    with open(path) as f:
+        return [int(x) for x in f.read().split()]
+
+
+def test_the_server_exits_non_zero_when_its_core_dies(tmp_path):
+    """tokenworks serve --engine-process without --restart-engine: a dead core stops the
+    server with exit status 1 rather than leaving it up and useless."""
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "tokenworks.cli", "serve", "--model", "toy",
+           "--engine-process", "--no-warmup", "--port", str(port)]  # fmt: skip
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 90:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        (core,) = _children(server.pid)
+        os.kill(core, signal.SIGKILL)
+        assert server.wait(timeout=15) == 1
+    finally:
+        server.kill()

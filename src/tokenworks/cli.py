@@ -108,8 +108,7 @@ def _answer(llm, prompt: str, params):
 def cmd_serve(args) -> int:
     from tokenworks.serve.server import run_server
 
-    run_server(args, engine_kwargs(args))
-    return 0
+    return run_server(args, engine_kwargs(args))
 
 
 def cmd_pull(args) -> int:
@@ -364,7 +363,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-process",
         action="store_true",
         help="run the engine core in a process of its own (engine/core.py); the server "
-        "process keeps HTTP, templates and tokenising",
+        "process keeps HTTP, templates and tokenising. If the core dies, the server exits "
+        "with status 1, unless --restart-engine",
+    )
+    p.add_argument(
+        "--restart-engine",
+        action="store_true",
+        help="with --engine-process: start a new engine core when one dies (the requests "
+        "in flight fail; later ones are served)",
     )
     p.add_argument(
         "--served-model-name",

@@ -93,11 +93,15 @@ class CoreClient(EngineFront):
         observer=None,  # as AsyncEngine's (serve/metrics.py), called in the reader thread
         max_backlog: int | None = None,  # as AsyncEngine's: how far a reader may fall behind
         max_stall_s: float | None = None,
+        restart: bool = False,  # start a new core when one dies
+        on_death=None,  # called (in the reader thread) with why, when a core died for good
     ):
         self.config = config
         self.startup_timeout_s = startup_timeout_s
         self.observer = observer
         self.max_backlog, self.max_stall_s = max_backlog, max_stall_s
+        self.restart, self.on_death = restart, on_death
+        self.restarts = 0
         self.ready: m.Ready | None = None
         self.engine: EngineView | None = None  # after start()
         self.process: subprocess.Popen | None = None
@@ -126,7 +130,9 @@ class CoreClient(EngineFront):
         self.process = subprocess.Popen(argv)
         self.ready = self._wait_ready()
         log.info("engine core %d: %s", self.ready.pid, self.ready.describe)
-        self.engine = EngineView.build(self.config, self.ready)
+        if self.engine is None:  # (a restarted core serves the same model)
+            self.engine = EngineView.build(self.config, self.ready)
+        self.died = None
         self._reader = threading.Thread(target=self._read, name="core-reader", daemon=True)
         self._reader.start()
 
@@ -167,6 +173,8 @@ class CoreClient(EngineFront):
         self.process = None
 
     def _close(self) -> None:
+        if self._context.closed:
+            return
         self._commands.close(linger=0)
         self._outputs.close(linger=0)
         self._context.term()
@@ -218,9 +226,7 @@ class CoreClient(EngineFront):
             if not self._outputs.poll(POLL_MS):
                 code = self.process.poll()
                 if code is not None and not self._stopping:
-                    self.died = f"the engine core process exited with code {code}"
-                    log.error("%s; failing every request in flight", self.died)
-                    self._fail_all(self.died)
+                    self._died(f"the engine core process exited with code {code}")
                     return
                 continue
             try:
@@ -229,6 +235,25 @@ class CoreClient(EngineFront):
                 log.error("an output the API process cannot read was dropped: %s", e)
                 continue
             self._deliver(message)
+
+    def _died(self, why: str) -> None:
+        """Fail every request in flight, then start a new core or report the death."""
+        self.died = why
+        log.error("%s; failing every request in flight", why)
+        self._fail_all(why)
+        if self.restart and not self._stopping:
+            self.restarts += 1
+            log.warning("starting a new engine core (restart %d)", self.restarts)
+            self._close()
+            self.process = None
+            try:
+                self.start()  # a new reader thread takes over from this one
+                return
+            except EngineCoreDiedError as e:
+                why = f"{why}, and a new core did not start: {e}"
+                self.died = why
+        if self.on_death is not None:
+            self.on_death(why)
 
     def _deliver(self, message) -> None:
         if isinstance(message, m.Outputs):

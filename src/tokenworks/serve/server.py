@@ -51,15 +51,24 @@ def make_state(
     )
 
 
-def run_server(args, engine_kwargs: dict) -> None:
+def run_server(args, engine_kwargs: dict) -> int:
+    """Serve until stopped; the exit status: 1 when the engine core died for good."""
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = EngineConfig(model=args.model, **engine_kwargs)
+    if args.restart_engine and not args.engine_process:
+        raise SystemExit("--restart-engine restarts an engine core: give --engine-process too")
+    server: uvicorn.Server | None = None
     if args.engine_process:
         from tokenworks.engine.core_client import CoreClient
 
-        engine = CoreClient(config)
+        def stop(why: str) -> None:  # the core is gone: stop serving, exit non-zero
+            logging.getLogger("tokenworks.serve").error("stopping the server: %s", why)
+            if server is not None:
+                server.should_exit = True
+
+        engine = CoreClient(config, restart=args.restart_engine, on_death=stop)
         engine.start()
     else:
         engine = LLMEngine(config)
@@ -78,7 +87,12 @@ def run_server(args, engine_kwargs: dict) -> None:
         logging.getLogger("tokenworks.serve").warning(
             "serving on %s without --api-key: anyone who can reach it can use it", args.host
         )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
+    )
+    if not getattr(engine, "died", None):  # (a core that died before now stops us here)
+        server.run()
+    return 1 if getattr(engine, "died", None) else 0
 
 
 class ServerThread:
