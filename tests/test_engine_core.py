@@ -217,3 +217,45 @@ def test_the_server_exits_non_zero_when_its_core_dies(tmp_path):
         assert server.wait(timeout=15) == 1
     finally:
         server.kill()
+
+
+def test_two_replicas_give_one_engines_tokens_and_prefix_routing_finds_the_cache():
+    """Behind a router, every request's greedy tokens are a single engine's; on prompts
+    sharing a 48-token prefix, routing by prefix finds more of them in the replicas' own
+    prefix caches than round-robin does (each replica's own counters)."""
+    from tokenworks.engine.replicas import ReplicaRouter
+
+    router = ReplicaRouter([CoreClient(CONFIG, startup_timeout_s=120) for _ in range(2)])
+    router.start()
+    try:
+        llm = LLM("toy", warmup=False, max_num_seqs=8)
+        expected = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+        async def together():
+            return await asyncio.gather(*(_collect(router, p) for p in PROMPTS))
+
+        assert asyncio.run(together()) == expected
+        assert min(router.routed) >= 1  # both replicas took work
+
+        shared = list(range(10, 58))  # three 16-token blocks
+        prompts = [shared + [100 + i, 101 + i, 102 + i] for i in range(8)]
+        params = SamplingParams(max_tokens=2, temperature=0)
+
+        def hits(policy: str) -> float:
+            router.policy = policy
+            before = [(r.gauges.prefix_hits, r.gauges.prefix_queried) for r in router.replicas]
+
+            async def one_by_one():
+                for p in prompts:  # one at a time: each finds what the last ones left
+                    async for _ in router.generate(params, p, cache_salt=policy):
+                        pass
+
+            asyncio.run(one_by_one())
+            now = [(r.gauges.prefix_hits, r.gauges.prefix_queried) for r in router.replicas]
+            hit = sum(n[0] - b[0] for n, b in zip(now, before, strict=True))
+            asked = sum(n[1] - b[1] for n, b in zip(now, before, strict=True))
+            return hit / asked
+
+        assert hits("prefix") > hits("round_robin")
+    finally:
+        router.shutdown()

@@ -367,6 +367,22 @@ def build_parser() -> argparse.ArgumentParser:
         "with status 1, unless --restart-engine",
     )
     p.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N engine cores, each in its own process with its own KV pool and --threads, "
+        "behind this one server (implies --engine-process)",
+    )
+    p.add_argument(
+        "--router",
+        default="prefix",
+        choices=["prefix", "least_loaded", "round_robin"],
+        help="with --data-parallel-size: which replica takes a request: the one that last "
+        "took a prompt with the same leading blocks (its prefix cache has them), the one "
+        "with the fewest outstanding tokens, or each in turn",
+    )
+    p.add_argument(
         "--restart-engine",
         action="store_true",
         help="with --engine-process: start a new engine core when one dies (the requests "

@@ -102,6 +102,7 @@ class CoreClient(EngineFront):
         self.max_backlog, self.max_stall_s = max_backlog, max_stall_s
         self.restart, self.on_death = restart, on_death
         self.restarts = 0
+        self.gauges = None  # the core's EngineGauges as of its last step
         self.ready: m.Ready | None = None
         self.engine: EngineView | None = None  # after start()
         self.process: subprocess.Popen | None = None
@@ -186,6 +187,14 @@ class CoreClient(EngineFront):
 
     # ------------------------------------------------------------------ the async side
 
+    def configure(self, observer=None, max_backlog=None, max_stall_s=None) -> None:
+        """The server's metrics observer and stream limits (as AsyncEngine takes them)."""
+        self.observer, self.max_backlog, self.max_stall_s = observer, max_backlog, max_stall_s
+
+    def holds(self, request_id: str) -> bool:
+        """Is this request in flight here?"""
+        return request_id in self._streams
+
     def _send(self, message) -> None:
         with self._lock:
             if self.died is None:
@@ -257,6 +266,7 @@ class CoreClient(EngineFront):
 
     def _deliver(self, message) -> None:
         if isinstance(message, m.Outputs):
+            self.gauges = message.gauges
             self._observe(message)
             now = time.monotonic()
             for update in message.updates:

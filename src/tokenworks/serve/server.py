@@ -34,11 +34,9 @@ def make_state(
             max_backlog=limits.max_stream_backlog,
             max_stall_s=limits.max_stream_stall_s,
         )
-    else:  # the engine core runs in its own process (engine/core_client.py)
+    else:  # engine cores in their own processes (engine/core_client.py, replicas.py)
         front = engine
-        front.observer = metrics
-        front.max_backlog = limits.max_stream_backlog
-        front.max_stall_s = limits.max_stream_stall_s
+        front.configure(metrics, limits.max_stream_backlog, limits.max_stream_stall_s)
     return ServerState(
         front,
         names,
@@ -57,21 +55,28 @@ def run_server(args, engine_kwargs: dict) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = EngineConfig(model=args.model, **engine_kwargs)
-    if args.restart_engine and not args.engine_process:
+    replicas = args.data_parallel_size
+    if replicas < 1:
+        raise SystemExit(f"--data-parallel-size {replicas}: give 1 or more")
+    in_process = not args.engine_process and replicas == 1
+    if args.restart_engine and in_process:
         raise SystemExit("--restart-engine restarts an engine core: give --engine-process too")
     server: uvicorn.Server | None = None
-    if args.engine_process:
+    if in_process:
+        engine = LLMEngine(config)
+    else:
         from tokenworks.engine.core_client import CoreClient
+        from tokenworks.engine.replicas import ReplicaRouter
 
-        def stop(why: str) -> None:  # the core is gone: stop serving, exit non-zero
+        def stop(why: str) -> None:  # a core is gone: stop serving, exit non-zero
             logging.getLogger("tokenworks.serve").error("stopping the server: %s", why)
             if server is not None:
                 server.should_exit = True
 
-        engine = CoreClient(config, restart=args.restart_engine, on_death=stop)
+        cores = [CoreClient(config, restart=args.restart_engine, on_death=stop)
+                 for _ in range(replicas)]  # fmt: skip
+        engine = cores[0] if replicas == 1 else ReplicaRouter(cores, args.router)
         engine.start()
-    else:
-        engine = LLMEngine(config)
     names = [args.model, *args.served_model_name]
     state = make_state(
         engine,
@@ -90,9 +95,15 @@ def run_server(args, engine_kwargs: dict) -> int:
     server = uvicorn.Server(
         uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
     )
-    if not getattr(engine, "died", None):  # (a core that died before now stops us here)
+    if not _died(engine):  # (a core that died before now stops us here)
         server.run()
-    return 1 if getattr(engine, "died", None) else 0
+    return 1 if _died(engine) else 0
+
+
+def _died(front) -> bool:
+    """Has an engine core of this front died for good?"""
+    cores = getattr(front, "replicas", [front])
+    return any(getattr(c, "died", None) for c in cores)
 
 
 class ServerThread:

@@ -1,0 +1,126 @@
+"""Data-parallel replicas: several engine cores behind one front, a router picking one per
+request (vLLM's data parallelism; SGLang's cache-aware router for the prefix policy).
+
+Each replica is an engine core in its own process (engine/core_client.py) with its own
+threads and KV pool. The router sees each request before it goes anywhere:
+
+- `round_robin`: the next replica in turn;
+- `least_loaded`: the replica with the fewest outstanding tokens (prompt + max_tokens of
+  its requests in flight);
+- `prefix` (the default): the replica that last took a prompt starting with the same
+  blocks, so a shared system prompt or an earlier turn is found in that replica's prefix
+  cache; the least loaded one when the prompt is new or that replica carries more than
+  twice the least loaded one's load.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+
+from tokenworks.engine.async_engine import EngineFront
+from tokenworks.engine.core_client import CoreClient
+from tokenworks.engine.prefix_cache import prefix_hashes
+from tokenworks.engine.request import SamplingParams
+
+POLICIES = ("prefix", "least_loaded", "round_robin")
+PREFIX_BLOCKS = 4  # the leading blocks a prompt is known by
+REMEMBERED_PREFIXES = 65536
+
+
+class ReplicaRouter(EngineFront):
+    def __init__(self, replicas: list[CoreClient], policy: str = "prefix"):
+        if policy not in POLICIES:
+            raise ValueError(f"router policy {policy!r}: expected one of {', '.join(POLICIES)}")
+        if not replicas:
+            raise ValueError("a router needs at least one replica")
+        self.replicas, self.policy = replicas, policy
+        self._turn = itertools.cycle(range(len(replicas)))
+        self._load: dict[str, tuple[int, int]] = {}  # request id -> (replica, tokens)
+        self._prefixes: OrderedDict[bytes, int] = OrderedDict()  # leading blocks -> replica
+        self.routed = [0] * len(replicas)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        first, *rest = self.replicas
+        first.start()
+        for r in rest:  # the same model: the server process reads it once
+            r.engine = r.engine or first.engine
+            r.start()
+
+    def shutdown(self) -> None:
+        for r in self.replicas:
+            r.shutdown()
+
+    @property
+    def is_running(self) -> bool:
+        return all(r.is_running for r in self.replicas)
+
+    @property
+    def engine(self):
+        """What the server needs of the model (every replica serves the same one)."""
+        return self.replicas[0].engine
+
+    @property
+    def observer(self):
+        return self.replicas[0].observer
+
+    def configure(self, observer=None, max_backlog=None, max_stall_s=None) -> None:
+        """The server's metrics observer and stream limits, for every replica."""
+        for r in self.replicas:
+            r.configure(observer, max_backlog, max_stall_s)
+
+    # ------------------------------------------------------------------ routing
+
+    def loads(self) -> list[int]:
+        """Outstanding tokens per replica (requests its core still holds)."""
+        out = [0] * len(self.replicas)
+        for request_id, (i, tokens) in list(self._load.items()):
+            if self.replicas[i].holds(request_id):
+                out[i] += tokens
+            else:
+                del self._load[request_id]
+        return out
+
+    def pick(self, prompt: list[int], params: SamplingParams, cache_salt: str | None) -> int:
+        if self.policy == "round_robin":
+            return next(self._turn)
+        loads = self.loads()
+        least = min(range(len(loads)), key=loads.__getitem__)
+        if self.policy == "least_loaded":
+            return least
+        block_size = self.engine.admission.block_size
+        n = min(PREFIX_BLOCKS, (len(prompt) - 1) // block_size)
+        if n < 1:
+            return least
+        key = prefix_hashes(prompt[: n * block_size], block_size, cache_salt)[-1]
+        known = self._prefixes.get(key)
+        choice = known if known is not None and loads[known] <= 2 * loads[least] + 1 else least
+        self._prefixes[key] = choice
+        self._prefixes.move_to_end(key)
+        if len(self._prefixes) > REMEMBERED_PREFIXES:
+            self._prefixes.popitem(last=False)
+        return choice
+
+    async def submit(
+        self,
+        params: SamplingParams,
+        prompt_token_ids: list[int],
+        request_id: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        deadline: float | None = None,
+    ):
+        """As AsyncEngine.submit, on the replica the policy picks."""
+        i = self.pick(prompt_token_ids, params, cache_salt)
+        request_id = request_id or self.new_request_id()
+        self._load[request_id] = (i, len(prompt_token_ids) + params.max_tokens * params.n)
+        self.routed[i] += 1
+        return await self.replicas[i].submit(
+            params, prompt_token_ids, request_id, priority, cache_salt, deadline
+        )
+
+    def abort(self, request_id: str) -> None:
+        for r in self.replicas:  # a replica that does not hold it ignores it
+            r.abort(request_id)
