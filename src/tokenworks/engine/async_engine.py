@@ -20,6 +20,7 @@ every finished request, in the engine thread.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import threading
@@ -219,9 +220,10 @@ class _Stream:
         return True
 
 
-class EngineFront:
+class EngineFront(abc.ABC):
     """What every asyncio front of an engine shares (AsyncEngine here, CoreClient over a
-    core process): request ids, waiting for a request's acceptance, generate()."""
+    core process, ReplicaRouter over several): request ids, waiting for a request's
+    acceptance, generate(). Each front submits and aborts its own way."""
 
     _next_id = 0
 
@@ -229,8 +231,13 @@ class EngineFront:
         self._next_id += 1
         return f"{prefix}-{self._next_id}-{time.monotonic_ns() % 10**9}"
 
+    @abc.abstractmethod
+    async def submit(self, params: SamplingParams, prompt_token_ids: list[int], **kw):
+        """Queue a request; its RequestStream once accepted (see AsyncEngine.submit)."""
+
+    @abc.abstractmethod
     def abort(self, request_id: str) -> None:
-        raise NotImplementedError
+        """Cancel a request; returns at once."""
 
     async def _accepted(self, stream: _Stream, deadline: float | None) -> RequestStream:
         """The request's stream once the engine took it; what it raised if it refused."""

@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 
 import msgspec
 import zmq
@@ -37,11 +38,19 @@ log = logging.getLogger("tokenworks.engine")
 IDLE_POLL_MS = 500  # how often an idle core looks for its parent
 
 
+@dataclass
+class _Sent:
+    """What the core has sent of one request in flight."""
+
+    emitted: dict[int, int] = field(default_factory=dict)  # tokens, per completion index
+    first: float | None = None  # when its first and latest updates went out
+    last: float | None = None
+
+
 class EngineCore:
     def __init__(self, engine: LLMEngine, commands: zmq.Socket, outputs: zmq.Socket):
         self.engine, self.commands, self.outputs = engine, commands, outputs
-        self.emitted: dict[str, dict[int, int]] = {}  # tokens sent, per request and index
-        self.times: dict[str, list[float]] = {}  # per request: its first and last update
+        self.sent: dict[str, _Sent] = {}  # the requests in flight
         self.parent = os.getppid()
 
     def ready(self) -> m.Ready:
@@ -85,8 +94,7 @@ class EngineCore:
             if isinstance(command, m.Shutdown):
                 return False
             if isinstance(command, m.Abort):
-                self.emitted.pop(command.request_id, None)
-                self.times.pop(command.request_id, None)
+                self.sent.pop(command.request_id, None)
                 self.engine.abort_request(command.request_id)
                 continue
             try:
@@ -100,7 +108,7 @@ class EngineCore:
             except Exception as e:  # bad input or a full queue: the caller's to report
                 self.send(m.Refused(command.request_id, type(e).__name__, str(e)))
                 continue
-            self.emitted[command.request_id] = {}
+            self.sent[command.request_id] = _Sent()
             self.send(m.Accepted(command.request_id))
 
     def step(self) -> None:
@@ -109,30 +117,29 @@ class EngineCore:
             sampled = engine.step()
         except Exception as e:  # the engine aborted the requests this step touched
             log.exception("a forward pass failed; failing the requests it touched")
-            for request_id in [r for r in self.emitted if r not in engine.requests]:
-                del self.emitted[request_id]
-                self.times.pop(request_id, None)
+            for request_id in [r for r in self.sent if r not in engine.requests]:
+                del self.sent[request_id]
                 self.send(m.Failed(request_id, f"the engine failed while running it: {e}"))
             return
         for request_id, why in engine.take_failures().items():
-            self.emitted.pop(request_id, None)
-            self.times.pop(request_id, None)
+            self.sent.pop(request_id, None)
             self.send(m.Failed(request_id, f"the engine failed for this request: {why}"))
         now = time.monotonic()
         out = m.Outputs([], EngineGauges.of(engine), engine.stats[-1].preemptions)
         for request_id, seqs in by_request(sampled).items():
-            emitted = self.emitted.get(request_id)
-            if emitted is None:  # aborted meanwhile
+            sent = self.sent.get(request_id)
+            if sent is None:  # aborted meanwhile
                 continue
             head = seqs[0].group[0]
-            update = request_update(head, seqs, emitted)
-            times = self.times.setdefault(request_id, [now, now])
-            if times[1] != now:
-                out.inter_token_s.append(now - times[1])
-            times[1] = now
+            update = request_update(head, seqs, sent.emitted)
+            if sent.first is None:
+                sent.first = now
+            else:
+                out.inter_token_s.append(now - sent.last)
+            sent.last = now
             if update.finished:
-                del self.emitted[request_id], self.times[request_id]
-                out.finished.append(request_metrics(head, head.arrival_time, times[0], now))
+                del self.sent[request_id]
+                out.finished.append(request_metrics(head, head.arrival_time, sent.first, now))
             out.updates.append(update)
         self.send(out)
 

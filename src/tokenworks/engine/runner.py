@@ -44,6 +44,8 @@ class ModelRunner:
         self.device, self.batch_decode = device, batch_decode
         self.kernels = kernels
         self.rows_up_to = rows_up_to
+        layout = pool.layout
+        self._group_of = [layout.group_of(i) for i in range(layout.n_layers)]  # per layer
 
     @torch.inference_mode()
     def run(self, batch: list[ScheduledSeq], argmax_only: bool = False) -> ForwardOutput:
@@ -98,7 +100,7 @@ class ModelRunner:
             )
             for g, window in enumerate(kv.windows)
         ]
-        return AttentionMetadata.grouped(metas, [kv.group_of(i) for i in range(kv.n_layers)])
+        return AttentionMetadata.grouped(metas, self._group_of)
 
     @torch.inference_mode()
     def run_uncached(self, token_ids: list[int]) -> torch.Tensor:

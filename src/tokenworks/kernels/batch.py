@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenworks.ops.attention import context_slots
+from tokenworks.ops.attention import context_slots, window_start
 
 
 @dataclass
@@ -46,7 +46,7 @@ class KernelBatch:
                 dec_tables.append(table)
                 dec_lens.append(ctx + 1)
             else:
-                first = max(0, ctx - window + 1) if window is not None else 0
+                first = window_start(ctx, window)
                 index = context_slots(table, ctx + n, block_size, first)
                 slots.extend(index[ctx - first :].tolist())
                 chunks.append((start, n, index))

@@ -33,6 +33,11 @@ def context_slots(table: list[int], n_tokens: int, block_size: int, start: int =
     return blocks * block_size + pos % block_size
 
 
+def window_start(context_len: int, window: int | None) -> int:
+    """The first position a query at `context_len` reads with this window (0: none)."""
+    return 0 if window is None else max(0, context_len - window + 1)
+
+
 def chunk_attention(q, k_pool, v_pool, index, scale, window, softcap=None) -> torch.Tensor:
     """A prompt chunk's attention over the pool (its own K/V already written): q [n, H, D],
     index the slots of its context then its rows -> [n, H*D]."""
@@ -126,7 +131,7 @@ class AttentionMetadata:
         kv_index, dec_rows, dec_seq = [], [], []
         start = 0
         for n, ctx, table in zip(query_lens, context_lens, block_tables, strict=True):
-            first = max(0, ctx - window + 1) if window is not None else 0
+            first = window_start(ctx, window)
             index = context_slots(table, ctx + n, block_size, first)
             slots.extend(index[ctx - first :].tolist())
             if batch_decode and n == 1:
