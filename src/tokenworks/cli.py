@@ -59,6 +59,11 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args) -> int:
+    import signal
+
+    # A shell that starts us in the background leaves SIGINT ignored; the chat's Ctrl-C
+    # must still reach the prompt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     params = _params(args)
     llm = _llm(args)
     messages: list[dict] = []
