@@ -52,6 +52,70 @@ def test_the_core_gives_the_in_process_engines_tokens(client):
     assert client.ready.pid != os.getpid() and client.ready.vocab_size == llm.engine.spec.vocab_size
 
 
+async def _completions(client, prompt, params):
+    """Each completion's text, tokens, logprobs and finish as the API process assembles
+    them from the core's token-only updates."""
+    out = {}
+    async for update in client.generate(params, prompt):
+        out["id"] = update.request_id
+        for d in update.deltas:
+            c = out.setdefault(d.index, {"text": "", "ids": [], "logprobs": [], "end": None})
+            c["text"] += d.text
+            c["ids"] += d.token_ids
+            c["logprobs"] += d.logprobs or []
+            c["end"] = (d.finish_reason, d.stop_reason) if d.finish_reason else c["end"]
+    request_id = out.pop("id")
+    return request_id, [out[i] for i in sorted(out)]
+
+
+class _Heard:
+    """An observer (as serve/metrics.py's) keeping the timings of finished requests."""
+
+    def __init__(self):
+        self.finished = {}
+
+    def on_inter_token(self, seconds):
+        pass
+
+    def on_step(self, preemptions, gauges):
+        pass
+
+    def on_request_finished(self, metrics):
+        self.finished[metrics.request_id] = metrics
+
+
+def test_the_api_process_detokenises_and_stop_strings_stop_the_core(client):
+    llm = LLM("toy", warmup=False, max_num_seqs=8)
+    prompt = PROMPTS[2]
+    free = SamplingParams(max_tokens=40, temperature=1.0, seed=7, n=2, ignore_eos=True)
+    text = llm.generate([prompt], free, use_tqdm=False)[0].outputs[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]  # met halfway through completion 0
+    cases = [
+        SamplingParams(max_tokens=40, temperature=1.0, seed=7, n=2, ignore_eos=True,
+                       stop=[stop], logprobs=2),
+        SamplingParams(max_tokens=40, temperature=1.0, seed=7, n=2, ignore_eos=True,
+                       stop=[stop], include_stop_str_in_output=True),
+    ]  # fmt: skip
+    heard = _Heard()
+    client.configure(heard)
+    for params in cases:
+        expected = llm.generate([prompt], params, use_tqdm=False)[0].outputs
+        request_id, got = asyncio.run(_completions(client, prompt, params))
+        assert [c["text"] for c in got] == [o.text for o in expected]
+        assert [c["ids"] for c in got] == [o.token_ids for o in expected]
+        assert [c["end"] for c in got] == [(o.finish_reason, o.stop_reason) for o in expected]
+        if params.logprobs:
+            assert [c["logprobs"] for c in got] == [o.logprobs for o in expected]
+        assert got[0]["end"] == ("stop", stop) and len(got[0]["ids"]) < 40
+        # the core stopped the completion too: its timings count the tokens handed out
+        deadline = time.monotonic() + 5
+        while request_id not in heard.finished:
+            assert time.monotonic() < deadline, "the core did not finish the request"
+            time.sleep(0.02)
+        assert heard.finished[request_id].generation_tokens == sum(len(c["ids"]) for c in got)
+    client.configure()
+
+
 def test_a_refusal_is_raised_by_name_and_the_core_carries_on(client):
     async def run():
         too_long = [3] * (client.ready.max_model_len + 1)

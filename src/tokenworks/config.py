@@ -286,6 +286,15 @@ class EngineConfig:
             group=MEMORY,
         ),
     )
+    detokenize: bool = field(
+        default=True,
+        metadata=option(
+            "the engine turns tokens into text and applies stop strings; off, it sends token "
+            "ids alone and its caller does both (the server's engine core process: "
+            "engine/detokenizer.py in the API process)",
+            group="output",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.speculative_config is not None:

@@ -210,6 +210,7 @@ class _Stream:
     pushed: int = 0
     taken: int = 0
     t_taken: float = field(default_factory=time.monotonic)
+    text: Any = None  # over a core process: its RequestText (engine/detokenizer.py)
 
     def push(self, item: RequestUpdate | BaseException | None) -> bool:
         """Hand an item to the reader's event loop; False if that loop is gone."""

@@ -14,6 +14,7 @@ EngineCore has the same shape).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -97,6 +98,9 @@ class EngineCore:
                 self.sent.pop(command.request_id, None)
                 self.engine.abort_request(command.request_id)
                 continue
+            if isinstance(command, m.StopSequence):
+                self.stop_sequence(command)
+                continue
             try:
                 self.engine.add_request(
                     prompt_token_ids=command.prompt_token_ids,
@@ -110,6 +114,18 @@ class EngineCore:
                 continue
             self.sent[command.request_id] = _Sent()
             self.send(m.Accepted(command.request_id))
+
+    def stop_sequence(self, command: m.StopSequence) -> None:
+        """A stop string ended a completion; where that ends its request, its timings go
+        out (the API process already ended its stream)."""
+        head = self.engine.requests.get(command.request_id)
+        done = self.engine.stop_sequence(
+            command.request_id, command.index, command.stop, command.keep
+        )
+        sent = self.sent.pop(command.request_id, None) if done else None
+        if sent is not None:
+            metrics = request_metrics(head, head.arrival_time, sent.first, time.monotonic())
+            self.send(m.Outputs([], EngineGauges.of(self.engine), finished=[metrics]))
 
     def step(self) -> None:
         engine = self.engine
@@ -152,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s[core]: %(message)s")
     config = msgspec.json.decode(args.config, type=EngineConfig)
+    # the API process detokenises (engine/detokenizer.py): this process only steps
+    config = dataclasses.replace(config, detokenize=False)
     context = zmq.Context()
     commands = context.socket(zmq.PULL)
     commands.connect(args.commands)

@@ -35,6 +35,7 @@ from tokenworks.engine.async_engine import (
     backlog_verdict,
     too_slow,
 )
+from tokenworks.engine.detokenizer import RequestText
 from tokenworks.engine.kv_groups import KVGroup, KVLayout
 from tokenworks.engine.request import SamplingError, SamplingParams
 from tokenworks.engine.scheduler import QueueFullError
@@ -71,7 +72,7 @@ class EngineView:
     def build(cls, config: EngineConfig, ready: m.Ready) -> EngineView:
         from tokenworks.models import load
 
-        loaded = load(config.model)  # (its weights are dropped at once: the core has them)
+        loaded = load(config.model, weights=False)  # the core holds the weights
         layout = KVLayout(
             tuple(KVGroup(tuple(layers), window) for layers, window in ready.kv_groups),
             ready.kv_group_size,
@@ -216,6 +217,7 @@ class CoreClient(EngineFront):
             )
         request_id = request_id or self.new_request_id()
         stream = _Stream(request_id, asyncio.get_running_loop(), asyncio.Queue(), {})
+        stream.text = RequestText(params, self.engine.tokenizer, prompt_token_ids)
         with self._lock:
             self._streams[request_id] = stream
         self._send(m.AddRequest(request_id, list(prompt_token_ids), params, priority, cache_salt))
@@ -269,15 +271,19 @@ class CoreClient(EngineFront):
             self.gauges = message.gauges
             self._observe(message)
             now = time.monotonic()
-            for update in message.updates:
+            for tokens in message.updates:
                 with self._lock:
-                    stream = (
-                        self._streams.pop(update.request_id, None)
-                        if update.finished
-                        else self._streams.get(update.request_id)
-                    )
+                    stream = self._streams.get(tokens.request_id)
                 if stream is None:
                     continue
+                update, stops = stream.text.apply(tokens)
+                for stop in stops:
+                    self._send(m.StopSequence(tokens.request_id, stop.index, stop.stop, stop.keep))
+                if update is None:
+                    continue
+                if update.finished:
+                    with self._lock:
+                        self._streams.pop(update.request_id, None)
                 stream.pushed += sum(len(d.token_ids) for d in update.deltas)
                 if not stream.push(update):
                     self.abort(update.request_id)  # its reader's loop is gone

@@ -28,6 +28,16 @@ class Abort(msgspec.Struct, tag=True):
     request_id: str
 
 
+class StopSequence(msgspec.Struct, tag=True):
+    """A stop string (found in the API process, which holds the text) ended completion
+    `index` after its first `keep` tokens."""
+
+    request_id: str
+    index: int
+    stop: str
+    keep: int
+
+
 class Shutdown(msgspec.Struct, tag=True):
     pass
 
@@ -82,7 +92,7 @@ class Outputs(msgspec.Struct, tag=True):
     finished: list[RequestMetrics] = []
 
 
-ToCore = AddRequest | Abort | Shutdown
+ToCore = AddRequest | Abort | StopSequence | Shutdown
 FromCore = Ready | Accepted | Refused | Failed | Outputs
 
 _encoder = msgspec.msgpack.Encoder()

@@ -325,7 +325,7 @@ class LLMEngine:
             prompt,
             prompt_token_ids,
             params,
-            self.tokenizer,
+            self.tokenizer if self.config.detokenize else None,
             self.tokenizer.eos_token_ids,
             self.max_model_len,
             arrival=next(self._arrivals),
@@ -347,6 +347,23 @@ class LLMEngine:
             if not seq.finished:
                 seq.finish(FinishReason.ABORT)
             self.scheduler.remove(seq)
+
+    def stop_sequence(self, request_id: str, index: int, stop: str, keep: int) -> bool:
+        """End one completion at a stop string its caller found after its first `keep`
+        tokens (with detokenize off, the caller holds the text); the tokens sampled past
+        them are dropped. True where that finished its request."""
+        head = self.requests.get(request_id)
+        if head is None or index >= len(head.group) or head.group[index].finished:
+            return False
+        seq = head.group[index]
+        self.scheduler.remove(seq)
+        del seq.output_ids[keep:]
+        if seq.logprobs is not None:
+            del seq.logprobs[keep:]
+        seq.finish(FinishReason.STOP, stop)
+        if head.group_finished:
+            del self.requests[request_id]
+        return head.group_finished
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -15,6 +15,9 @@ from tokenworks.tokenizer import DecodeStream
 
 
 class SequenceOutput:
+    """tokenizer None: token ids only (stop tokens and logprobs without their text, no stop
+    strings): an engine whose caller detokenises (engine/detokenizer.py)."""
+
     def __init__(
         self, params: SamplingParams, tokenizer, eos_token_ids: tuple[int, ...], prompt_ids
     ):
@@ -22,7 +25,11 @@ class SequenceOutput:
         self._stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             self._stop_ids |= set(eos_token_ids)
-        self._detok = DecodeStream(tokenizer, params.skip_special_tokens, prompt_ids)
+        self._detok = (
+            DecodeStream(tokenizer, params.skip_special_tokens, prompt_ids)
+            if tokenizer is not None
+            else None
+        )
         self.text = ""
         self._streamed = 0  # characters of self.text already handed to a stream
         self._scanned = 0  # stop strings cannot start before this offset of self.text
@@ -30,20 +37,36 @@ class SequenceOutput:
 
     def add(self, result: SampleResult) -> tuple[FinishReason, str | int] | None:
         """One new token: its text and logprobs; (reason, stop) where it stops the sequence."""
-        token = result.token_id
+        return self.add_token(result.token_id, result.logprob, result.top)
+
+    def add_token(
+        self, token: int, logprob: float | None, top: list[tuple[int, float]] | None
+    ) -> tuple[FinishReason, str | int] | None:
         if self.logprobs is not None:
-            top = [(i, self.tokenizer.decode([i], False), lp) for i, lp in result.top or []]
-            text = self.tokenizer.decode([token], False)
-            self.logprobs.append(TokenLogprob(token, text, result.logprob, top))
+            self.logprobs.append(
+                TokenLogprob(
+                    token,
+                    self._piece(token),
+                    logprob,
+                    [(i, self._piece(i), lp) for i, lp in top or []],
+                )
+            )
         if token in self._stop_ids:
-            self.text += self._detok.flush()
+            self.text += self._detok.flush() if self._detok is not None else ""
             return FinishReason.STOP, token
+        if self._detok is None:
+            return None
         self.text += self._detok.step(token)
         return self._stop_string()
+
+    def _piece(self, token: int) -> str:
+        return self.tokenizer.decode([token], False) if self.tokenizer is not None else ""
 
     def end(self) -> tuple[FinishReason, str] | None:
         """The sequence ends for another reason (length, grammar): the rest of the text,
         and a stop string it may complete."""
+        if self._detok is None:
+            return None
         self.text += self._detok.flush()
         return self._stop_string()
 

@@ -47,8 +47,12 @@ def enabled() -> bool:
     return os.environ.get("TOKENWORKS_NO_CONVERTED", "") in ("", "0")
 
 
-def load_converted(key: str, model_id: str, file_path: str, sha256: str | None):
-    """The LoadedModel of a converted copy, or None where there is none (or it is stale)."""
+def load_converted(
+    key: str, model_id: str, file_path: str, sha256: str | None, weights: bool = True
+):
+    """The LoadedModel of a converted copy, or None where there is none (or it is stale);
+    weights=False reads only the spec's own tensors (`weights` is empty)."""
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     from tokenworks.models.loader import LoadedModel
@@ -58,7 +62,11 @@ def load_converted(key: str, model_id: str, file_path: str, sha256: str | None):
         meta = json.loads((d / "meta.json").read_text())
         if meta.get("format") != FORMAT:
             return None
-        tensors = load_file(d / "weights.safetensors")
+        if weights:
+            tensors = load_file(d / "weights.safetensors")
+        else:
+            with safe_open(d / "weights.safetensors", framework="pt") as f:
+                tensors = {k: f.get_tensor(k) for k in f.keys() if k.startswith(_EXTRA)}
     except (OSError, ValueError) as e:
         if (d / "meta.json").exists():
             log.warning("the converted copy in %s is unreadable (%s); reading the GGUF", d, e)

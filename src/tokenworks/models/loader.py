@@ -45,26 +45,31 @@ class LoadedModel:
     file_path: str
 
 
-def load(model: str) -> LoadedModel:
-    """Resolve a model argument to weights and a spec (see the module docstring)."""
+def load(model: str, weights: bool = True) -> LoadedModel:
+    """Resolve a model argument to weights and a spec (see the module docstring).
+
+    weights=False reads only the spec, tokenizer and chat template (`weights` is empty):
+    what a process that tokenises for an engine elsewhere needs, at a fraction of the
+    memory and time."""
     if model == "toy":
         from tokenworks.models.toy import load_toy
 
         return load_toy()
     if model in catalogue.CATALOGUE:
         entry = catalogue.lookup(model)
-        loaded = load_gguf_once(catalogue.pull(model), model, entry.sha256)
+        path = catalogue.pull(model)
+        loaded = load_gguf_once(path, model, entry.sha256, weights)
         loaded.chat_template = loaded.chat_template or entry.chat_template
         return loaded
     path = Path(model).expanduser()
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelLoadError(f"{path} is a file but not a .gguf; pass a .gguf or a directory")
-        return load_gguf_once(path, model)
+        return load_gguf_once(path, model, weights=weights)
     if path.is_dir():
-        return load_hf_dir(path, model_id=model)
+        return load_hf_dir(path, model_id=model, weights=weights)
     if re.fullmatch(r"[\w.-]+/[\w.-]+", model) and not model.startswith((".", "/")):
-        return load_hf_dir(_fetch_from_hub(model), model_id=model)
+        return load_hf_dir(_fetch_from_hub(model), model_id=model, weights=weights)
     catalogue.lookup(model)  # raises ModelNotFoundError naming the choices
     raise AssertionError("unreachable")
 
@@ -92,17 +97,33 @@ _GGUF_NAMES = {
 }
 
 
-def load_gguf_once(path: Path, model_id: str, sha256: str | None = None) -> LoadedModel:
+def _hf_name(gguf_name: str, fam, path: Path, arch: str) -> str:
+    """A GGUF weight's Hugging Face name (blk.N.* through the family's table)."""
+    name = _GGUF_NAMES.get(gguf_name)
+    if name is not None:
+        return name
+    m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
+    if not m or m.group(2) not in fam.gguf_block:
+        raise ModelLoadError(f"{path}: unexpected tensor {gguf_name} for {arch}")
+    return f"model.layers.{m.group(1)}.{fam.gguf_block[m.group(2)]}"
+
+
+def load_gguf_once(
+    path: Path, model_id: str, sha256: str | None = None, weights: bool = True
+) -> LoadedModel:
     """load_gguf, from its converted copy where one was kept (models/converted.py)."""
     from tokenworks.models import converted
 
     if not converted.enabled():
-        loaded = load_gguf(path, model_id=model_id)
+        loaded = load_gguf(path, model_id=model_id, weights=weights)
         loaded.file_sha256 = sha256
         return loaded
     key = converted.key_for(Path(path), sha256)
-    loaded = converted.load_converted(key, model_id, str(path), sha256)
-    if loaded is None:
+    loaded = converted.load_converted(key, model_id, str(path), sha256, weights)
+    if loaded is None and not weights:  # (no copy is made from a read without weights)
+        loaded = load_gguf(path, model_id=model_id, weights=False)
+        loaded.file_sha256 = sha256
+    elif loaded is None:
         log.info("reading %s (once: a converted copy is kept for later loads)", path)
         loaded = load_gguf(path, model_id=model_id)
         loaded.file_sha256 = sha256
@@ -110,7 +131,9 @@ def load_gguf_once(path: Path, model_id: str, sha256: str | None = None) -> Load
     return loaded
 
 
-def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
+def load_gguf(path: Path, model_id: str | None = None, weights: bool = True) -> LoadedModel:
+    """A GGUF file's spec, tokenizer and (dequantised to float32) weights; weights=False
+    skips the weights (only their names are read)."""
     import gguf
 
     path = Path(path)
@@ -135,9 +158,19 @@ def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
     eot = _field(reader, "tokenizer.ggml.eot_token_id")
     eos_ids = tuple(sorted({int(x) for x in (eos, eot) if x is not None}))
 
+    want_weights = weights
     weights: dict[str, torch.Tensor] = {}
+    names: set[str] = set()  # every weight's name, read or not
     rope_freqs = None
-    for t in tqdm(reader.tensors, desc=f"dequantise {path.name}", unit="tensor", leave=False):
+    tensors = reader.tensors if want_weights else []
+    if not want_weights:  # only the names, and RoPE's frequencies (part of the spec)
+        names = {
+            _hf_name(t.name, fam, path, arch)
+            for t in reader.tensors
+            if t.name != "rope_freqs.weight"
+        }
+        tensors = [t for t in reader.tensors if t.name == "rope_freqs.weight"]
+    for t in tqdm(tensors, desc=f"dequantise {path.name}", unit="tensor", leave=False):
         expected = (
             int(np.prod(t.shape))
             * gguf.GGML_QUANT_SIZES[t.tensor_type][1]
@@ -154,17 +187,13 @@ def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
             arr = _unpermute(arr if arr.ndim == 2 else arr[:, None], n_heads).reshape(arr.shape)
         elif t.name.endswith(("attn_k.weight", "attn_k.bias")) and arch == "llama":
             arr = _unpermute(arr if arr.ndim == 2 else arr[:, None], n_kv).reshape(arr.shape)
-        name = _GGUF_NAMES.get(t.name)
-        if name is None:
-            m = re.fullmatch(r"blk\.(\d+)\.(.+)", t.name)
-            if not m or m.group(2) not in fam.gguf_block:
-                raise ModelLoadError(f"{path}: unexpected tensor {t.name} for {arch}")
-            name = f"model.layers.{m.group(1)}.{fam.gguf_block[m.group(2)]}"
+        name = _hf_name(t.name, fam, path, arch)
         if "{e}" in name:  # one 3-D tensor holds every expert's matrix: [E, out, in]
             for e, part in enumerate(arr):
                 weights[name.format(e=e)] = torch.from_numpy(np.array(part, dtype=np.float32))
             continue
         weights[name] = torch.from_numpy(np.array(arr, dtype=np.float32))  # owned, writable
+    names |= set(weights)
 
     kw = dict(
         arch=fam.name,
@@ -181,8 +210,8 @@ def load_gguf(path: Path, model_id: str | None = None) -> LoadedModel:
         max_position=int(_field(reader, f"{arch}.context_length")),
         norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        tie_embeddings="lm_head.weight" not in weights,
-        qkv_bias="model.layers.0.self_attn.q_proj.bias" in weights,
+        tie_embeddings="lm_head.weight" not in names,
+        qkv_bias="model.layers.0.self_attn.q_proj.bias" in names,
         sliding_window=_field(reader, f"{arch}.attention.sliding_window"),
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=eos_ids,
@@ -305,7 +334,7 @@ def rope_scaling(rs: dict, max_position: int) -> RopeScaling | None:
     raise ValueError(f"{kind!r} is not supported (llama3, linear, dynamic and yarn are)")
 
 
-def load_hf_dir(path: Path, model_id: str | None = None) -> LoadedModel:
+def load_hf_dir(path: Path, model_id: str | None = None, weights: bool = True) -> LoadedModel:
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -321,10 +350,11 @@ def load_hf_dir(path: Path, model_id: str | None = None) -> LoadedModel:
         )
     spec = spec_from_hf_config(cfg, source=f"hf:{path.name}")
     fam = arch_registry.family(spec.arch)
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
+    want_weights, weights = weights, {}
+    for f in files if want_weights else []:
         weights.update({fam.rename(k): v.float() for k, v in load_file(f).items()})
-    weights = fam.prepare(weights, spec)
+    if want_weights:
+        weights = fam.prepare(weights, spec)
     tok_json = path / "tokenizer.json"
     chat_template = None
     tc_path = path / "tokenizer_config.json"

@@ -1,0 +1,89 @@
+"""Text for the updates of an engine that sends token ids alone (EngineConfig.detokenize off:
+the server's engine core process, engine/core.py).
+
+The core checks stop tokens, lengths and grammars, which need no text; here, in the API
+process, each completion's tokens become text through the same SequenceOutput the
+in-process engine runs (incremental detokenisation, stop strings trimmed as the request
+asks, a possible stop string held back from the stream, logprobs with their token text).
+A stop string ends its completion here at once: the update says so, the tokens sampled
+past it are dropped, and `stops` tells the caller which completions the core must stop
+(vLLM's output processor works the same way).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenworks.engine.async_engine import CompletionDelta, RequestUpdate
+from tokenworks.engine.output import SequenceOutput
+from tokenworks.engine.request import FinishReason, SamplingParams
+
+
+@dataclass
+class StopAt:
+    """A completion a stop string ended after its first `keep` tokens."""
+
+    index: int
+    stop: str
+    keep: int
+
+
+class RequestText:
+    """One request's completions as text, fed the core's token-only updates in order."""
+
+    def __init__(self, params: SamplingParams, tokenizer, prompt_ids: list[int]):
+        self.params, self.tokenizer, self.prompt_ids = params, tokenizer, prompt_ids
+        self.outputs: dict[int, SequenceOutput] = {}
+        self.kept: dict[int, int] = {}  # tokens of each completion handed out
+        self.done: set[int] = set()  # completions finished, here or in the core
+
+    def apply(self, update: RequestUpdate) -> tuple[RequestUpdate | None, list[StopAt]]:
+        """The update with its text (None where nothing in it is news), and the
+        completions a stop string ended in it."""
+        deltas, stops = [], []
+        for d in update.deltas:
+            if d.index in self.done:  # a stop string ended it: the core ran on a little
+                continue
+            delta, stop = self._delta(d)
+            deltas.append(delta)
+            if stop is not None:
+                stops.append(stop)
+        finished = update.finished or len(self.done) >= self.params.n
+        if not deltas and not finished:
+            return None, stops
+        return (
+            RequestUpdate(
+                update.request_id, deltas, finished, update.prompt_tokens, update.cached_tokens
+            ),
+            stops,
+        )
+
+    def _delta(self, d: CompletionDelta) -> tuple[CompletionDelta, StopAt | None]:
+        out = self.outputs.get(d.index)
+        if out is None:
+            eos = self.tokenizer.eos_token_ids
+            out = self.outputs[d.index] = SequenceOutput(
+                self.params, self.tokenizer, eos, self.prompt_ids
+            )
+        had = len(out.logprobs) if out.logprobs is not None else 0
+        token_ids, reason, stop_reason, stop = d.token_ids, d.finish_reason, d.stop_reason, None
+        for j, token in enumerate(d.token_ids):
+            lp = d.logprobs[j] if d.logprobs is not None else None
+            top = [(i, p) for i, _, p in lp.top] if lp is not None else None
+            hit = out.add_token(token, lp.logprob if lp is not None else None, top)
+            if hit is not None and isinstance(hit[1], str):  # a stop string
+                token_ids, (reason, stop_reason) = d.token_ids[: j + 1], hit
+                if d.finish_reason is None or j + 1 < len(d.token_ids):
+                    stop = StopAt(d.index, hit[1], self.kept.get(d.index, 0) + j + 1)
+                break
+        else:
+            if reason in (FinishReason.LENGTH, FinishReason.STOP) and stop_reason is None:
+                hit = out.end()  # the rest of the text, and a stop string it completes
+                if hit is not None:
+                    reason, stop_reason = hit
+        self.kept[d.index] = self.kept.get(d.index, 0) + len(token_ids)
+        if reason is not None:
+            self.done.add(d.index)
+        logprobs = out.logprobs[had:] if out.logprobs is not None else None
+        text = out.take_stream_text(reason is not None)
+        return CompletionDelta(d.index, text, token_ids, logprobs, reason, stop_reason), stop
