@@ -98,25 +98,43 @@ def toy_llm():
 
 
 def start_server(loaded, names=("smollm2-135m",), api_keys=(), limits=None, state_kw=None,
-                 **engine_kw):  # fmt: skip
-    """A real HTTP server on 127.0.0.1 over its own engine (the weights are shared)."""
+                 engine_process=False, **engine_kw):  # fmt: skip
+    """A real HTTP server on 127.0.0.1 over its own engine: in a thread of this process
+    (the weights are shared; srv.engine is the LLMEngine), or with engine_process in a core
+    process of its own, as `tokenworks serve` runs it (srv.engine is its EngineView)."""
     from tokenworks.config import EngineConfig
     from tokenworks.engine.engine import LLMEngine
     from tokenworks.serve.app import build_app
     from tokenworks.serve.server import ServerThread, make_state
 
     kw = dict(dtype="float32", threads=2, max_num_seqs=8, kv_cache_memory=0.25) | engine_kw
-    engine = LLMEngine(EngineConfig(model="smollm2-135m", **kw), loaded)
+    config = EngineConfig(model="smollm2-135m", **kw)
+    if engine_process:
+        from tokenworks.engine.core_client import CoreClient
+
+        engine = CoreClient(config, startup_timeout_s=300)
+        engine.start()
+    else:
+        engine = LLMEngine(config, loaded)
     state = make_state(engine, list(names), limits=limits, api_keys=api_keys, **(state_kw or {}))
     srv = ServerThread(build_app(state)).start()
     srv.state = state
-    srv.engine = engine
+    srv.engine = engine.engine if engine_process else engine
     return srv
+
+
+def engine_idle(srv) -> bool:
+    """Does the server's engine hold no request and no KV block (either kind of server)?"""
+    front = srv.state.engine
+    if hasattr(front, "gauges"):  # a core process: as its last step reported
+        return front.gauges is not None and front.gauges.idle and not front._streams
+    return not srv.engine.requests and srv.engine.blocks.usage == 0
 
 
 @pytest.fixture(scope="session")
 def smol_server(smol_loaded):
-    srv = start_server(smol_loaded, names=("smollm2-135m", "smol"))
+    """The server most server tests share, its engine in a core process of its own."""
+    srv = start_server(smol_loaded, names=("smollm2-135m", "smol"), engine_process=True)
     yield srv
     srv.stop()
 

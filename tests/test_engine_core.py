@@ -126,6 +126,24 @@ def test_a_refusal_is_raised_by_name_and_the_core_carries_on(client):
     assert len(asyncio.run(run())) == GREEDY.max_tokens
 
 
+def test_a_command_the_core_cannot_read_is_refused_by_its_id(client):
+    import msgspec
+
+    from tokenworks.engine.async_engine import _Stream
+
+    async def run():
+        stream = _Stream("bad-1", asyncio.get_running_loop(), asyncio.Queue(), {})
+        client._streams["bad-1"] = stream
+        bad = {"type": "AddRequest", "request_id": "bad-1", "prompt_token_ids": "x", "params": {}}
+        with client._lock:
+            client._commands.send(msgspec.msgpack.encode(bad))
+        with pytest.raises(ValueError, match="invalid"):
+            await client._accepted(stream, None)
+        return await _collect(client, PROMPTS[0])
+
+    assert len(asyncio.run(run())) == GREEDY.max_tokens
+
+
 def test_leaving_a_stream_early_cancels_its_request(client):
     async def run():
         long = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
@@ -254,8 +272,8 @@ def _children(pid: int) -> list[int]:
 
 
 def test_the_server_exits_non_zero_when_its_core_dies(tmp_path):
-    """tokenworks serve --engine-process without --restart-engine: a dead core stops the
-    server with exit status 1 rather than leaving it up and useless."""
+    """tokenworks serve without --restart-engine: a dead core stops the server with exit
+    status 1 rather than leaving it up and useless."""
     import socket
     import subprocess
     import sys
@@ -266,7 +284,7 @@ def test_the_server_exits_non_zero_when_its_core_dies(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "tokenworks.cli", "serve", "--model", "toy",
-           "--engine-process", "--no-warmup", "--port", str(port)]  # fmt: skip
+           "--no-warmup", "--port", str(port)]  # fmt: skip
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         t0 = time.monotonic()

@@ -22,9 +22,10 @@ GETS = ["/v1/models", "/v1/models/" + MODEL, "/health", "/metrics"]
 
 @pytest.fixture(scope="module")
 def fuzz_server(smol_loaded):
-    srv = start_server(
-        smol_loaded, dtype="bfloat16", max_model_len=96, max_num_seqs=4, warmup=False
-    )
+    srv = start_server(  # hostile input crosses to the engine core process too
+        smol_loaded, dtype="bfloat16", max_model_len=96, max_num_seqs=4, warmup=False,
+        engine_process=True,
+    )  # fmt: skip
     yield srv
     srv.stop()
 

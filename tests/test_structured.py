@@ -188,7 +188,7 @@ def test_anthropic_output_format(smol_server):
     jsonschema.validate(json.loads(msg.content[0].text), schema)
 
 
-def test_bad_grammars_are_the_callers_error(client, smol_server):
+def test_bad_grammars_are_the_callers_error(client, smol_llm):
     with pytest.raises(openai.BadRequestError, match="regex"):
         client.completions.create(
             model=MODEL, prompt="x", max_tokens=3, extra_body={"guided_regex": "[unclosed"}
@@ -209,7 +209,7 @@ def test_bad_grammars_are_the_callers_error(client, smol_server):
     with pytest.raises(SamplingError):
         StructuredOutput.choice([])
     with pytest.raises(StructuredOutputError):
-        smol_server.engine.grammars.compile(StructuredOutput.lark("start: undefined_rule"))
+        smol_llm.engine.grammars.compile(StructuredOutput.lark("start: undefined_rule"))
 
 
 def test_offline_api_takes_a_schema(smol_llm):
@@ -222,13 +222,13 @@ def test_offline_api_takes_a_schema(smol_llm):
     assert out.finish_reason == "stop"
 
 
-def test_batched_masks_match_each_matchers_own_bitmask(smol_server):
+def test_batched_masks_match_each_matchers_own_bitmask(smol_llm):
     import numpy as np
     import torch
 
-    grammars = smol_server.engine.grammars
-    tok = smol_server.engine.tokenizer
-    vocab = smol_server.engine.spec.vocab_size
+    grammars = smol_llm.engine.grammars
+    tok = smol_llm.engine.tokenizer
+    vocab = smol_llm.engine.spec.vocab_size
     matchers = []
     for so, text in [
         (StructuredOutput.json(SCHEMAS["person"]), '{"name": "Al'),

@@ -366,10 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--engine-process",
-        action="store_true",
-        help="run the engine core in a process of its own (engine/core.py); the server "
-        "process keeps HTTP, templates and tokenising. If the core dies, the server exits "
-        "with status 1, unless --restart-engine",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the engine core in a process of its own (engine/core.py), the server "
+        "process keeping HTTP, templates, tokenising and detokenising; if the core dies, "
+        "the server exits with status 1, unless --restart-engine. --no-engine-process runs "
+        "the engine in a thread of the server process",
     )
     p.add_argument(
         "--data-parallel-size",
@@ -377,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="N engine cores, each in its own process with its own KV pool and --threads, "
-        "behind this one server (implies --engine-process)",
+        "behind this one server",
     )
     p.add_argument(
         "--router",
@@ -390,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--restart-engine",
         action="store_true",
-        help="with --engine-process: start a new engine core when one dies (the requests "
+        help="start a new engine core when one dies (the requests "
         "in flight fail; later ones are served)",
     )
     p.add_argument(

@@ -111,6 +111,7 @@ class EngineGauges:
     prefix_queried: int | None = None  # the prefix cache's running counts (None: no cache)
     prefix_hits: int | None = None
     speculation: SpeculativeMetrics | None = None  # the speculator's running totals
+    generation_tokens: int = 0  # tokens sampled since the engine started
 
     @classmethod
     def of(cls, engine: LLMEngine) -> EngineGauges:
@@ -122,7 +123,13 @@ class EngineGauges:
             prefix.queried_tokens if prefix is not None else None,
             prefix.hit_tokens if prefix is not None else None,
             spec.metrics if spec is not None else None,
+            engine.totals["generation_tokens"],
         )
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running or waiting, and no KV block held."""
+        return self.running == 0 and self.waiting == 0 and self.kv_usage == 0
 
 
 def request_metrics(head: Sequence, t_submit: float, t_first: float | None, now: float):

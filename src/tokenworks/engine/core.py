@@ -89,8 +89,11 @@ class EngineCore:
                 return True
             try:
                 command = m.decode_to_core(data)
-            except msgspec.DecodeError as e:
-                log.error("a command the core cannot read was dropped: %s", e)
+            except msgspec.DecodeError as e:  # refuse it by id where it has one
+                request_id = m.request_id_of(data)
+                log.error("a command the core cannot read was dropped (%s): %s", request_id, e)
+                if request_id is not None:
+                    self.send(m.Refused(request_id, "ValueError", f"the request is invalid: {e}"))
                 continue
             if isinstance(command, m.Shutdown):
                 return False

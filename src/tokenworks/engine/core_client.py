@@ -39,6 +39,7 @@ from tokenworks.engine.detokenizer import RequestText
 from tokenworks.engine.kv_groups import KVGroup, KVLayout
 from tokenworks.engine.request import SamplingError, SamplingParams
 from tokenworks.engine.scheduler import QueueFullError
+from tokenworks.engine.structured import StructuredOutputError
 from tokenworks.models.spec import ModelSpec
 from tokenworks.tokenizer import TokenizerWrapper
 
@@ -49,8 +50,11 @@ POLL_MS = 100  # how often the reader looks at the core process between outputs
 # what the core's add_request may raise, raised again here by name
 REFUSALS = {
     cls.__name__: cls
-    for cls in (PromptTooLongError, RequestTooLargeError, QueueFullError, SamplingError)
-}
+    for cls in (
+        PromptTooLongError, RequestTooLargeError, QueueFullError, SamplingError,
+        StructuredOutputError,
+    )
+}  # fmt: skip
 
 
 class EngineCoreDiedError(RuntimeError):

@@ -110,3 +110,13 @@ def decode_to_core(data: bytes) -> ToCore:
 
 def decode_from_core(data: bytes) -> FromCore:
     return _from_core.decode(data)
+
+
+def request_id_of(data: bytes) -> str | None:
+    """The request id of a message that did not decode as its type, where it has one."""
+    try:
+        raw = msgspec.msgpack.decode(data)
+    except msgspec.DecodeError:
+        return None
+    rid = raw.get("request_id") if isinstance(raw, dict) else None
+    return rid if isinstance(rid, str) else None

@@ -1,4 +1,5 @@
-"""`tokenworks serve`: load the model, start the engine thread, serve HTTP with uvicorn."""
+"""`tokenworks serve`: start the engine (a core process, several behind a router, or a thread
+of this process), serve HTTP with uvicorn."""
 
 from __future__ import annotations
 
@@ -58,9 +59,12 @@ def run_server(args, engine_kwargs: dict) -> int:
     replicas = args.data_parallel_size
     if replicas < 1:
         raise SystemExit(f"--data-parallel-size {replicas}: give 1 or more")
-    in_process = not args.engine_process and replicas == 1
-    if args.restart_engine and in_process:
-        raise SystemExit("--restart-engine restarts an engine core: give --engine-process too")
+    in_process = not args.engine_process
+    if in_process and (args.restart_engine or replicas > 1):
+        raise SystemExit(
+            "--restart-engine and --data-parallel-size run engine cores in processes of their "
+            "own: leave out --no-engine-process"
+        )
     server: uvicorn.Server | None = None
     if in_process:
         engine = LLMEngine(config)
