@@ -98,10 +98,11 @@ def toy_llm():
 
 
 def start_server(loaded, names=("smollm2-135m",), api_keys=(), limits=None, state_kw=None,
-                 engine_process=False, **engine_kw):  # fmt: skip
+                 engine_process=False, replicas=1, router="prefix", **engine_kw):  # fmt: skip
     """A real HTTP server on 127.0.0.1 over its own engine: in a thread of this process
     (the weights are shared; srv.engine is the LLMEngine), or with engine_process in a core
-    process of its own, as `tokenworks serve` runs it (srv.engine is its EngineView)."""
+    process of its own, as `tokenworks serve` runs it (srv.engine is its EngineView), or
+    over `replicas` cores behind a router."""
     from tokenworks.config import EngineConfig
     from tokenworks.engine.engine import LLMEngine
     from tokenworks.serve.app import build_app
@@ -109,10 +110,13 @@ def start_server(loaded, names=("smollm2-135m",), api_keys=(), limits=None, stat
 
     kw = dict(dtype="float32", threads=2, max_num_seqs=8, kv_cache_memory=0.25) | engine_kw
     config = EngineConfig(model="smollm2-135m", **kw)
+    engine_process = engine_process or replicas > 1
     if engine_process:
         from tokenworks.engine.core_client import CoreClient
+        from tokenworks.engine.replicas import ReplicaRouter
 
-        engine = CoreClient(config, startup_timeout_s=300)
+        cores = [CoreClient(config, startup_timeout_s=300) for _ in range(replicas)]
+        engine = cores[0] if replicas == 1 else ReplicaRouter(cores, router)
         engine.start()
     else:
         engine = LLMEngine(config, loaded)
@@ -126,9 +130,13 @@ def start_server(loaded, names=("smollm2-135m",), api_keys=(), limits=None, stat
 def engine_idle(srv) -> bool:
     """Does the server's engine hold no request and no KV block (either kind of server)?"""
     front = srv.state.engine
-    if hasattr(front, "gauges"):  # a core process: as its last step reported
-        return front.gauges is not None and front.gauges.idle and not front._streams
-    return not srv.engine.requests and srv.engine.blocks.usage == 0
+    for core in getattr(front, "replicas", [front]):
+        if hasattr(core, "gauges"):  # a core process: as its last step reported
+            if core.gauges is None or not core.gauges.idle or core._streams:
+                return False
+        elif srv.engine.requests or srv.engine.blocks.usage:
+            return False
+    return True
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ engine failure fails only the requests it touched, and the server keeps serving.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import anthropic
@@ -196,6 +197,62 @@ def test_overload_gives_429_and_529_and_the_server_carries_on(server, request):
     wait_for(lambda: engine_idle(tiny_server))
     r = oai.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
     assert r.usage.completion_tokens == 3
+
+
+def test_two_replicas_refuse_when_both_are_full_cancel_and_label_their_metrics(smol_loaded):
+    """Behind a router, a request whose replica's queue is full goes to another, 429/529
+    come only once every replica's is, a client that leaves and a deadline free their
+    replica's blocks, and /metrics gives each replica's series its own engine label."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    srv = start_server(smol_loaded, api_keys=(KEY,), replicas=2, router="least_loaded",
+                       threads=1, max_num_seqs=1, max_waiting=1, warmup=False)  # fmt: skip
+    oai = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    claude = anthropic.Anthropic(base_url=srv.url, api_key=KEY, max_retries=0, timeout=120)
+    cores = srv.state.engine.replicas
+    body = {"model": MODEL, "prompt": "Go:", "stream": True, **LONG}
+    headers = {"x-api-key": KEY}
+    router = srv.state.engine
+    try:
+        with contextlib.ExitStack() as streams, httpx.Client(timeout=60) as http:
+            router.pick = lambda *_: 0  # a policy that always picks replica 0
+            for _ in range(4):  # two fill replica 0 (one running, one waiting), two overflow
+                streams.enter_context(
+                    http.stream("POST", srv.url + "/v1/completions", json=body, headers=headers)
+                )
+            del router.pick
+            assert router.routed == [2, 2]
+            wait_for(lambda: all(c.gauges and (c.gauges.running, c.gauges.waiting) == (1, 1)
+                                 for c in cores))  # fmt: skip
+            with pytest.raises(openai.RateLimitError) as e:
+                oai.completions.create(model=MODEL, prompt="x", max_tokens=2)
+            assert e.value.response.headers["retry-after"] == "1"
+            with pytest.raises(anthropic.APIStatusError) as e:
+                claude.messages.create(
+                    model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "x"}]
+                )
+            assert e.value.status_code == 529
+        wait_for(lambda: engine_idle(srv))  # the four left: both replicas free their blocks
+        with pytest.raises(openai.APIStatusError) as e:
+            oai.completions.create(
+                model=MODEL, prompt="Go:", extra_body={"deadline": 0.3, **LONG}, max_tokens=400
+            )
+        assert e.value.status_code == 504
+        wait_for(lambda: engine_idle(srv))
+        router.policy = "round_robin"
+        for _ in range(2):
+            r = oai.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0)
+            assert r.usage.completion_tokens == 3
+        text = httpx.get(srv.url + "/metrics", headers=headers).text
+    finally:
+        srv.stop()
+    tokens = {
+        s.labels["engine"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "tokenworks:generation_tokens_total"
+    }
+    assert tokens == {"0": 3, "1": 3}  # only finished requests count: one each
 
 
 def test_engine_failure_fails_its_requests_only(tiny_server):

@@ -22,6 +22,7 @@ from tokenworks.engine.async_engine import EngineFront
 from tokenworks.engine.core_client import CoreClient
 from tokenworks.engine.prefix_cache import prefix_hashes
 from tokenworks.engine.request import SamplingParams
+from tokenworks.engine.scheduler import QueueFullError
 
 POLICIES = ("prefix", "least_loaded", "round_robin")
 PREFIX_BLOCKS = 4  # the leading blocks a prompt is known by
@@ -67,9 +68,11 @@ class ReplicaRouter(EngineFront):
         return self.replicas[0].observer
 
     def configure(self, observer=None, max_backlog=None, max_stall_s=None) -> None:
-        """The server's metrics observer and stream limits, for every replica."""
-        for r in self.replicas:
-            r.configure(observer, max_backlog, max_stall_s)
+        """The server's stream limits for every replica, and its metrics observer: each
+        replica reports as its own engine (serve/metrics.py's for_engine) where it can."""
+        for i, r in enumerate(self.replicas):
+            own = observer.for_engine(i) if hasattr(observer, "for_engine") else observer
+            r.configure(own, max_backlog, max_stall_s)
 
     # ------------------------------------------------------------------ routing
 
@@ -112,14 +115,27 @@ class ReplicaRouter(EngineFront):
         cache_salt: str | None = None,
         deadline: float | None = None,
     ):
-        """As AsyncEngine.submit, on the replica the policy picks."""
-        i = self.pick(prompt_token_ids, params, cache_salt)
+        """As AsyncEngine.submit, on the replica the policy picks; where that one's queue
+        is full, on the others from the least loaded (QueueFullError once all are)."""
+        first = self.pick(prompt_token_ids, params, cache_salt)
         request_id = request_id or self.new_request_id()
-        self._load[request_id] = (i, len(prompt_token_ids) + params.max_tokens * params.n)
-        self.routed[i] += 1
-        return await self.replicas[i].submit(
-            params, prompt_token_ids, request_id, priority, cache_salt, deadline
-        )
+        loads = self.loads()
+        others = sorted((i for i in range(len(self.replicas)) if i != first), key=loads.__getitem__)
+        tokens = len(prompt_token_ids) + params.max_tokens * params.n
+        order = [first, *others]
+        for k, i in enumerate(order):
+            self._load[request_id] = (i, tokens)
+            try:
+                stream = await self.replicas[i].submit(
+                    params, prompt_token_ids, request_id, priority, cache_salt, deadline
+                )
+            except QueueFullError:
+                if k == len(order) - 1:
+                    raise
+                continue
+            self.routed[i] += 1
+            return stream
+        raise AssertionError("unreachable")
 
     def abort(self, request_id: str) -> None:
         for r in self.replicas:  # a replica that does not hold it ignores it

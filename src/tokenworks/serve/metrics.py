@@ -1,9 +1,10 @@
 """Prometheus metrics for /metrics, named the way vLLM names its own (`vllm:` -> `tokenworks:`),
 so dashboards and the benchmark harness built for vLLM read them unchanged.
 
-ServerMetrics is the AsyncEngine's observer: it hears every step (gauges, token and cache
+ServerMetrics is the engine front's observer: it hears every step (gauges, token and cache
 counters) and every finished request (latency histograms, finish reasons), in the engine
-thread; prometheus_client is thread-safe. Each app has its own registry.
+thread or a core process's reader thread; prometheus_client is thread-safe. Each app has
+its own registry, and every series is labelled by engine (replica).
 """
 
 from __future__ import annotations
@@ -16,57 +17,63 @@ _PER_TOKEN = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.
 
 
 class ServerMetrics:
+    """The server's metric families, one series per engine (label `engine`: "0", or each
+    replica's index behind a router, as vLLM labels its data-parallel engines). Its hooks
+    are engine 0's; for_engine(i) is the observer of replica i."""
+
     def __init__(self, model_name: str):
         self.registry = r = CollectorRegistry()
-        labels = ["model_name"]
-        self._labels = {"model_name": model_name}
+        self.model_name = model_name
+        labels = ["model_name", "engine"]
 
         def hist(name, doc, buckets):
-            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(**self._labels)
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
 
         def gauge(name, doc):
-            return Gauge(name, doc, labels, registry=r).labels(**self._labels)
+            return Gauge(name, doc, labels, registry=r)
 
-        def counter(name, doc):
-            return Counter(name, doc, labels, registry=r).labels(**self._labels)
+        def counter(name, doc, extra=()):
+            return Counter(name, doc, [*labels, *extra], registry=r)
 
-        self.ttft = hist(
-            "tokenworks:time_to_first_token_seconds", "Arrival to first token.", _LATENCY
-        )
-        self.itl = hist(
-            "tokenworks:inter_token_latency_seconds", "Time between streamed tokens.", _PER_TOKEN
-        )
-        self.tpot = hist(
-            "tokenworks:request_time_per_output_token_seconds",
-            "Mean time per output token after the first, per request.",
-            _PER_TOKEN,
-        )
-        self.e2e = hist(
-            "tokenworks:e2e_request_latency_seconds", "Arrival to last token.", _LATENCY
-        )
-        self.queue = hist(
-            "tokenworks:request_queue_time_seconds", "Arrival to first scheduled.", _LATENCY
-        )
-        self.running = gauge("tokenworks:num_requests_running", "Sequences in the running set.")
-        self.waiting = gauge("tokenworks:num_requests_waiting", "Sequences waiting to run.")
-        self.kv_usage = gauge(
-            "tokenworks:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full)."
-        )
-        self.prompt_tokens = counter(
-            "tokenworks:prompt_tokens", "Prompt tokens of finished requests."
-        )
-        self.generation_tokens = counter(
-            "tokenworks:generation_tokens", "Generated tokens of finished requests."
-        )
-        self.prefix_queries = counter(
-            "tokenworks:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
-        )
-        self.prefix_hits = counter(
-            "tokenworks:prefix_cache_hits", "Prompt tokens found in the prefix cache."
-        )
-        self.preemptions = counter("tokenworks:num_preemptions", "Sequences preempted.")
-        # speculative decoding (vLLM's spec_decode names), with the time each side took
-        self._spec = {
+        self.families = {
+            "ttft": hist(
+                "tokenworks:time_to_first_token_seconds", "Arrival to first token.", _LATENCY
+            ),
+            "itl": hist(
+                "tokenworks:inter_token_latency_seconds",
+                "Time between streamed tokens.",
+                _PER_TOKEN,
+            ),
+            "tpot": hist(
+                "tokenworks:request_time_per_output_token_seconds",
+                "Mean time per output token after the first, per request.",
+                _PER_TOKEN,
+            ),
+            "e2e": hist(
+                "tokenworks:e2e_request_latency_seconds", "Arrival to last token.", _LATENCY
+            ),
+            "queue": hist(
+                "tokenworks:request_queue_time_seconds", "Arrival to first scheduled.", _LATENCY
+            ),
+            "running": gauge("tokenworks:num_requests_running", "Sequences in the running set."),
+            "waiting": gauge("tokenworks:num_requests_waiting", "Sequences waiting to run."),
+            "kv_usage": gauge(
+                "tokenworks:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full)."
+            ),
+            "prompt_tokens": counter(
+                "tokenworks:prompt_tokens", "Prompt tokens of finished requests."
+            ),
+            "generation_tokens": counter(
+                "tokenworks:generation_tokens", "Generated tokens of finished requests."
+            ),
+            "prefix_queries": counter(
+                "tokenworks:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+            ),
+            "prefix_hits": counter(
+                "tokenworks:prefix_cache_hits", "Prompt tokens found in the prefix cache."
+            ),
+            "preemptions": counter("tokenworks:num_preemptions", "Sequences preempted."),
+            # speculative decoding (vLLM's spec_decode names), with the time each side took
             "num_drafts": counter(
                 "tokenworks:spec_decode_num_drafts", "Proposals verified (one per sequence-step)."
             ),
@@ -87,45 +94,83 @@ class ServerMetrics:
                 "tokenworks:spec_decode_verify_seconds",
                 "Seconds of steps that verified proposals, less their proposing.",
             ),
+            "per_pos": counter(
+                "tokenworks:spec_decode_num_accepted_tokens_per_pos",
+                "Accepted proposals by their position in the proposal.",
+                ["position"],
+            ),
+            "finished": counter(
+                "tokenworks:request_success",
+                "Finished requests by finish reason.",
+                ["finished_reason"],
+            ),
         }
-        self._per_pos = Counter(
-            "tokenworks:spec_decode_num_accepted_tokens_per_pos",
-            "Accepted proposals by their position in the proposal.",
-            ["model_name", "position"],
-            registry=r,
-        )
-        self._spec_seen: dict = {}
-        self._finished = Counter(
-            "tokenworks:request_success",
-            "Finished requests by finish reason.",
-            ["model_name", "finished_reason"],
-            registry=r,
-        )
-        self._queried = self._hits = 0
+        self._engines: dict[int, EngineMetrics] = {}
+        self._first = self.for_engine(0)
 
-    # ------------------------------------------------------------------ observer hooks
+    def for_engine(self, index: int) -> EngineMetrics:
+        """The observer whose series carry engine=index."""
+        if index not in self._engines:
+            self._engines[index] = EngineMetrics(self, index)
+        return self._engines[index]
+
+    # engine 0's hooks: a server with one engine hands this object to it as its observer
+    def on_state(self, gauges) -> None:
+        self._first.on_state(gauges)
+
+    def on_step(self, preemptions: int, gauges) -> None:
+        self._first.on_step(preemptions, gauges)
+
+    def on_inter_token(self, seconds: float) -> None:
+        self._first.on_inter_token(seconds)
+
+    def on_request_finished(self, m) -> None:
+        self._first.on_request_finished(m)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+_SPEC = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_emitted_tokens",
+         "draft_seconds", "verify_seconds")  # fmt: skip
+_LABELLED = ("per_pos", "finished")  # families with a label of their own beyond the engine
+
+
+class EngineMetrics:
+    """One engine's series of the server's families, and what it last reported of its
+    running counts (they arrive as totals and are counted as deltas)."""
+
+    def __init__(self, server: ServerMetrics, index: int):
+        self._labels = {"model_name": server.model_name, "engine": str(index)}
+        f = server.families
+        self.series = {k: v.labels(**self._labels) for k, v in f.items() if k not in _LABELLED}
+        self._per_pos, self._finished = f["per_pos"], f["finished"]
+        self._spec_seen: dict = {}
+        self._queried = self._hits = 0
 
     def on_state(self, gauges) -> None:
         """The engine as it is now (EngineGauges: after a step, or after requests left)."""
-        self.running.set(gauges.running)
-        self.waiting.set(gauges.waiting)
-        self.kv_usage.set(gauges.kv_usage)
+        s = self.series
+        s["running"].set(gauges.running)
+        s["waiting"].set(gauges.waiting)
+        s["kv_usage"].set(gauges.kv_usage)
 
     def on_step(self, preemptions: int, gauges) -> None:
         self.on_state(gauges)
-        self.preemptions.inc(preemptions)
+        s = self.series
+        s["preemptions"].inc(preemptions)
         if gauges.prefix_queried is not None:  # the cache's own running counts, as deltas
-            self.prefix_queries.inc(max(0, gauges.prefix_queried - self._queried))
-            self.prefix_hits.inc(max(0, gauges.prefix_hits - self._hits))
+            s["prefix_queries"].inc(max(0, gauges.prefix_queried - self._queried))
+            s["prefix_hits"].inc(max(0, gauges.prefix_hits - self._hits))
             self._queried, self._hits = gauges.prefix_queried, gauges.prefix_hits
         if gauges.speculation is not None:
             self._count_speculation(gauges.speculation)
 
     def _count_speculation(self, m) -> None:
         """The speculator's running totals, as deltas since the last step."""
-        for name, c in self._spec.items():
+        for name in _SPEC:
             value = getattr(m, name)
-            c.inc(max(0, value - self._spec_seen.get(name, 0)))
+            self.series[name].inc(max(0, value - self._spec_seen.get(name, 0)))
             self._spec_seen[name] = value
         for pos, value in enumerate(m.accepted_per_pos):
             key = ("pos", pos)
@@ -135,20 +180,18 @@ class ServerMetrics:
             self._spec_seen[key] = value
 
     def on_inter_token(self, seconds: float) -> None:
-        self.itl.observe(seconds)
+        self.series["itl"].observe(seconds)
 
     def on_request_finished(self, m) -> None:
-        self.prompt_tokens.inc(m.prompt_tokens)
-        self.generation_tokens.inc(m.generation_tokens)
-        self.e2e.observe(m.e2e)
+        s = self.series
+        s["prompt_tokens"].inc(m.prompt_tokens)
+        s["generation_tokens"].inc(m.generation_tokens)
+        s["e2e"].observe(m.e2e)
         if m.ttft is not None:
-            self.ttft.observe(m.ttft)
+            s["ttft"].observe(m.ttft)
         if m.queue_time is not None:
-            self.queue.observe(m.queue_time)
+            s["queue"].observe(m.queue_time)
         if m.tpot is not None:
-            self.tpot.observe(m.tpot)
+            s["tpot"].observe(m.tpot)
         for reason in m.finish_reasons:
             self._finished.labels(finished_reason=reason, **self._labels).inc()
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
