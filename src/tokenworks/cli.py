@@ -382,6 +382,14 @@ def build_parser() -> argparse.ArgumentParser:
         "behind this one server",
     )
     p.add_argument(
+        "--distributed-executor-backend",
+        default="mp",
+        choices=["mp", "ray"],
+        help="where engine cores run: mp, local processes; ray, Ray actors placed on the "
+        "cluster RAY_ADDRESS names (or a local one), each taking --threads CPUs (needs "
+        "pip install 'tokenworks[ray]')",
+    )
+    p.add_argument(
         "--router",
         default="prefix",
         choices=["prefix", "least_loaded", "round_robin"],

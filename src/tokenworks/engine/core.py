@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -163,27 +164,34 @@ class EngineCore:
         self.send(out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="an engine core process (started by the server)")
-    p.add_argument("--config", required=True, help="the EngineConfig as JSON")
-    p.add_argument("--commands", required=True, help="ZeroMQ address to take commands from")
-    p.add_argument("--outputs", required=True, help="ZeroMQ address to send outputs to")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s[core]: %(message)s")
-    config = msgspec.json.decode(args.config, type=EngineConfig)
+def serve_core(config: EngineConfig, commands_address: str, outputs_address: str) -> None:
+    """Load the engine, connect to the API process's two sockets and run until shut down
+    (or until that process is gone). A core process's main, and a Ray actor's run."""
     # the API process detokenises (engine/detokenizer.py): this process only steps
     config = dataclasses.replace(config, detokenize=False)
     context = zmq.Context()
     commands = context.socket(zmq.PULL)
-    commands.connect(args.commands)
+    commands.connect(commands_address)
     outputs = context.socket(zmq.PUSH)
-    outputs.connect(args.outputs)
+    outputs.connect(outputs_address)
     try:
         EngineCore(LLMEngine(config), commands, outputs).run()
     finally:
         outputs.close(linger=1000)
         commands.close(linger=0)
         context.term()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="an engine core process (started by the server)")
+    p.add_argument("--config", required=True, help="the EngineConfig as JSON")
+    p.add_argument("--commands", required=True, help="ZeroMQ address to take commands from")
+    p.add_argument("--outputs", required=True, help="ZeroMQ address to send outputs to")
+    args = p.parse_args(argv)
+    # Ctrl-C reaches the terminal's whole process group: the server stops this core itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s[core]: %(message)s")
+    serve_core(msgspec.json.decode(args.config, type=EngineConfig), args.commands, args.outputs)
     return 0
 
 

@@ -1,7 +1,8 @@
 """CoreClient: AsyncEngine's interface over an engine core in its own process (engine/core.py).
 
 start() binds two ZeroMQ sockets on private ipc paths, starts `python -m
-tokenworks.engine.core` and waits for its Ready; `engine` then holds what the API process
+tokenworks.engine.core` (or, with backend="ray", binds them on TCP and starts the core in a
+Ray actor: engine/ray_cores.py) and waits for its Ready; `engine` then holds what the API process
 needs of the model (EngineView: tokenizer, context, admission). submit() sends a request
 and returns its stream once the core accepted it (or raises what the core's add_request
 raised); abort() cancels one. A thread reads the core's outputs and hands each update to
@@ -46,6 +47,7 @@ from tokenworks.tokenizer import TokenizerWrapper
 log = logging.getLogger("tokenworks.engine")
 
 POLL_MS = 100  # how often the reader looks at the core process between outputs
+BACKENDS = ("mp", "ray")  # where cores run: local processes, or Ray actors
 
 # what the core's add_request may raise, raised again here by name
 REFUSALS = {
@@ -100,7 +102,11 @@ class CoreClient(EngineFront):
         max_stall_s: float | None = None,
         restart: bool = False,  # start a new core when one dies
         on_death=None,  # called (in the reader thread) with why, when a core died for good
+        backend: str = "mp",  # mp: a child process; ray: a Ray actor (engine/ray_cores.py)
     ):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+        self.backend = backend
         self.config = config
         self.startup_timeout_s = startup_timeout_s
         self.observer = observer
@@ -110,7 +116,7 @@ class CoreClient(EngineFront):
         self.gauges = None  # the core's EngineGauges as of its last step
         self.ready: m.Ready | None = None
         self.engine: EngineView | None = None  # after start()
-        self.process: subprocess.Popen | None = None
+        self.process = None  # a subprocess.Popen, or a ray_cores.RayCore
         self.died: str | None = None  # why the core is gone, once it is
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()  # the commands socket and _streams
@@ -122,18 +128,29 @@ class CoreClient(EngineFront):
     def start(self) -> None:
         if self.process is not None:
             return
-        self._dir = tempfile.TemporaryDirectory(prefix="tokenworks-core-")
         self._context = zmq.Context()
         self._commands = self._context.socket(zmq.PUSH)
         self._outputs = self._context.socket(zmq.PULL)
-        commands = f"ipc://{self._dir.name}/commands"
-        outputs = f"ipc://{self._dir.name}/outputs"
-        self._commands.bind(commands)
-        self._outputs.bind(outputs)
-        config = msgspec.json.encode(self.config).decode()
-        argv = [sys.executable, "-m", "tokenworks.engine.core", "--commands", commands,
-                "--outputs", outputs, "--config", config]  # fmt: skip
-        self.process = subprocess.Popen(argv)
+        self._dir = None
+        if self.backend == "ray":  # over TCP: the actor may run on another node
+            from tokenworks.engine import ray_cores
+
+            host = ray_cores.connect()
+            self._commands.bind(f"tcp://{host}:*")
+            self._outputs.bind(f"tcp://{host}:*")
+        else:  # on private ipc paths
+            self._dir = tempfile.TemporaryDirectory(prefix="tokenworks-core-")
+            self._commands.bind(f"ipc://{self._dir.name}/commands")
+            self._outputs.bind(f"ipc://{self._dir.name}/outputs")
+        commands = self._commands.getsockopt_string(zmq.LAST_ENDPOINT)
+        outputs = self._outputs.getsockopt_string(zmq.LAST_ENDPOINT)
+        if self.backend == "ray":
+            self.process = ray_cores.RayCore(self.config, commands, outputs)
+        else:
+            config = msgspec.json.encode(self.config).decode()
+            argv = [sys.executable, "-m", "tokenworks.engine.core", "--commands", commands,
+                    "--outputs", outputs, "--config", config]  # fmt: skip
+            self.process = subprocess.Popen(argv)
         self.ready = self._wait_ready()
         log.info("engine core %d: %s", self.ready.pid, self.ready.describe)
         if self.engine is None:  # (a restarted core serves the same model)
@@ -184,7 +201,8 @@ class CoreClient(EngineFront):
         self._commands.close(linger=0)
         self._outputs.close(linger=0)
         self._context.term()
-        self._dir.cleanup()
+        if self._dir is not None:
+            self._dir.cleanup()
 
     @property
     def is_running(self) -> bool:

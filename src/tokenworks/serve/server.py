@@ -60,10 +60,11 @@ def run_server(args, engine_kwargs: dict) -> int:
     if replicas < 1:
         raise SystemExit(f"--data-parallel-size {replicas}: give 1 or more")
     in_process = not args.engine_process
-    if in_process and (args.restart_engine or replicas > 1):
+    backend = args.distributed_executor_backend
+    if in_process and (args.restart_engine or replicas > 1 or backend != "mp"):
         raise SystemExit(
-            "--restart-engine and --data-parallel-size run engine cores in processes of their "
-            "own: leave out --no-engine-process"
+            "--restart-engine, --data-parallel-size and --distributed-executor-backend run "
+            "engine cores of their own: leave out --no-engine-process"
         )
     server: uvicorn.Server | None = None
     if in_process:
@@ -77,10 +78,15 @@ def run_server(args, engine_kwargs: dict) -> int:
             if server is not None:
                 server.should_exit = True
 
-        cores = [CoreClient(config, restart=args.restart_engine, on_death=stop)
+        from tokenworks.engine.ray_cores import RayNotInstalledError
+
+        cores = [CoreClient(config, restart=args.restart_engine, on_death=stop, backend=backend)
                  for _ in range(replicas)]  # fmt: skip
         engine = cores[0] if replicas == 1 else ReplicaRouter(cores, args.router)
-        engine.start()
+        try:
+            engine.start()
+        except RayNotInstalledError as e:
+            raise SystemExit(str(e)) from None
     names = [args.model, *args.served_model_name]
     state = make_state(
         engine,

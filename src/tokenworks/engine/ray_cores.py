@@ -1,0 +1,114 @@
+"""Engine cores as Ray actors: `--distributed-executor-backend ray` (vLLM's name for it).
+
+Each replica's core runs engine/core.py's serve_core inside a Ray actor, which Ray places
+on any node of the cluster with `threads` CPUs free; it connects back to the API process's
+two ZeroMQ sockets over TCP, and everything else (messages, routing, detokenising, death
+detection) is what a core process does. RayCore has the part of subprocess.Popen's
+interface CoreClient uses, so the client does not care where its core runs.
+
+The cluster is the one RAY_ADDRESS names, or else a local one started here. On a one-node
+cluster the sockets listen on 127.0.0.1; on several nodes they listen on this node's
+address, without authentication, so keep the cluster's network private.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+
+import msgspec
+
+log = logging.getLogger("tokenworks.engine")
+
+_actor_class = None
+
+
+class RayNotInstalledError(RuntimeError):
+    """--distributed-executor-backend ray without Ray installed."""
+
+
+def require_ray():
+    try:
+        import ray
+    except ImportError:
+        raise RayNotInstalledError(
+            "--distributed-executor-backend ray needs Ray: pip install 'tokenworks[ray]' "
+            "(or pip install ray), or leave the option out to run engine cores as local "
+            "processes"
+        ) from None
+    return ray
+
+
+def connect() -> str:
+    """Join (or start) the Ray cluster; the address the cores' sockets listen on."""
+    ray = require_ray()
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) <= 1:
+        return "127.0.0.1"
+    here = ray.util.get_node_ip_address()
+    log.warning(
+        "engine cores on %d Ray nodes: their sockets listen on %s without authentication",
+        len(nodes),
+        here,
+    )
+    return here
+
+
+def _actor():
+    global _actor_class
+    if _actor_class is None:
+        ray = require_ray()
+
+        class CoreActor:
+            def run(self, config_json: str, commands: str, outputs: str) -> int:
+                import logging
+
+                import msgspec
+
+                from tokenworks.config import EngineConfig
+                from tokenworks.engine.core import serve_core
+
+                logging.basicConfig(
+                    level=logging.INFO, format="%(levelname)s %(name)s[ray core]: %(message)s"
+                )
+                config = msgspec.json.decode(config_json, type=EngineConfig)
+                serve_core(config, commands, outputs)
+                return 0
+
+        _actor_class = ray.remote(CoreActor)
+    return _actor_class
+
+
+class RayCore:
+    """A core in a Ray actor, seen as a process: poll(), wait(), kill()."""
+
+    def __init__(self, config, commands: str, outputs: str):
+        ray = require_ray()
+        self._ray = ray
+        self.actor = _actor().options(num_cpus=config.threads or 1).remote()
+        # the config travels as JSON, as to a core process: Ray pickles arguments
+        self.done = self.actor.run.remote(msgspec.json.encode(config).decode(), commands, outputs)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            ready, _ = self._ray.wait([self.done], timeout=0)
+            if ready:
+                try:
+                    self.returncode = self._ray.get(self.done)
+                except Exception as e:  # the actor died (killed, out of memory, a crash)
+                    log.error("the engine core's Ray actor died: %s", e)
+                    self.returncode = -9
+                self.kill()  # its CPUs go back to the cluster
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        ready, _ = self._ray.wait([self.done], timeout=timeout)
+        if not ready:
+            raise subprocess.TimeoutExpired("ray core", timeout)
+        return self.poll()
+
+    def kill(self) -> None:
+        self._ray.kill(self.actor)

@@ -1,0 +1,82 @@
+"""Engine cores as Ray actors (engine/ray_cores.py) on a local Ray cluster: two replicas
+behind one router give a single engine's tokens, an actor that dies fails its requests
+at once, and without Ray the option says how to install it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+import pytest
+
+from tokenworks import LLM
+from tokenworks.config import EngineConfig
+from tokenworks.engine.async_engine import RequestFailedError
+from tokenworks.engine.core_client import CoreClient
+from tokenworks.engine.ray_cores import RayNotInstalledError
+from tokenworks.engine.replicas import ReplicaRouter
+from tokenworks.engine.request import SamplingParams
+
+CONFIG = EngineConfig(model="toy", warmup=False, max_num_seqs=8, threads=1)
+PROMPTS = [[5, 6, 7], [9] * 20, list(range(3, 40)), [40, 41] * 9]
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+
+
+def test_without_ray_the_backend_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now fails
+    with pytest.raises(RayNotInstalledError, match="pip install"):
+        CoreClient(CONFIG, backend="ray").start()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+async def _collect(front, prompt, params=GREEDY):
+    tokens = []
+    async for update in front.generate(params, prompt):
+        tokens += update.deltas[0].token_ids
+    return tokens
+
+
+def test_two_ray_replicas_give_one_engines_tokens_and_a_dead_actor_fails_fast(ray_cluster):
+    router = ReplicaRouter(
+        [CoreClient(CONFIG, startup_timeout_s=180, backend="ray") for _ in range(2)],
+        "round_robin",
+    )
+    router.start()
+    try:
+        llm = LLM("toy", warmup=False, max_num_seqs=8)
+        expected = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+        async def together():
+            return await asyncio.gather(*(_collect(router, p) for p in PROMPTS))
+
+        assert asyncio.run(together()) == expected
+        assert router.routed == [2, 2]
+        pids = {r.ready.pid for r in router.replicas}
+        assert len(pids) == 2 and os.getpid() not in pids  # each in an actor of its own
+
+        doomed = router.replicas[0]
+
+        async def killed():
+            long = SamplingParams(max_tokens=100_000, temperature=0, ignore_eos=True)
+            stream = await doomed.submit(long, PROMPTS[0])
+            await stream.__anext__()
+            ray_cluster.kill(doomed.process.actor)
+            t0 = time.monotonic()
+            with pytest.raises(RequestFailedError):
+                async for _ in stream:
+                    pass
+            return time.monotonic() - t0
+
+        assert asyncio.run(killed()) < 2.0
+        assert not doomed.is_running and router.replicas[1].is_running
+    finally:
+        router.shutdown()
