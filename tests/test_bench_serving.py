@@ -230,6 +230,12 @@ def test_a_serving_record_holds_what_design_names(smol_server, tmp_path):
     for run in runs:
         assert run["figures"]["completed"] == 4 and "goodput" in run["figures"]
         assert len(run["requests"]) == 4 and run["requests"][0]["chunk_times"]
+        # our server's own time per request outside the engine (the prompts are token ids)
+        api = run["api_process_s"]
+        assert {"parse", "detokenize", "respond"} <= set(api)
+        assert 0 < api["total"] < 1 and api["total"] == pytest.approx(
+            sum(v for k, v in api.items() if k != "total")
+        )
     table = summary_table(record)
     assert table.count("\n") == 3 and '{"rate": 50.0}' in table
 

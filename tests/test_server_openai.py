@@ -177,7 +177,8 @@ def test_metrics_parse_and_move(smol_server, client):
         samples = {}
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                key = s.name + ("{" + s.labels.get("finished_reason", "") + "}")
+                label = s.labels.get("finished_reason", s.labels.get("phase", ""))
+                key = s.name + "{" + label + "}"
                 samples[key] = samples.get(key, 0) + s.value
         return samples
 
@@ -206,5 +207,9 @@ def test_metrics_parse_and_move(smol_server, client):
         assert name in after
     assert after["tokenworks:time_to_first_token_seconds_count{}"] > 0
     assert after["tokenworks:prefix_cache_hits_total{}"] > 0  # HELLO's prompt came again
+    for phase in ("parse", "template", "tokenize", "detokenize", "respond"):
+        assert after[f"tokenworks:api_process_seconds_count{{{phase}}}"] == (
+            before.get(f"tokenworks:api_process_seconds_count{{{phase}}}", 0) + 1
+        )
     assert after["tokenworks:num_requests_running{}"] == 0
     assert after["tokenworks:kv_cache_usage_perc{}"] == 0

@@ -10,6 +10,7 @@ request rate or concurrency given runs the same manifest once, in order (a sweep
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +34,47 @@ def unreachable(base_url: str, api_key: str | None) -> str | None:
     if r.status_code != 200:
         return f"{base_url}/v1/models answered HTTP {r.status_code}"
     return None
+
+
+def api_process_totals(base_url: str, api_key: str | None) -> dict | None:
+    """A tokenworks server's running sums and counts of tokenworks:api_process_seconds by
+    phase (serve/api_times.py); None from another engine's server, or an unreadable one."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    try:
+        text = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers, timeout=10).text
+        families = list(text_string_to_metric_families(text))
+    except (httpx.HTTPError, ValueError):
+        return None
+    out: dict[str, list[float]] = {}
+    for family in families:
+        if family.name != "tokenworks:api_process_seconds":
+            continue
+        for sample in family.samples:
+            totals = out.setdefault(sample.labels.get("phase", "?"), [0.0, 0.0])
+            if sample.name.endswith("_sum"):
+                totals[0] += sample.value
+            elif sample.name.endswith("_count"):
+                totals[1] += sample.value
+    return out or None
+
+
+def api_process_means(before: dict | None, after: dict | None) -> dict | None:
+    """Mean seconds per request in each phase of the API process between two totals, and
+    their sum ("total")."""
+    if not after:
+        return None
+    before = before or {}
+    means = {}
+    for phase, (total, count) in after.items():
+        was_total, was_count = before.get(phase, (0.0, 0.0))
+        if count > was_count:
+            means[phase] = (total - was_total) / (count - was_count)
+    if means:
+        means["total"] = sum(means.values())
+    return means or None
 
 
 def default_manifest(args) -> dict:
@@ -62,9 +104,10 @@ def step_summary(stats) -> dict:
     }
 
 
-def run_points(load, points, args, engine=None, warm_up=None) -> list:
+def run_points(load, points, args, engine=None, warm_up=None, probe=None) -> list:
     """One load run per sweep point ({"rate": r} or {"max_concurrency": c}); load(point)
-    returns (results, duration). warm_up() runs first, untimed."""
+    returns (results, duration). warm_up() runs first, untimed; probe(), where given, reads
+    the server's API-process totals before and after each point (api_process_totals)."""
     if warm_up is not None:
         warm_up()
     out = []
@@ -76,9 +119,13 @@ def run_points(load, points, args, engine=None, warm_up=None) -> list:
     for point in points:
         if engine is not None:
             engine.stats.clear()
+        before = probe() if probe is not None else None
         results, duration = load(point)
         figures = compute(results, duration, slos or None)
         entry = {"point": point, "figures": figures, "requests": [r.__dict__ for r in results]}
+        api = api_process_means(before, probe()) if probe is not None else None
+        if api:  # the server's own seconds per request outside the engine, by phase
+            entry["api_process_s"] = api
         if engine is not None:
             entry["engine_steps"] = step_summary(list(engine.stats))
         out.append(entry)
@@ -223,7 +270,8 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
         warm = http_warm_up(
             args.base_url, args.served_model, requests_for, args, points[0]["seed"], args.api_key
         )
-        runs = run_points(load, points, args, warm_up=warm)
+        probe = functools.partial(api_process_totals, args.base_url, args.api_key)
+        runs = run_points(load, points, args, warm_up=warm, probe=probe)
         model_info = {"id": args.served_model}
     else:
         from tokenworks import LLM
@@ -246,7 +294,8 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
             with ServerThread(build_app(state)) as srv:
                 load = http_load(srv.url, args.model, requests_for, args)
                 warm = http_warm_up(srv.url, args.model, requests_for, args, points[0]["seed"])
-                runs = run_points(load, points, args, engine=engine, warm_up=warm)
+                probe = functools.partial(api_process_totals, srv.url, None)
+                runs = run_points(load, points, args, engine=engine, warm_up=warm, probe=probe)
         engine_info = {
             **llm.config.to_dict(),
             "client": "in-process" if getattr(args, "in_process", False) else "http",

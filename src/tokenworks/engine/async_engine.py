@@ -494,6 +494,13 @@ class RequestStream:
         self.done = item.finished
         return item
 
+    @property
+    def detokenize_s(self) -> float | None:
+        """Seconds spent turning its tokens into text in this process (over a core
+        process; None where the engine detokenises)."""
+        text = self._stream.text
+        return text.seconds if text is not None else None
+
     async def aclose(self) -> None:
         if not self.done:
             self.done = True

@@ -12,6 +12,7 @@ past it are dropped, and `stops` tells the caller which completions the core mus
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from tokenworks.engine.async_engine import CompletionDelta, RequestUpdate
@@ -36,10 +37,18 @@ class RequestText:
         self.outputs: dict[int, SequenceOutput] = {}
         self.kept: dict[int, int] = {}  # tokens of each completion handed out
         self.done: set[int] = set()  # completions finished, here or in the core
+        self.seconds = 0.0  # spent in apply()
 
     def apply(self, update: RequestUpdate) -> tuple[RequestUpdate | None, list[StopAt]]:
         """The update with its text (None where nothing in it is news), and the
         completions a stop string ended in it."""
+        t0 = time.perf_counter()
+        try:
+            return self._apply(update)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _apply(self, update: RequestUpdate) -> tuple[RequestUpdate | None, list[StopAt]]:
         deltas, stops = [], []
         for d in update.deltas:
             if d.index in self.done:  # a stop string ended it: the core ran on a little

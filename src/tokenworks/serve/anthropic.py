@@ -14,7 +14,7 @@ import secrets
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from tokenworks.serve import structured, tools
+from tokenworks.serve import api_times, structured, tools
 from tokenworks.serve.common import (
     ServerState,
     abort_on_disconnect,
@@ -22,6 +22,7 @@ from tokenworks.serve.common import (
     collect,
     merged_text,
     render_chat,
+    respond,
     sampling_params,
     sse,
     stream_error,
@@ -123,6 +124,7 @@ def _stop_reason(finish: str | None, stop_reason, has_calls: bool) -> tuple[str,
 
 @router.post("/v1/messages")
 async def messages(body: AnthropicMessagesRequest, request: Request):
+    api_times.handler_entered()
     state: ServerState = request.app.state.tokenworks
     state.check_model(body.model)
     state.limits.check_stop(list(body.stop_sequences or []), "stop_sequences")
@@ -137,7 +139,7 @@ async def messages(body: AnthropicMessagesRequest, request: Request):
         "tool_choice any or tool cannot be combined with an output format",
     )
     prompt = render_chat(state, to_chat_messages(body), offered)
-    prompt_ids = state.tokenizer.encode(prompt)
+    prompt_ids = state.encode(prompt)
     max_tokens = clamp_max_tokens(state, body.max_tokens, len(prompt_ids))
     params = sampling_params(
         {"stop": "stop_sequences"},
@@ -192,21 +194,23 @@ async def messages(body: AnthropicMessagesRequest, request: Request):
         content.append({"type": "text", "text": out["text"]})
     stop_reason, stop_sequence = _stop_reason(out["finish_reason"], out["stop_reason"], has_calls)
     last = got[-1]
-    return {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "model": body.model,
-        "content": content,
-        "stop_reason": stop_reason,
-        "stop_sequence": stop_sequence,
-        "usage": {
-            "input_tokens": last.prompt_tokens,
-            "output_tokens": len(out["token_ids"]),
-            "cache_read_input_tokens": last.cached_tokens,
-            "cache_creation_input_tokens": 0,
-        },
-    }
+    return respond(
+        {
+            "id": message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": body.model,
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": {
+                "input_tokens": last.prompt_tokens,
+                "output_tokens": len(out["token_ids"]),
+                "cache_read_input_tokens": last.cached_tokens,
+                "cache_creation_input_tokens": 0,
+            },
+        }
+    )
 
 
 async def _stream(state, request, body, updates, rid, message_id, parse):

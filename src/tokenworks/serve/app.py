@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tokenworks.serve import anthropic, openai
+from tokenworks.serve.api_times import APITimesMiddleware
 from tokenworks.serve.common import ServerState, render_chat
 from tokenworks.serve.errors import APIError, is_anthropic_path
 from tokenworks.serve.guards import BodyLimit, CatchAll, KeyGuard
@@ -100,6 +101,7 @@ def build_app(state: ServerState) -> FastAPI:
         open_paths = ("/health",) if state.metrics_require_key else ("/health", "/metrics")
         app.add_middleware(KeyGuard, keys=state.api_keys, open_paths=open_paths)
     app.add_middleware(CatchAll)
+    app.add_middleware(APITimesMiddleware, report=state.metrics.on_api_times)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
 

@@ -22,6 +22,7 @@ from tokenworks.engine.async_engine import (
 )
 from tokenworks.engine.request import SamplingError, SamplingParams
 from tokenworks.engine.scheduler import QueueFullError
+from tokenworks.serve import api_times
 from tokenworks.serve.errors import APIError, bad_request
 from tokenworks.serve.limits import ServerLimits
 from tokenworks.serve.metrics import ServerMetrics
@@ -49,6 +50,11 @@ class ServerState:
     @property
     def tokenizer(self):
         return self.engine.engine.tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        """A prompt's tokens (timed as the request's tokenize phase)."""
+        with api_times.timing("tokenize"):
+            return self.tokenizer.encode(text)
 
     @property
     def max_model_len(self) -> int:
@@ -120,11 +126,12 @@ def render_chat(state: ServerState, messages: list[dict], tools: list[Tool], **k
     if tokenizer.chat is None:
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
     state.limits.check_messages(messages)
-    prepared, extra = prepare_messages(messages, tools, tokenizer.chat.source)
-    try:
-        return tokenizer.apply_chat_template(prepared, **extra, **kwargs)
-    except ChatTemplateError as e:
-        raise bad_request(str(e), "messages") from e
+    with api_times.timing("template"):
+        prepared, extra = prepare_messages(messages, tools, tokenizer.chat.source)
+        try:
+            return tokenizer.apply_chat_template(prepared, **extra, **kwargs)
+        except ChatTemplateError as e:
+            raise bad_request(str(e), "messages") from e
 
 
 async def submit(
@@ -136,7 +143,9 @@ async def submit(
 ):
     """Queue a request; refusals become HTTP errors (400 bad input, 429/529 when full)."""
     try:
-        return await state.engine.submit(params, prompt_ids, **kw)
+        stream = await state.engine.submit(params, prompt_ids, **kw)
+        api_times.owns(stream)
+        return stream
     except QueueFullError as e:
         status = 529 if anthropic else 429
         raise APIError(status, str(e), code="queue_full", retry_after=state.retry_after_s) from e
@@ -187,9 +196,18 @@ async def collect(request: Request, updates) -> list[RequestUpdate]:
 
 
 def sse(data: dict | str, event: str | None = None) -> str:
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    head = f"event: {event}\n" if event else ""
-    return f"{head}data: {payload}\n\n"
+    with api_times.timing("respond"):
+        payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+        head = f"event: {event}\n" if event else ""
+        return f"{head}data: {payload}\n\n"
+
+
+def respond(body: dict):
+    """A whole JSON response (timed as the request's respond phase)."""
+    from fastapi.responses import JSONResponse
+
+    with api_times.timing("respond"):
+        return JSONResponse(body)
 
 
 def merged_text(updates: list[RequestUpdate], n: int) -> list[dict]:

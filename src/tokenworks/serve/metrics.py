@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 # Bucket edges in seconds (vLLM's, trimmed to what a CPU sees).
 _LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+_API = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 _PER_TOKEN = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5)
 
 
@@ -105,6 +106,14 @@ class ServerMetrics:
                 ["finished_reason"],
             ),
         }
+        # the API process's own work per request, by phase (serve/api_times.py)
+        self.api_seconds = Histogram(
+            "tokenworks:api_process_seconds",
+            "Seconds a request spent in the API process outside the engine, by phase.",
+            ["model_name", "phase"],
+            buckets=_API,
+            registry=r,
+        )
         self._engines: dict[int, EngineMetrics] = {}
         self._first = self.for_engine(0)
 
@@ -126,6 +135,10 @@ class ServerMetrics:
 
     def on_request_finished(self, m) -> None:
         self._first.on_request_finished(m)
+
+    def on_api_times(self, seconds: dict[str, float]) -> None:
+        for phase, s in seconds.items():
+            self.api_seconds.labels(model_name=self.model_name, phase=phase).observe(s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

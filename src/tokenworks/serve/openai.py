@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from tokenworks.engine.request import TokenLogprob
-from tokenworks.serve import structured, tools
+from tokenworks.serve import api_times, structured, tools
 from tokenworks.serve.common import (
     CHAT_TEMPLATE_RESERVED,
     ServerState,
@@ -24,6 +24,7 @@ from tokenworks.serve.common import (
     merge,
     merged_text,
     render_chat,
+    respond,
     sampling_params,
     sse,
     stream_error,
@@ -37,6 +38,7 @@ router = APIRouter()
 
 
 def _state(request: Request) -> ServerState:
+    api_times.handler_entered()
     return request.app.state.tokenworks
 
 
@@ -196,14 +198,16 @@ async def completions(body: CompletionRequest, request: Request):
                     "stop_reason": out["stop_reason"],
                 }
             )
-    return {
-        "id": response_id,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": body.model,
-        "choices": choices,
-        "usage": _usage(prompt_tokens, completion_tokens, cached),
-    }
+    return respond(
+        {
+            "id": response_id,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.model,
+            "choices": choices,
+            "usage": _usage(prompt_tokens, completion_tokens, cached),
+        }
+    )
 
 
 def _prompts(state: ServerState, prompt) -> list[list[int]]:
@@ -216,7 +220,7 @@ def _prompts(state: ServerState, prompt) -> list[list[int]]:
     state.limits.check_prompts(len(prompt))
     out = []
     for p in prompt:
-        ids = state.tokenizer.encode(p) if isinstance(p, str) else list(p)
+        ids = state.encode(p) if isinstance(p, str) else list(p)
         if not ids:
             raise bad_request("a prompt is empty: give at least one token", "prompt")
         out.append(ids)
@@ -404,7 +408,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         add_generation_prompt=body.add_generation_prompt,
         **(body.chat_template_kwargs or {}),
     )
-    prompt_ids = state.tokenizer.encode(prompt)
+    prompt_ids = state.encode(prompt)
     requested = body.max_completion_tokens or body.max_tokens
     field_name = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     max_tokens = clamp_max_tokens(state, requested, len(prompt_ids), field_name)
@@ -456,14 +460,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
             }
         )
     last = got[-1]
-    return {
-        "id": response_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": body.model,
-        "choices": choices,
-        "usage": _usage(last.prompt_tokens, completion_tokens, last.cached_tokens),
-    }
+    return respond(
+        {
+            "id": response_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.model,
+            "choices": choices,
+            "usage": _usage(last.prompt_tokens, completion_tokens, last.cached_tokens),
+        }
+    )
 
 
 def _openai_call(c: tools.ToolCall, index: int | None = None) -> dict:
