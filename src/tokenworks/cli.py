@@ -478,6 +478,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--in-process", action="store_true", help="ours without HTTP (the async engine directly)"
     )
     p.add_argument("--served-model", default="default", help="model name it serves")
+    p.add_argument(
+        "--client",
+        choices=["ours", "vllm"],
+        default="ours",
+        help="with --base-url: the load client, ours or vLLM's `vllm bench serve` (its "
+        "random dataset; needs --client-python and --tokenizer)",
+    )
+    p.add_argument("--client-python", default=None, help="--client vllm: a Python with vLLM")
+    p.add_argument(
+        "--tokenizer", default=None, help="--client vllm: the model's Hugging Face directory"
+    )
     p.add_argument("--label", default=None, help="the engine's name in reports (e.g. vLLM)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--vocab-size", type=int, default=49152, help="for random prompts (remote)")

@@ -262,16 +262,26 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
             "served_model": args.served_model,
             **(engine_extra or {}),
         }
+        vllm_client = getattr(args, "client", "ours") == "vllm"
+        if vllm_client:  # vLLM's random dataset, as its client draws it
+            manifest = {**default_manifest(args), "kind": "vllm-random"}
+            engine_info["client"] = "vllm bench serve"
         reason = unreachable(args.base_url, args.api_key)
         if reason:
             return write_not_run(args, engine_info, reason, manifest)
-        requests_for = point_requests(manifest, args.vocab_size)
-        load = http_load(args.base_url, args.served_model, requests_for, args, args.api_key)
-        warm = http_warm_up(
-            args.base_url, args.served_model, requests_for, args, points[0]["seed"], args.api_key
-        )
         probe = functools.partial(api_process_totals, args.base_url, args.api_key)
-        runs = run_points(load, points, args, warm_up=warm, probe=probe)
+        if vllm_client:
+            from tokenworks.bench.vllm_client import run_vllm_points
+
+            runs = run_vllm_points(args, points, probe)
+        else:
+            requests_for = point_requests(manifest, args.vocab_size)
+            load = http_load(args.base_url, args.served_model, requests_for, args, args.api_key)
+            warm = http_warm_up(
+                args.base_url, args.served_model, requests_for, args, points[0]["seed"],
+                args.api_key,
+            )  # fmt: skip
+            runs = run_points(load, points, args, warm_up=warm, probe=probe)
         model_info = {"id": args.served_model}
     else:
         from tokenworks import LLM
