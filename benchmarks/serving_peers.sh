@@ -66,10 +66,11 @@ for setup in "1x2:--threads 2" "2x1:--threads 1 --data-parallel-size 2"; do
     --label "tokenworks $name" "${REPL[@]}" --out "$OUT"; stop $PID
 done
 
-# prefix-aware against round-robin routing: 2 replicas, prompts sharing 96-token prefixes
+# prefix-aware against round-robin routing: 2 replicas, 16 groups of prompts sharing a
+# 512-token prefix
 SHARED=$(mktemp --suffix .json)
 cat > "$SHARED" <<'JSON'
-{"kind": "shared_prefix", "num_requests": 64, "seed": 0, "groups": 8, "prefix_len": 96,
+{"kind": "shared_prefix", "num_requests": 64, "seed": 0, "groups": 16, "prefix_len": 512,
  "input": {"dist": "fixed", "value": 32}, "output": {"dist": "fixed", "value": 32},
  "ignore_eos": true}
 JSON

@@ -50,6 +50,10 @@ def api_process_totals(base_url: str, api_key: str | None) -> dict | None:
         return None
     out: dict[str, list[float]] = {}
     for family in families:
+        if family.name == "tokenworks:prefix_cache_hits":  # summed over the engines
+            out.setdefault(PREFIX, [0.0, 0.0])[0] += sum(s.value for s in family.samples)
+        elif family.name == "tokenworks:prefix_cache_queries":
+            out.setdefault(PREFIX, [0.0, 0.0])[1] += sum(s.value for s in family.samples)
         if family.name != "tokenworks:api_process_seconds":
             continue
         for sample in family.samples:
@@ -61,6 +65,18 @@ def api_process_totals(base_url: str, api_key: str | None) -> dict | None:
     return out or None
 
 
+PREFIX = "prefix_cache"  # (hit tokens, queried tokens) among api_process_totals'
+
+
+def prefix_hit_rate(before: dict | None, after: dict | None) -> float | None:
+    """The fraction of prompt tokens the server's prefix caches held between two totals."""
+    if not after or PREFIX not in after:
+        return None
+    hits, asked = after[PREFIX]
+    was_hits, was_asked = (before or {}).get(PREFIX, (0.0, 0.0))
+    return (hits - was_hits) / (asked - was_asked) if asked > was_asked else None
+
+
 def api_process_means(before: dict | None, after: dict | None) -> dict | None:
     """Mean seconds per request in each phase of the API process between two totals, and
     their sum ("total")."""
@@ -69,6 +85,8 @@ def api_process_means(before: dict | None, after: dict | None) -> dict | None:
     before = before or {}
     means = {}
     for phase, (total, count) in after.items():
+        if phase == PREFIX:
+            continue
         was_total, was_count = before.get(phase, (0.0, 0.0))
         if count > was_count:
             means[phase] = (total - was_total) / (count - was_count)
@@ -123,9 +141,13 @@ def run_points(load, points, args, engine=None, warm_up=None, probe=None) -> lis
         results, duration = load(point)
         figures = compute(results, duration, slos or None)
         entry = {"point": point, "figures": figures, "requests": [r.__dict__ for r in results]}
-        api = api_process_means(before, probe()) if probe is not None else None
+        after = probe() if probe is not None else None
+        api = api_process_means(before, after)
         if api:  # the server's own seconds per request outside the engine, by phase
             entry["api_process_s"] = api
+        hit_rate = prefix_hit_rate(before, after)
+        if hit_rate is not None:
+            entry["prefix_hit_rate"] = hit_rate
         if engine is not None:
             entry["engine_steps"] = step_summary(list(engine.stats))
         out.append(entry)

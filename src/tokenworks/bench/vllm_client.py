@@ -83,7 +83,7 @@ def figures_of(result: dict) -> dict:
 def run_vllm_points(args, points: list[dict], probe=None) -> list[dict]:
     """One vLLM client run per point; each run's figures (and, from our server, the API
     process's seconds per request by phase)."""
-    from tokenworks.bench.serving import api_process_means
+    from tokenworks.bench.serving import api_process_means, prefix_hit_rate
 
     for need in ("client_python", "tokenizer"):
         if not getattr(args, need, None):
@@ -105,9 +105,13 @@ def run_vllm_points(args, points: list[dict], probe=None) -> list[dict]:
                 )
             result = json.loads(path.read_text())
             entry = {"point": point, "figures": figures_of(result), "client": "vllm bench serve"}
-            api = api_process_means(before, probe()) if probe is not None else None
+            after = probe() if probe is not None else None
+            api = api_process_means(before, after)
             if api:
                 entry["api_process_s"] = api
+            hit_rate = prefix_hit_rate(before, after)
+            if hit_rate is not None:
+                entry["prefix_hit_rate"] = hit_rate
             out.append(entry)
             f = entry["figures"]
             print(
