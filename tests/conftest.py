@@ -147,6 +147,27 @@ def smol_server(smol_loaded):
     srv.stop()
 
 
+def tokens_through(front, prompts, params) -> tuple[list, list]:
+    """Each prompt's tokens through an engine front (all at once), and a single in-process
+    toy engine's for the same prompts: what replicas must reproduce."""
+    import asyncio
+
+    from tokenworks import LLM
+
+    async def one(prompt):
+        tokens = []
+        async for update in front.generate(params, prompt):
+            tokens += update.deltas[0].token_ids
+        return tokens
+
+    async def together():
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    llm = LLM("toy", warmup=False, max_num_seqs=8)
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    return asyncio.run(together()), expected
+
+
 POISON_SEED = 4242  # the seed whose sampling the poisoned_sampling fixture makes raise
 
 

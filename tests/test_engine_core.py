@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+from conftest import tokens_through
 
 pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
@@ -107,12 +108,14 @@ def test_the_api_process_detokenises_and_stop_strings_stop_the_core(client):
         if params.logprobs:
             assert [c["logprobs"] for c in got] == [o.logprobs for o in expected]
         assert got[0]["end"] == ("stop", stop) and len(got[0]["ids"]) < 40
-        # the core stopped the completion too: its timings count the tokens handed out
+        # the request's timings count the tokens handed out, and how each completion ended
         deadline = time.monotonic() + 5
         while request_id not in heard.finished:
             assert time.monotonic() < deadline, "the core did not finish the request"
             time.sleep(0.02)
-        assert heard.finished[request_id].generation_tokens == sum(len(c["ids"]) for c in got)
+        timings = heard.finished[request_id]  # however far the core ran before it heard
+        assert timings.generation_tokens == sum(len(c["ids"]) for c in got)
+        assert timings.finish_reasons == [str(o.finish_reason) for o in expected]
     client.configure()
 
 
@@ -310,13 +313,8 @@ def test_two_replicas_give_one_engines_tokens_and_prefix_routing_finds_the_cache
     router = ReplicaRouter([CoreClient(CONFIG, startup_timeout_s=120) for _ in range(2)])
     router.start()
     try:
-        llm = LLM("toy", warmup=False, max_num_seqs=8)
-        expected = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
-
-        async def together():
-            return await asyncio.gather(*(_collect(router, p) for p in PROMPTS))
-
-        assert asyncio.run(together()) == expected
+        got, expected = tokens_through(router, PROMPTS, GREEDY)
+        assert got == expected
         assert min(router.routed) >= 1  # both replicas took work
 
         shared = list(range(10, 58))  # three 16-token blocks

@@ -10,8 +10,8 @@ import sys
 import time
 
 import pytest
+from conftest import tokens_through
 
-from tokenworks import LLM
 from tokenworks.config import EngineConfig
 from tokenworks.engine.async_engine import RequestFailedError
 from tokenworks.engine.core_client import CoreClient
@@ -38,13 +38,6 @@ def ray_cluster():
     ray.shutdown()
 
 
-async def _collect(front, prompt, params=GREEDY):
-    tokens = []
-    async for update in front.generate(params, prompt):
-        tokens += update.deltas[0].token_ids
-    return tokens
-
-
 def test_two_ray_replicas_give_one_engines_tokens_and_a_dead_actor_fails_fast(ray_cluster):
     router = ReplicaRouter(
         [CoreClient(CONFIG, startup_timeout_s=180, backend="ray") for _ in range(2)],
@@ -52,13 +45,8 @@ def test_two_ray_replicas_give_one_engines_tokens_and_a_dead_actor_fails_fast(ra
     )
     router.start()
     try:
-        llm = LLM("toy", warmup=False, max_num_seqs=8)
-        expected = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
-
-        async def together():
-            return await asyncio.gather(*(_collect(router, p) for p in PROMPTS))
-
-        assert asyncio.run(together()) == expected
+        got, expected = tokens_through(router, PROMPTS, GREEDY)
+        assert got == expected
         assert router.routed == [2, 2]
         pids = {r.ready.pid for r in router.replicas}
         assert len(pids) == 2 and os.getpid() not in pids  # each in an actor of its own

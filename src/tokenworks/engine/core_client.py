@@ -119,6 +119,9 @@ class CoreClient(EngineFront):
         self.process = None  # a subprocess.Popen, or a ray_cores.RayCore
         self.died: str | None = None  # why the core is gone, once it is
         self._streams: dict[str, _Stream] = {}
+        # requests a stop string ended here: their finish reasons and tokens, until the
+        # core's timings for them arrive (engine/detokenizer.py's RequestText.outcome)
+        self._outcomes: dict[str, tuple[list[str], int]] = {}
         self._lock = threading.Lock()  # the commands socket and _streams
         self._reader: threading.Thread | None = None
         self._stopping = False
@@ -291,8 +294,7 @@ class CoreClient(EngineFront):
     def _deliver(self, message) -> None:
         if isinstance(message, m.Outputs):
             self.gauges = message.gauges
-            self._observe(message)
-            now = time.monotonic()
+            ready = []
             for tokens in message.updates:
                 with self._lock:
                     stream = self._streams.get(tokens.request_id)
@@ -306,6 +308,12 @@ class CoreClient(EngineFront):
                 if update.finished:
                     with self._lock:
                         self._streams.pop(update.request_id, None)
+                    if stream.text.stopped:
+                        self._outcomes[update.request_id] = stream.text.outcome()
+                ready.append((stream, update))
+            self._observe(message)  # counted before a reader can see its request end
+            now = time.monotonic()
+            for stream, update in ready:
                 stream.pushed += sum(len(d.token_ids) for d in update.deltas)
                 if not stream.push(update):
                     self.abort(update.request_id)  # its reader's loop is gone
@@ -329,6 +337,10 @@ class CoreClient(EngineFront):
             stream.push(RequestFailedError(message.message))
 
     def _observe(self, out: m.Outputs) -> None:
+        for finished in out.finished:  # the text's outcome, where the text ended it here
+            outcome = self._outcomes.pop(finished.request_id, None)
+            if outcome is not None:
+                finished.finish_reasons, finished.generation_tokens = outcome
         if self.observer is None:
             return
         try:
@@ -343,5 +355,6 @@ class CoreClient(EngineFront):
     def _fail_all(self, why: str) -> None:
         with self._lock:
             streams, self._streams = list(self._streams.values()), {}
+        self._outcomes.clear()
         for stream in streams:
             stream.push(RequestFailedError(why))

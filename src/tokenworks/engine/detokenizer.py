@@ -37,6 +37,8 @@ class RequestText:
         self.outputs: dict[int, SequenceOutput] = {}
         self.kept: dict[int, int] = {}  # tokens of each completion handed out
         self.done: set[int] = set()  # completions finished, here or in the core
+        self.reasons: dict[int, str] = {}  # how each finished
+        self.stopped = False  # a stop string ended a completion here
         self.seconds = 0.0  # spent in apply()
 
     def apply(self, update: RequestUpdate) -> tuple[RequestUpdate | None, list[StopAt]]:
@@ -57,6 +59,9 @@ class RequestText:
             deltas.append(delta)
             if stop is not None:
                 stops.append(stop)
+            if delta.finish_reason is not None:
+                self.reasons[d.index] = delta.finish_reason
+                self.stopped |= isinstance(delta.stop_reason, str)
         finished = update.finished or len(self.done) >= self.params.n
         if not deltas and not finished:
             return None, stops
@@ -66,6 +71,12 @@ class RequestText:
             ),
             stops,
         )
+
+    def outcome(self) -> tuple[list[str], int]:
+        """Each completion's finish reason, in index order, and the tokens handed out: what
+        the request's timings should say where a stop string ended it here (the core may
+        have sampled on before it heard)."""
+        return [str(self.reasons[i]) for i in sorted(self.reasons)], sum(self.kept.values())
 
     def _delta(self, d: CompletionDelta) -> tuple[CompletionDelta, StopAt | None]:
         out = self.outputs.get(d.index)
