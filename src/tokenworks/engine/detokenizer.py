@@ -36,8 +36,7 @@ class RequestText:
         self.params, self.tokenizer, self.prompt_ids = params, tokenizer, prompt_ids
         self.outputs: dict[int, SequenceOutput] = {}
         self.kept: dict[int, int] = {}  # tokens of each completion handed out
-        self.done: set[int] = set()  # completions finished, here or in the core
-        self.reasons: dict[int, str] = {}  # how each finished
+        self.reasons: dict[int, str] = {}  # how each finished completion ended (here or core)
         self.stopped = False  # a stop string ended a completion here
         self.seconds = 0.0  # spent in apply()
 
@@ -53,16 +52,13 @@ class RequestText:
     def _apply(self, update: RequestUpdate) -> tuple[RequestUpdate | None, list[StopAt]]:
         deltas, stops = [], []
         for d in update.deltas:
-            if d.index in self.done:  # a stop string ended it: the core ran on a little
+            if d.index in self.reasons:  # a stop string ended it: the core ran on a little
                 continue
             delta, stop = self._delta(d)
             deltas.append(delta)
             if stop is not None:
                 stops.append(stop)
-            if delta.finish_reason is not None:
-                self.reasons[d.index] = delta.finish_reason
-                self.stopped |= isinstance(delta.stop_reason, str)
-        finished = update.finished or len(self.done) >= self.params.n
+        finished = update.finished or len(self.reasons) >= self.params.n
         if not deltas and not finished:
             return None, stops
         return (
@@ -103,7 +99,8 @@ class RequestText:
                     reason, stop_reason = hit
         self.kept[d.index] = self.kept.get(d.index, 0) + len(token_ids)
         if reason is not None:
-            self.done.add(d.index)
+            self.reasons[d.index] = reason
+            self.stopped |= isinstance(stop_reason, str)
         logprobs = out.logprobs[had:] if out.logprobs is not None else None
         text = out.take_stream_text(reason is not None)
         return CompletionDelta(d.index, text, token_ids, logprobs, reason, stop_reason), stop
