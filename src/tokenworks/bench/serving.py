@@ -36,9 +36,11 @@ def unreachable(base_url: str, api_key: str | None) -> str | None:
     return None
 
 
-def api_process_totals(base_url: str, api_key: str | None) -> dict | None:
-    """A tokenworks server's running sums and counts of tokenworks:api_process_seconds by
-    phase (serve/api_times.py); None from another engine's server, or an unreadable one."""
+def server_counters(base_url: str, api_key: str | None) -> dict | None:
+    """A tokenworks server's running counters that a point's figures are read from:
+    {"phases": {phase: [seconds, requests]}} of tokenworks:api_process_seconds
+    (serve/api_times.py), and "prefix": [hit, queried] prompt tokens summed over its
+    engines. None from another engine's server, or an unreadable one."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -48,51 +50,60 @@ def api_process_totals(base_url: str, api_key: str | None) -> dict | None:
         families = list(text_string_to_metric_families(text))
     except (httpx.HTTPError, ValueError):
         return None
-    out: dict[str, list[float]] = {}
+    phases: dict[str, list[float]] = {}
+    prefix = [0.0, 0.0]
     for family in families:
-        if family.name == "tokenworks:prefix_cache_hits":  # summed over the engines
-            out.setdefault(PREFIX, [0.0, 0.0])[0] += sum(s.value for s in family.samples)
+        if family.name == "tokenworks:prefix_cache_hits":
+            prefix[0] += sum(s.value for s in family.samples)
         elif family.name == "tokenworks:prefix_cache_queries":
-            out.setdefault(PREFIX, [0.0, 0.0])[1] += sum(s.value for s in family.samples)
-        if family.name != "tokenworks:api_process_seconds":
-            continue
-        for sample in family.samples:
-            totals = out.setdefault(sample.labels.get("phase", "?"), [0.0, 0.0])
-            if sample.name.endswith("_sum"):
-                totals[0] += sample.value
-            elif sample.name.endswith("_count"):
-                totals[1] += sample.value
-    return out or None
-
-
-PREFIX = "prefix_cache"  # (hit tokens, queried tokens) among api_process_totals'
-
-
-def prefix_hit_rate(before: dict | None, after: dict | None) -> float | None:
-    """The fraction of prompt tokens the server's prefix caches held between two totals."""
-    if not after or PREFIX not in after:
-        return None
-    hits, asked = after[PREFIX]
-    was_hits, was_asked = (before or {}).get(PREFIX, (0.0, 0.0))
-    return (hits - was_hits) / (asked - was_asked) if asked > was_asked else None
+            prefix[1] += sum(s.value for s in family.samples)
+        elif family.name == "tokenworks:api_process_seconds":
+            for sample in family.samples:
+                totals = phases.setdefault(sample.labels.get("phase", "?"), [0.0, 0.0])
+                if sample.name.endswith("_sum"):
+                    totals[0] += sample.value
+                elif sample.name.endswith("_count"):
+                    totals[1] += sample.value
+    return {"phases": phases, "prefix": prefix} if phases or prefix[1] else None
 
 
 def api_process_means(before: dict | None, after: dict | None) -> dict | None:
-    """Mean seconds per request in each phase of the API process between two totals, and
-    their sum ("total")."""
+    """Mean seconds per request in each phase of the API process between two
+    server_counters readings, and their sum ("total")."""
     if not after:
         return None
-    before = before or {}
+    was = (before or {}).get("phases", {})
     means = {}
-    for phase, (total, count) in after.items():
-        if phase == PREFIX:
-            continue
-        was_total, was_count = before.get(phase, (0.0, 0.0))
+    for phase, (total, count) in after["phases"].items():
+        was_total, was_count = was.get(phase, (0.0, 0.0))
         if count > was_count:
             means[phase] = (total - was_total) / (count - was_count)
     if means:
         means["total"] = sum(means.values())
     return means or None
+
+
+def prefix_hit_rate(before: dict | None, after: dict | None) -> float | None:
+    """The fraction of prompt tokens the server's prefix caches held between two readings."""
+    if not after:
+        return None
+    hits, asked = after["prefix"]
+    was_hits, was_asked = (before or {}).get("prefix", (0.0, 0.0))
+    return (hits - was_hits) / (asked - was_asked) if asked > was_asked else None
+
+
+def server_figures(before: dict | None, after: dict | None) -> dict:
+    """What a point's record gains from two server_counters readings around it: the
+    server's own seconds per request outside the engine, by phase, and its prefix-cache
+    hit rate (nothing from a server that is not ours)."""
+    out = {}
+    api = api_process_means(before, after)
+    if api:
+        out["api_process_s"] = api
+    hit_rate = prefix_hit_rate(before, after)
+    if hit_rate is not None:
+        out["prefix_hit_rate"] = hit_rate
+    return out
 
 
 def default_manifest(args) -> dict:
@@ -125,7 +136,7 @@ def step_summary(stats) -> dict:
 def run_points(load, points, args, engine=None, warm_up=None, probe=None) -> list:
     """One load run per sweep point ({"rate": r} or {"max_concurrency": c}); load(point)
     returns (results, duration). warm_up() runs first, untimed; probe(), where given, reads
-    the server's API-process totals before and after each point (api_process_totals)."""
+    the server's counters before and after each point (server_counters)."""
     if warm_up is not None:
         warm_up()
     out = []
@@ -141,13 +152,8 @@ def run_points(load, points, args, engine=None, warm_up=None, probe=None) -> lis
         results, duration = load(point)
         figures = compute(results, duration, slos or None)
         entry = {"point": point, "figures": figures, "requests": [r.__dict__ for r in results]}
-        after = probe() if probe is not None else None
-        api = api_process_means(before, after)
-        if api:  # the server's own seconds per request outside the engine, by phase
-            entry["api_process_s"] = api
-        hit_rate = prefix_hit_rate(before, after)
-        if hit_rate is not None:
-            entry["prefix_hit_rate"] = hit_rate
+        if probe is not None:
+            entry |= server_figures(before, probe())
         if engine is not None:
             entry["engine_steps"] = step_summary(list(engine.stats))
         out.append(entry)
@@ -291,7 +297,7 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
         reason = unreachable(args.base_url, args.api_key)
         if reason:
             return write_not_run(args, engine_info, reason, manifest)
-        probe = functools.partial(api_process_totals, args.base_url, args.api_key)
+        probe = functools.partial(server_counters, args.base_url, args.api_key)
         if vllm_client:
             from tokenworks.bench.vllm_client import run_vllm_points
 
@@ -326,7 +332,7 @@ def run_serving(args, engine_extra: dict | None = None) -> Path:
             with ServerThread(build_app(state)) as srv:
                 load = http_load(srv.url, args.model, requests_for, args)
                 warm = http_warm_up(srv.url, args.model, requests_for, args, points[0]["seed"])
-                probe = functools.partial(api_process_totals, srv.url, None)
+                probe = functools.partial(server_counters, srv.url, None)
                 runs = run_points(load, points, args, engine=engine, warm_up=warm, probe=probe)
         engine_info = {
             **llm.config.to_dict(),

@@ -83,7 +83,7 @@ def figures_of(result: dict) -> dict:
 def run_vllm_points(args, points: list[dict], probe=None) -> list[dict]:
     """One vLLM client run per point; each run's figures (and, from our server, the API
     process's seconds per request by phase)."""
-    from tokenworks.bench.serving import api_process_means, prefix_hit_rate
+    from tokenworks.bench.serving import server_figures
 
     for need in ("client_python", "tokenizer"):
         if not getattr(args, need, None):
@@ -105,13 +105,8 @@ def run_vllm_points(args, points: list[dict], probe=None) -> list[dict]:
                 )
             result = json.loads(path.read_text())
             entry = {"point": point, "figures": figures_of(result), "client": "vllm bench serve"}
-            after = probe() if probe is not None else None
-            api = api_process_means(before, after)
-            if api:
-                entry["api_process_s"] = api
-            hit_rate = prefix_hit_rate(before, after)
-            if hit_rate is not None:
-                entry["prefix_hit_rate"] = hit_rate
+            if probe is not None:
+                entry |= server_figures(before, probe())
             out.append(entry)
             f = entry["figures"]
             print(
