@@ -71,9 +71,10 @@ def smol_loaded():
 def smol_llm(smol_loaded):
     from tokenworks import LLM
 
+    # float32 on the dequantised weights: the exact path the oracles check
     return LLM(
-        "smollm2-135m", dtype="float32", loaded=smol_loaded, threads=2, max_num_seqs=16,
-        kv_cache_memory=0.5,
+        "smollm2-135m", dtype="float32", quantization="none", loaded=smol_loaded, threads=2,
+        max_num_seqs=16, kv_cache_memory=0.5,
     )  # fmt: skip
 
 

@@ -144,6 +144,13 @@ def cmd_env(args) -> int:
     return main(as_json=args.json)
 
 
+def cmd_eval_perplexity(args) -> int:
+    from tokenworks.eval.perplexity import run
+
+    run(args)
+    return 0
+
+
 def cmd_bench_latency(args) -> int:
     from tokenworks.bench.latency import run_latency
 
@@ -648,6 +655,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results", help="directory for the record")
     p.set_defaults(fn=cmd_bench_long_context)
+    ev = sub.add_parser("eval", help="what a model computes: perplexity on a text")
+    esub = ev.add_subparsers(dest="eval_command", required=True)
+    p = esub.add_parser(
+        "perplexity",
+        help="perplexity on a text file with a sliding window (the method transformers "
+        "documents), written as an evidence record",
+    )
+    p.add_argument("file", help="a UTF-8 text file")
+    add_engine_arguments(p)
+    p.add_argument("--context", type=int, default=None,
+                   help="the window, in tokens (default: the model's context)")  # fmt: skip
+    p.add_argument("--stride", type=int, default=None,
+                   help="tokens between window starts (default: the window)")  # fmt: skip
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="score only the text's first N tokens")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", default="benchmarks/results", help="directory for the record")
+    p.set_defaults(fn=cmd_eval_perplexity)
     from tokenworks.plan.commands import add_plan_parser
 
     add_plan_parser(sub)

@@ -20,7 +20,8 @@ import torch
 from tokenworks.kernels import KERNELS
 from tokenworks.models.catalogue import DEFAULT_MODEL
 
-QUANTIZATIONS = (None, "int8", "int4")
+QUANTIZATIONS = (None, "gguf", "none", "int8", "int4")  # None: gguf for a GGUF file on the CPU
+DRAFT_QUANTIZATIONS = (None, "int8", "int4")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # options that were renamed or moved into the config: old name -> what to use instead
 RENAMED = {
@@ -103,7 +104,7 @@ class SpeculativeConfig:
             raise ValueError('the ngram method takes no "model"; use "method": "draft_model"')
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
-        if self.quantization not in QUANTIZATIONS:
+        if self.quantization not in DRAFT_QUANTIZATIONS:
             raise ValueError(f"draft quantization {self.quantization!r}: expected int8 or int4")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"draft dtype {self.dtype!r} is not one of {', '.join(DTYPES)}")
@@ -164,8 +165,11 @@ class EngineConfig:
     quantization: str | None = field(
         default=None,
         metadata=option(
-            "weight-only quantisation (CPU): int8 per row, int4 in groups of 32",
-            choices=["int8", "int4"],
+            "how the weights are stored and multiplied: gguf (a GGUF file's own quantised "
+            "blocks, executed as stored; the default for GGUF files on the CPU), none (every "
+            "weight dequantised to --dtype), or weight-only int8 per row / int4 in groups of "
+            "32 (CPU)",
+            choices=["gguf", "none", "int8", "int4"],
         ),
     )
     dense_from_rows: int | None = field(
@@ -313,9 +317,9 @@ class EngineConfig:
             raise ValueError("float16 runs on CUDA only; on CPU use bfloat16 or float32")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
-                f"quantization {self.quantization!r}: expected none, {', '.join(QUANTIZATIONS[1:])}"
+                f"quantization {self.quantization!r}: expected {', '.join(QUANTIZATIONS[1:])}"
             )
-        if self.quantization is not None and self.device != "cpu":
+        if self.quantization in ("int8", "int4", "gguf") and self.device != "cpu":
             raise ValueError(
                 f"{self.quantization} weight-only quantization uses torch's CPU kernels; "
                 "on CUDA run without --quantization"
@@ -329,6 +333,8 @@ class EngineConfig:
             self.quantization is None or self.dense_from_rows < 1
         ):
             raise ValueError("dense_from_rows needs a quantization and must be >= 1")
+        if self.dense_from_rows is not None and self.quantization not in ("int8", "int4"):
+            raise ValueError("dense_from_rows goes with --quantization int8 or int4")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError("kv_cache_memory (GiB) must be > 0")
         if not 0 < self.kv_cache_fraction <= 1:
@@ -359,6 +365,15 @@ class EngineConfig:
             if name in RENAMED:
                 raise TypeError(f"the engine option {name!r} was renamed: use {RENAMED[name]}")
         return cls(**kw)
+
+    def resolved_quantization(self, gguf_file: bool) -> str | None:
+        """What the weights run as for a model read from a GGUF file (gguf_file) or not:
+        None (dequantised to the dtype), "gguf" (the file's blocks), "int8" or "int4"."""
+        if self.quantization is None:
+            return "gguf" if gguf_file and self.device == "cpu" else None
+        if self.quantization == "gguf" and not gguf_file:
+            raise ValueError("quantization gguf runs a GGUF file's blocks; this model is no GGUF")
+        return None if self.quantization == "none" else self.quantization
 
     @property
     def resolved_dtype(self) -> str:

@@ -131,6 +131,6 @@ def model_record(llm) -> dict:
         "file": loaded.file_path,
         "sha256": loaded.file_sha256,
         "dtype": llm.config.resolved_dtype,
-        "quantization": llm.config.quantization,
+        "quantization": llm.engine.quantization or "none",  # as resolved for this file
         "spec": loaded.spec.name,
     }

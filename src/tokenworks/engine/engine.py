@@ -104,12 +104,14 @@ class LLMEngine:
         loaded = loaded or load(config.model)
         self.spec = loaded.spec
         self.tokenizer = TokenizerWrapper.from_loaded(loaded)
+        # what the weights run as: the GGUF's blocks by default (config.resolved_quantization)
+        self.quantization = config.resolved_quantization(loaded.gguf_index is not None)
         self.model = build_model(
             self.spec,
             loaded.weights,
             config.torch_dtype,
             config.device,
-            config.quantization,
+            self.quantization,
             config.batch_invariant,
             config.dense_from_rows,
             config.moe_strategy,
@@ -204,7 +206,7 @@ class LLMEngine:
         gib = self.pool.nbytes / GiB
         return (
             f"model {self.loaded.model_id} ({self.loaded.file_path}); dtype "
-            f"{c.resolved_dtype}, quantization {c.quantization or 'none'}, kernels: "
+            f"{c.resolved_dtype}, quantization {self.quantization or 'none'}, kernels: "
             f"{self.kernels()}; KV {blocks.num_blocks} blocks of {blocks.block_size} tokens "
             f"({gib:.2f} GiB, {self.kv_layout.describe()}, pages touched as used); context "
             f"{self.max_model_len}; up to {c.max_num_seqs} sequences, "

@@ -13,6 +13,8 @@ import torch
 F32, BF16, I8, Q4 = 0, 1, 2, 3  # Q4: ops/linear.q4_blocks
 PACKED = 4  # a bfloat16 weight in products.pack_weight's layout
 PACKED_GLU = 5  # a gate_up weight packed with glu=True: its product ends in SwiGLU
+PARTS = 6  # a product of row ranges in different dtypes: Linear.parts, n_parts of them
+BLOCKS = 16  # BLOCKS + t: a GGUF tensor of ggml type t, as stored (kernels/blocks.py)
 GLU = 101  # tw_packed_linear's y_dtype for PACKED_GLU weights: y is silu(gate) * up
 DTYPE_CODES = {torch.float32: F32, torch.bfloat16: BF16, torch.int8: I8}
 
@@ -27,6 +29,8 @@ class Linear(ctypes.Structure):
         ("dtype", ctypes.c_int),
         ("n", ctypes.c_int),
         ("k", ctypes.c_int),
+        ("parts", c_ptr),  # PARTS: an array of n_parts Linear, their rows in order
+        ("n_parts", ctypes.c_int),
     ]
 
 
@@ -81,7 +85,7 @@ class Model(ctypes.Structure):
 
 
 class Scratch(ctypes.Structure):
-    _fields_ = [(name, c_ptr) for name in ("h", "hb", "qkv", "attn", "gu", "act")]
+    _fields_ = [(name, c_ptr) for name in ("h", "hb", "qkv", "attn", "gu", "act", "qbuf")]
 
 
 def ptr(t: torch.Tensor | None) -> int | None:
@@ -121,6 +125,11 @@ SIGNATURES = {
         ctypes.POINTER(Dims), c_ptr, c_ptr, _i, c_ptr, _i, c_ptr, c_ptr, c_ptr, c_ptr, _i, _i,
     ]),
     "tw_argmax_rows": (None, [c_ptr, _i, _i, _i, c_ptr, _i]),
+    "tw_block_linear": (None, [c_ptr, _i, _i, ctypes.POINTER(Linear), c_ptr, _i, _i]),
+    "tw_block_dequantize": (None, [c_ptr, _i, _i64, _i, c_ptr, _i, _i]),
+    "tw_blocks_use_portable": (_i, [_i]),
+    "tw_block_bytes": (_i, [_i]),
+    "tw_qact_bytes": (ctypes.c_size_t, [_i, _i]),
     "tw_amx_init": (_i, []),
     "tw_use_tiles": (_i, [_i]),
     "tw_packed_kind": (_i, []),

@@ -49,7 +49,7 @@ class CKernels:
         the exact path the oracle tests pin down), "torch" never."""
         if kernels not in KERNELS:
             raise ValueError(f"kernels {kernels!r}: expected one of {', '.join(KERNELS)}")
-        dtype = model.embed.weight.dtype if hasattr(model, "embed") else None
+        dtype = model.norm.dtype if hasattr(model, "norm") else None
         why = ""
         if kernels == "torch":
             return None, "kernels='torch' was asked for"

@@ -50,12 +50,12 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def build(cc: str) -> Path:
+def build(cc: str, flags: list[str] = FLAGS) -> Path:
     """The shared library for this source, compiler, flags and CPU (built if not cached)."""
     digest = hashlib.sha256()
     for path in sources():
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
-    digest.update("\0".join([cc, *FLAGS, cpu_tag()]).encode())
+    digest.update("\0".join([cc, *flags, cpu_tag()]).encode())
     target = home() / "kernels" / f"kernels-{digest.hexdigest()[:16]}.so"
     if target.exists():
         return target
@@ -64,7 +64,7 @@ def build(cc: str) -> Path:
     os.close(fd)
     try:
         run = subprocess.run(
-            [cc, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True
+            [cc, *flags, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True
         )
         if run.returncode != 0:
             raise RuntimeError(f"{cc} failed:\n{run.stderr.strip()}")
@@ -84,13 +84,27 @@ def load() -> tuple[ctypes.CDLL | None, str]:
     if cc is None:
         return None, "no C compiler (cc, gcc or $CC) on this machine"
     try:
-        lib = ctypes.CDLL(str(build(cc)))
+        return opened(build(cc)), ""
     except (OSError, RuntimeError) as e:
         return None, f"the build failed: {e}"
+
+
+def opened(path: Path) -> ctypes.CDLL:
+    """A built library, loaded, its functions given their signatures."""
+    lib = ctypes.CDLL(str(path))
     for name, (restype, argtypes) in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
-    return lib, ""
+    return lib
+
+
+def variant(*extra_flags: str) -> ctypes.CDLL:
+    """The kernels built with extra flags (e.g. -mno-avx512vnni: the paths CPUs without an
+    instruction set take), beside the default build; for tests."""
+    cc = compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler (cc, gcc or $CC) on this machine")
+    return opened(build(cc, [*FLAGS, *extra_flags]))
 
 
 def library() -> ctypes.CDLL | None:

@@ -28,7 +28,8 @@ from tokenworks.kernels import abi as ck
 from tokenworks.kernels.attention import attend
 from tokenworks.kernels.batch import KernelBatch, decode_only
 from tokenworks.kernels.build import library
-from tokenworks.kernels.products import PACK_MAX, pack_weight, packed_bias, product
+from tokenworks.kernels.products import PACK_MAX, pack_weight, packed_bias, product, swiglu
+from tokenworks.ops.block_linear import BlockEmbedding, BlockLinear
 from tokenworks.ops.linear import DenseForLargeBatches, Int4Linear, Int8Linear, MatvecLinear
 from tokenworks.ops.rope import cos_sin_table
 
@@ -66,6 +67,8 @@ def _linear(
                 keep.append(bias)
             code = ck.PACKED_GLU if glu else ck.PACKED
             return ck.Linear(ck.ptr(packed), None, ck.ptr(bias), code, n, k)
+    if isinstance(layer, BlockLinear):  # the GGUF file's blocks, as stored
+        return layer.c_view()
     if isinstance(layer, DenseForLargeBatches):
         layer = layer.quantized
     n, k = layer.out_features, layer.in_features
@@ -94,6 +97,20 @@ def _dense(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     return None
 
 
+def _batched(layer: nn.Module):
+    """How run_batched multiplies by a layer: (weight, bias) for dense ones, the layer
+    itself for a BlockLinear; None where it cannot."""
+    return layer if isinstance(layer, BlockLinear) else _dense(layer)
+
+
+def _product(d, packs: dict, glu: bool = False):
+    """x -> x @ W.T for _batched's d; glu: followed by SwiGLU."""
+    if isinstance(d, BlockLinear):
+        return (lambda x: swiglu(d(x))) if glu else d
+    w, bias = d
+    return product(w, bias, packs.get(w.data_ptr()), glu=glu)
+
+
 class LlamaForward:
     def __init__(self, lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles):
         self.lib, self.dims, self.keep, self.spec, self.max_rows = lib, dims, keep, spec, max_rows
@@ -105,15 +122,16 @@ class LlamaForward:
         self.tiles = tiles  # prompt attention on AMX tiles (where granted)
         self.pool_ptrs = [(k.data_ptr(), v.data_ptr()) for k, v in zip(pool.k, pool.v, strict=True)]
         self.kv_dtype = ck.DTYPE_CODES[pool.k[0].dtype]
-        # Bigger batches: torch's products on dense weights, the rest in C (run_batched)
-        dense = [[_dense(getattr(layer, n)) for n in _MODULES] for layer in model.layers]
-        head = _dense(model.lm_head)
+        # Bigger batches: torch's products on dense weights (or a BlockLinear's own: blocks
+        # for a few rows, a dequantised tile for more), the rest in C (run_batched)
+        dense = [[_batched(getattr(layer, n)) for n in _MODULES] for layer in model.layers]
+        head = _batched(model.lm_head)
         found = [d for row in dense for d in row] + [head]
-        dtypes = {d[0].dtype for d in found if d is not None}
-        ok = all(d is not None for d in found) and len(dtypes) == 1
+        act = model.norm.dtype  # the model's float dtype: the products' inputs and outputs
+        ok = all(d is not None and (isinstance(d, BlockLinear) or d[0].dtype == act) for d in found)
         self.dense, self.dense_head = (dense, head) if ok else (None, None)
-        self.act_dtype = dtypes.pop() if ok else None
-        self.embed = model.embed.weight
+        self.act_dtype = act if ok else None
+        self.embed = model.embed  # rows of the table, as the model looks them up
         self._packed = self._head = None  # run_batched's products, made on first use
 
     @classmethod
@@ -135,16 +153,20 @@ class LlamaForward:
             return None
         if spec.moe or spec.mla or spec.qk_norm:  # layers the C forward pass has no code for
             return None
-        if model.embed.weight.device.type != "cpu" or pool.k[0].dtype not in (
+        if model.norm.device.type != "cpu" or pool.k[0].dtype not in (
             torch.float32,
             torch.bfloat16,
         ):
             return None
         if spec.head_dim > 256 or spec.n_heads // spec.n_kv_heads * spec.head_dim > 2048:
             return None  # the kernel's per-group buffers
-        embed = model.embed.weight
-        if embed.dtype not in (torch.float32, torch.bfloat16):
-            return None
+        if isinstance(model.embed, BlockEmbedding):  # blocks: C dequantises the rows it reads
+            embed, embed_code = model.embed.blocks, ck.BLOCKS + model.embed.table.ggml_type
+        else:
+            embed = model.embed.weight
+            if embed.dtype not in (torch.float32, torch.bfloat16):
+                return None
+            embed_code = ck.DTYPE_CODES[embed.dtype]
         keep: list = []
         cos, sin = cos_sin_table(spec, spec.max_position)
         keep += [embed, cos, sin, pool]
@@ -162,8 +184,9 @@ class LlamaForward:
             head = _linear(model.lm_head, keep, packs)
             if head is None:
                 return None
-            code = ck.DTYPE_CODES[embed.dtype]
-            return layers, ck.Model(ck.ptr(embed), code, final_norm, head, ck.ptr(cos), ck.ptr(sin))
+            return layers, ck.Model(
+                ck.ptr(embed), embed_code, final_norm, head, ck.ptr(cos), ck.ptr(sin)
+            )
 
         dot = view(None)
         if dot is None:
@@ -210,6 +233,8 @@ class LlamaForward:
                 "attn": torch.empty(rows, s.q_size),
                 "gu": torch.empty(rows, 2 * s.intermediate_size),
                 "act": torch.empty(rows, s.intermediate_size),
+                # the activations quantised for block weights (csrc/block_products.h)
+                "qbuf": torch.empty(self.lib.tw_qact_bytes(rows, widest), dtype=torch.uint8),
             }
             scratch = ck.Scratch(*(ck.ptr(bufs[n]) for n, _ in ck.Scratch._fields_))
             self._scratch = (rows, bufs, scratch)
@@ -306,13 +331,12 @@ class LlamaForward:
             packs = self.packs
             self._packed = [
                 [
-                    product(w, bias, packs.get(w.data_ptr()), glu=name == "gate_up")
-                    for name, (w, bias) in zip(_MODULES, row, strict=True)
+                    _product(d, packs, glu=name == "gate_up")
+                    for name, d in zip(_MODULES, row, strict=True)
                 ]
                 for row in self.dense
             ]
-            w, bias = self.dense_head
-            self._head = product(w, bias, packs.get(w.data_ptr()))
+            self._head = _product(self.dense_head, packs)
         return self._packed
 
     def run_batched(
@@ -331,7 +355,7 @@ class LlamaForward:
         pos = positions.contiguous()
         slots = batch.slot_mapping.contiguous()
         decode_only = batch.decode_only
-        x = self.embed.index_select(0, input_ids).float().contiguous()  # [B, hidden]
+        x = self.embed(input_ids).float().contiguous()  # [B, hidden]
         h = torch.empty(b, s.hidden_size, dtype=act)
         attn = torch.empty(b, s.q_size, dtype=act)
         px, ph, pattn = (t.data_ptr() for t in (x, h, attn))

@@ -11,7 +11,14 @@ from tokenworks.models.gpt2 import GPT2Model
 from tokenworks.models.llama import LlamaModel
 from tokenworks.models.loader import LoadedModel, ModelLoadError, load
 from tokenworks.models.spec import ModelSpec
-from tokenworks.ops.linear import matvec_linears_, quantize_, quantized_linear, tile_linears_
+from tokenworks.ops.block_linear import DenseView
+from tokenworks.ops.linear import (
+    QUANTIZED_LINEARS,
+    matvec_linears_,
+    quantize_,
+    quantized_linear,
+    tile_linears_,
+)
 
 MODULES = {"decoder": LlamaModel, "gpt2": GPT2Model}  # models/arch Family.module -> class
 _INITS = ("kaiming_uniform_", "uniform_", "normal_", "zeros_", "ones_")
@@ -42,11 +49,12 @@ def build_model(
     moe_strategy: str = "auto",
     moe_capacity_factor: float | None = None,
 ) -> torch.nn.Module:
-    with _without_random_init():
+    with _without_random_init():  # (nor does a layer that will hold blocks touch its pages)
         model = MODULES[family(spec.arch).module](spec)
-    model.load_weights(weights)
+    blocks = quantization == "gguf" and isinstance(model, LlamaModel)
+    model.load_weights(weights if blocks else DenseView(weights))
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    if quantization is not None:
+    if quantization in QUANTIZED_LINEARS:
         head = model.lm_head
         quantize_(model, quantization, dense_from_rows)
         if quantization == "int4":
@@ -61,7 +69,7 @@ def build_model(
         layer.mla.tile = 16
     if batch_invariant:
         tile_linears_(model)
-    elif quantization is None and dtype == torch.bfloat16 and device == "cpu":
+    elif quantization in (None, "gguf") and dtype == torch.bfloat16 and device == "cpu":
         matvec_linears_(model)  # single-row products (batch-1 decode) via torch.mv
     return model
 

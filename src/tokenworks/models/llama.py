@@ -15,15 +15,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenworks.kernels.blocks import BlockTensor
 from tokenworks.models.mla import LatentAttention
 from tokenworks.models.moe import MoE, RoutingStats
 from tokenworks.models.spec import ModelSpec
 from tokenworks.ops.attention import AttentionMetadata, attention
+from tokenworks.ops.block_linear import BlockEmbedding, BlockLinear, DenseView, dense
 from tokenworks.ops.rope import apply_rope, cos_sin_table
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
+
+
+def _product(linear: nn.Linear, parts: list, bias=None) -> nn.Module:
+    """The layer for weights `parts` (stacked by rows): a BlockLinear where every part is a
+    GGUF BlockTensor, else `linear` with the parts copied in as floats."""
+    if all(isinstance(p, BlockTensor) for p in parts):
+        return BlockLinear(parts, None if bias is None else dense(bias))
+    linear.weight.copy_(torch.cat([dense(p) for p in parts], dim=0))
+    if bias is not None:
+        linear.bias.copy_(dense(bias))
+    return linear
 
 
 class LlamaLayer(nn.Module):
@@ -53,21 +66,21 @@ class LlamaLayer(nn.Module):
         self.rope_table = int(spec.rope_local_theta is not None and self.window is not None)
         self.act = F.silu if spec.mlp_act == "silu" else _gelu_tanh
 
-    def load(self, w: dict[str, torch.Tensor], p: str) -> None:
-        """Copy this layer's weights (engine names under prefix p) in, fusing QKV and gate/up."""
+    def load(self, blocks: dict, p: str) -> None:
+        """Copy this layer's weights (engine names under prefix p) in, fusing QKV and gate/up.
+        Products whose weights are GGUF BlockTensors keep them as stored (BlockLinear)."""
+        w = DenseView(blocks)  # what the other modules read: floats
         self.input_norm.copy_(w[p + "input_layernorm.weight"])
         self.post_norm.copy_(w[p + "post_attention_layernorm.weight"])
         if self.mla is not None:
             self.mla.load(w, p)
         else:
-            self.qkv.weight.copy_(
-                torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0)
-            )
+            bias = None
             if self.spec.qkv_bias:
-                self.qkv.bias.copy_(
-                    torch.cat([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"], dim=0)
-                )
-            self.o_proj.weight.copy_(w[p + "self_attn.o_proj.weight"])
+                bias = torch.cat([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"], dim=0)
+            qkv = [blocks[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
+            self.qkv = _product(self.qkv, qkv, bias)
+            self.o_proj = _product(self.o_proj, [blocks[p + "self_attn.o_proj.weight"]])
         if self.spec.qk_norm:
             self.q_norm.copy_(w[p + "self_attn.q_norm.weight"])
             self.k_norm.copy_(w[p + "self_attn.k_norm.weight"])
@@ -77,10 +90,9 @@ class LlamaLayer(nn.Module):
         if self.moe is not None:
             self.moe.load(w, p)
         else:
-            self.gate_up.weight.copy_(
-                torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]], dim=0)
-            )
-            self.down.weight.copy_(w[p + "mlp.down_proj.weight"])
+            gate_up = [blocks[p + "mlp.gate_proj.weight"], blocks[p + "mlp.up_proj.weight"]]
+            self.gate_up = _product(self.gate_up, gate_up)
+            self.down = _product(self.down, [blocks[p + "mlp.down_proj.weight"]])
 
     def forward(
         self,
@@ -153,17 +165,24 @@ class LlamaModel(nn.Module):
     def moe_layers(self) -> list[MoE]:
         return [layer.moe for layer in self.layers if layer.moe is not None]
 
-    def load_weights(self, w: dict[str, torch.Tensor]) -> None:
-        """Copy float32 weights under engine names (models/arch) in."""
+    def load_weights(self, w: dict) -> None:
+        """Copy weights under engine names (models/arch) in: float32 tensors, or GGUF
+        BlockTensors, which the products and the embedding keep as stored."""
         with torch.no_grad():
-            self.embed.weight.copy_(w["model.embed_tokens.weight"])
-            self.norm.copy_(w["model.norm.weight"])
+            table = w["model.embed_tokens.weight"]
+            if isinstance(table, BlockTensor):
+                self.embed = BlockEmbedding(table)
+            else:
+                self.embed.weight.copy_(table)
+            self.norm.copy_(dense(w["model.norm.weight"]))
             for i, layer in enumerate(self.layers):
                 layer.load(w, f"model.layers.{i}.")
-            if self.spec.tie_embeddings:
+            if self.spec.tie_embeddings and isinstance(table, BlockTensor):
+                self.lm_head = BlockLinear([table])
+            elif self.spec.tie_embeddings:
                 self.lm_head.weight = self.embed.weight
             else:
-                self.lm_head.weight.copy_(w["lm_head.weight"])
+                self.lm_head = _product(self.lm_head, [w["lm_head.weight"]])
 
     def forward(
         self,

@@ -37,12 +37,14 @@ class ModelLoadError(ValueError):
 @dataclass
 class LoadedModel:
     spec: ModelSpec
-    weights: dict[str, torch.Tensor]  # float32, Hugging Face names
+    # Hugging Face names -> float32 tensors, or (GGUF) kernels.blocks.BlockTensor
+    weights: dict
     tokenizer_source: dict  # {"kind": "gguf", "fields": {...}} or {"kind": "json", "path": ...}
     chat_template: str | None
     model_id: str  # what the user asked for
     file_sha256: str | None  # of the weights file, where there is one file
     file_path: str
+    gguf_index: GGUFIndex | None = None  # a GGUF's tensor table (models/converted.py)
 
 
 def load(model: str, weights: bool = True) -> LoadedModel:
@@ -111,7 +113,7 @@ def _hf_name(gguf_name: str, fam, path: Path, arch: str) -> str:
 def load_gguf_once(
     path: Path, model_id: str, sha256: str | None = None, weights: bool = True
 ) -> LoadedModel:
-    """load_gguf, from its converted copy where one was kept (models/converted.py)."""
+    """load_gguf, from the index kept of the file where there is one (models/converted.py)."""
     from tokenworks.models import converted
 
     if not converted.enabled():
@@ -120,19 +122,114 @@ def load_gguf_once(
         return loaded
     key = converted.key_for(Path(path), sha256)
     loaded = converted.load_converted(key, model_id, str(path), sha256, weights)
-    if loaded is None and not weights:  # (no copy is made from a read without weights)
-        loaded = load_gguf(path, model_id=model_id, weights=False)
-        loaded.file_sha256 = sha256
-    elif loaded is None:
-        log.info("reading %s (once: a converted copy is kept for later loads)", path)
-        loaded = load_gguf(path, model_id=model_id)
+    if loaded is None:
+        log.info("reading %s (once: an index of it is kept for later loads)", path)
+        loaded = load_gguf(path, model_id=model_id, weights=weights)
         loaded.file_sha256 = sha256
         converted.save_converted(key, loaded)
     return loaded
 
 
+@dataclass(frozen=True)
+class StoredTensor:
+    """Where a tensor lies in a GGUF file: its type, shape (ggml's order: the row first)
+    and its bytes' absolute offset."""
+
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def _stored_tensors(reader, path: Path) -> list[StoredTensor]:
+    import gguf
+
+    out = []
+    for t in reader.tensors:
+        expected = (
+            int(np.prod(t.shape))
+            * gguf.GGML_QUANT_SIZES[t.tensor_type][1]
+            // (gguf.GGML_QUANT_SIZES[t.tensor_type][0])
+        )
+        if t.data.nbytes != expected or t.data_offset + expected > path.stat().st_size:
+            raise ModelLoadError(f"{path}: tensor {t.name} is truncated; download the file again")
+        shape = tuple(int(d) for d in t.shape)
+        out.append(StoredTensor(t.name, int(t.tensor_type), shape, int(t.data_offset), expected))
+    return out
+
+
+def _dense_array(mm: np.ndarray, t: StoredTensor) -> np.ndarray:
+    """An F32 / F16 / BF16 tensor's values as float32 [torch order]."""
+    import gguf
+
+    raw = mm[t.offset : t.offset + t.nbytes]
+    shape = tuple(reversed(t.shape))
+    if t.ggml_type == gguf.GGMLQuantizationType.F32:
+        return np.array(raw.view(np.float32).reshape(shape))
+    if t.ggml_type == gguf.GGMLQuantizationType.F16:
+        return raw.view(np.float16).reshape(shape).astype(np.float32)
+    if t.ggml_type == gguf.GGMLQuantizationType.BF16:
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return gguf.quants.dequantize(np.asarray(raw), t.ggml_type).reshape(shape).astype(np.float32)
+
+
+def gguf_weights(
+    path: Path, tensors: list[StoredTensor], arch: str, n_heads: int, n_kv: int,
+    names_only: bool = False,
+) -> tuple[dict, np.ndarray | None]:  # fmt: skip
+    """The weights under Hugging Face names, read from the memory-mapped file: matrices of
+    quantised types as BlockTensors (views of the file, executed as stored; llama's Q and K
+    rows reordered, a copy), the rest as float32 tensors; and RoPE's frequencies, if the file
+    has them. names_only: the names with None for every weight (no matrix is touched)."""
+    from tokenworks.kernels import blocks
+
+    fam = arch_registry.for_gguf_arch(arch)
+    mm = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: pages shared, never written
+    weights: dict = {}
+    rope_freqs = None
+    bar = tqdm(tensors, desc=f"map {path.name}", unit="tensor", leave=False, disable=names_only)
+    for t in bar:
+        if t.name == "rope_freqs.weight":
+            rope_freqs = _dense_array(mm, t)
+            continue
+        name = _hf_name(t.name, fam, path, arch)
+        experts = "{e}" in name  # one 3-D tensor holds every expert's matrix: [E, out, in]
+        n_exp = t.shape[2] if experts else 1
+        if names_only:
+            weights.update({name.format(e=e): None for e in range(n_exp)})
+            continue
+        heads = None
+        if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_q.bias")):
+            heads = n_heads
+        elif arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias")):
+            heads = n_kv
+        if len(t.shape) >= 2 and t.ggml_type not in blocks.DENSE:
+            rows = int(np.prod(t.shape[1:]))
+            raw = mm[t.offset : t.offset + t.nbytes].reshape(rows, -1)
+            w = blocks.executable(t.ggml_type, t.name, (rows, t.shape[0]), raw)
+            if heads:
+                w = w.rows(torch.from_numpy(_unpermute(np.arange(rows)[:, None], heads).ravel()))
+            if experts:
+                per = rows // n_exp
+                for e in range(n_exp):
+                    weights[name.format(e=e)] = w.rows(slice(e * per, (e + 1) * per))
+                continue
+            weights[name] = w
+            continue
+        arr = _dense_array(mm, t)
+        if heads:
+            arr = _unpermute(arr if arr.ndim == 2 else arr[:, None], heads).reshape(arr.shape)
+        if experts:
+            for e, part in enumerate(arr):
+                weights[name.format(e=e)] = torch.from_numpy(np.array(part, dtype=np.float32))
+            continue
+        weights[name] = torch.from_numpy(np.array(arr, dtype=np.float32))  # owned, writable
+    return weights, rope_freqs
+
+
 def load_gguf(path: Path, model_id: str | None = None, weights: bool = True) -> LoadedModel:
-    """A GGUF file's spec, tokenizer and (dequantised to float32) weights; weights=False
+    """A GGUF file's spec, tokenizer and weights as stored (gguf_weights); weights=False
     skips the weights (only their names are read)."""
     import gguf
 
@@ -158,43 +255,8 @@ def load_gguf(path: Path, model_id: str | None = None, weights: bool = True) -> 
     eot = _field(reader, "tokenizer.ggml.eot_token_id")
     eos_ids = tuple(sorted({int(x) for x in (eos, eot) if x is not None}))
 
-    want_weights = weights
-    weights: dict[str, torch.Tensor] = {}
-    names: set[str] = set()  # every weight's name, read or not
-    rope_freqs = None
-    tensors = reader.tensors if want_weights else []
-    if not want_weights:  # only the names, and RoPE's frequencies (part of the spec)
-        names = {
-            _hf_name(t.name, fam, path, arch)
-            for t in reader.tensors
-            if t.name != "rope_freqs.weight"
-        }
-        tensors = [t for t in reader.tensors if t.name == "rope_freqs.weight"]
-    for t in tqdm(tensors, desc=f"dequantise {path.name}", unit="tensor", leave=False):
-        expected = (
-            int(np.prod(t.shape))
-            * gguf.GGML_QUANT_SIZES[t.tensor_type][1]
-            // (gguf.GGML_QUANT_SIZES[t.tensor_type][0])
-        )
-        if t.data.nbytes != expected:
-            raise ModelLoadError(f"{path}: tensor {t.name} is truncated; download the file again")
-        arr = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        arr = arr.reshape([int(d) for d in reversed(t.shape)])
-        if t.name == "rope_freqs.weight":
-            rope_freqs = arr
-            continue
-        if t.name.endswith(("attn_q.weight", "attn_q.bias")) and arch == "llama":
-            arr = _unpermute(arr if arr.ndim == 2 else arr[:, None], n_heads).reshape(arr.shape)
-        elif t.name.endswith(("attn_k.weight", "attn_k.bias")) and arch == "llama":
-            arr = _unpermute(arr if arr.ndim == 2 else arr[:, None], n_kv).reshape(arr.shape)
-        name = _hf_name(t.name, fam, path, arch)
-        if "{e}" in name:  # one 3-D tensor holds every expert's matrix: [E, out, in]
-            for e, part in enumerate(arr):
-                weights[name.format(e=e)] = torch.from_numpy(np.array(part, dtype=np.float32))
-            continue
-        weights[name] = torch.from_numpy(np.array(arr, dtype=np.float32))  # owned, writable
-    names |= set(weights)
-
+    stored = _stored_tensors(reader, path)
+    names, rope_freqs = gguf_weights(path, stored, arch, n_heads, n_kv, names_only=True)
     kw = dict(
         arch=fam.name,
         vocab_size=vocab,
@@ -230,15 +292,30 @@ def load_gguf(path: Path, model_id: str | None = None, weights: bool = True) -> 
         for k in reader.fields
         if k.startswith("tokenizer.ggml.") and (k != "tokenizer.ggml.scores" or keep_scores)
     }
+    chat_template = _field(reader, "tokenizer.chat_template")
+    index = GGUFIndex(arch, stored)
     return LoadedModel(
         spec=spec,
-        weights=weights,
+        weights=index.weights(path, spec) if weights else {},
         tokenizer_source={"kind": "gguf", "fields": fields},
-        chat_template=_field(reader, "tokenizer.chat_template"),
+        chat_template=chat_template,
         model_id=model_id or str(path),
         file_sha256=None,
         file_path=str(path),
+        gguf_index=index,
     )
+
+
+@dataclass(frozen=True)
+class GGUFIndex:
+    """What loading a GGUF's weights needs beyond its spec: its architecture's name in the
+    file and where each tensor lies (kept on disk by models/converted.py)."""
+
+    arch: str
+    tensors: list[StoredTensor]
+
+    def weights(self, path: Path, spec: ModelSpec) -> dict:
+        return gguf_weights(Path(path), self.tensors, self.arch, spec.n_heads, spec.n_kv_heads)[0]
 
 
 # --------------------------------------------------------------------------- HF directory

@@ -74,3 +74,20 @@ static inline void row_from_f32(void* base, int dtype, int64_t row, int n, const
   for (; i < n; ++i) r[i] = f32_to_bf16(in[i]);
 }
 
+
+// One linear layer's weights: w [n, k] of `dtype`; scale [n] (int8 only) and bias [n] may
+// be NULL. A TW_PARTS product is n_parts products over the same input, each writing its
+// own range of output columns, in order (a fused QKV whose Q, K and V differ in type).
+typedef struct tw_linear {
+  const void* w;
+  const float* scale;
+  const float* bias;
+  int dtype;
+  int n, k;
+  const struct tw_linear* parts;
+  int n_parts;
+} tw_linear;
+// Weight rows are requested about this many bytes ahead of the one being multiplied: a
+// decode step streams every weight once, and a core alone keeps too few reads in flight.
+#define PREFETCH_BYTES 4096
+

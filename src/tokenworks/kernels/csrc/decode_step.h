@@ -33,6 +33,8 @@ typedef struct {
   float* attn;    // [B, q_size]
   float* gu;      // [B, 2 * intermediate]
   float* act;     // [B, intermediate]
+  void* qbuf;     // tw_qact_bytes(B, max(hidden, intermediate, q_size)): activations
+                  // quantised for block weights
 } tw_scratch;
 
 static void rope_row(float* v, const float* cos, const float* sin, int D) {
@@ -74,7 +76,14 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
   const int H = d->n_heads, KVH = d->n_kv_heads, D = d->head_dim, hid = d->hidden;
   const int I = d->intermediate;
   const int q_size = H * D, kv_size = KVH * D, nqkv = q_size + 2 * kv_size;
-  for (int b = 0; b < B; ++b) row_to_f32(m->embed, m->embed_dtype, ids[b], hid, x + b * hid);
+  for (int b = 0; b < B; ++b) {
+    if (is_blocks(m->embed_dtype))
+      block_row_to_f32(m->embed_dtype - TW_BLOCKS,
+                       (const uint8_t*)m->embed + ids[b] * block_row_bytes(m->embed_dtype - TW_BLOCKS, hid),
+                       hid, x + b * hid);
+    else
+      row_to_f32(m->embed, m->embed_dtype, ids[b], hid, x + b * hid);
+  }
   int amx = m->head.dtype == TW_PACKED;  // any packed weights: shared runs, tiles where they run
   for (int li = 0; li < n_layers; ++li) {
     const tw_layer* L = &layers[li];
@@ -105,7 +114,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b)
         rms_norm_row(x + b * hid, L->input_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
-      linear_rows(&L->qkv, s->h, s->hb, s->qkv, B, 0, runs);
+      linear_rows(&L->qkv, s->h, s->hb, s->qkv, B, 0, runs, s->qbuf);
       // RoPE on q and k, then this token's K and V into the pool.
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b)
@@ -114,7 +123,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
       attention_tasks(&kv, s->qkv, nqkv, s->attn, q_size, B, H, KVH, D, d->attn_scale, threads);
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b) round_row(s->attn + b * q_size, s->hb + b * q_size, q_size);
-      linear_rows(&L->o, s->attn, s->hb, x, B, 1, runs);  // x += o_proj(attn)
+      linear_rows(&L->o, s->attn, s->hb, x, B, 1, runs, s->qbuf);  // x += o_proj(attn)
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b)
         rms_norm_row(x + b * hid, L->post_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
@@ -128,7 +137,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
       } else
 #endif
       {
-        linear_rows(&L->gate_up, s->h, s->hb, s->gu, B, 0, runs);
+        linear_rows(&L->gate_up, s->h, s->hb, s->gu, B, 0, runs, s->qbuf);
         const int chunks = (I + 127) / 128;
 #pragma omp for schedule(static)
         for (int c = 0; c < B * chunks; ++c) {  // SwiGLU: silu(gate) * up, 128 at a time
@@ -139,7 +148,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
           round_row(a, s->hb + (int64_t)b * I + j, len);
         }
       }
-      linear_rows(&L->down, s->act, act_b, x, B, 1, runs);  // x += down(act)
+      linear_rows(&L->down, s->act, act_b, x, B, 1, runs, s->qbuf);  // x += down(act)
     }
 #pragma omp for schedule(static)
     for (int b = 0; b < B; ++b)
@@ -159,7 +168,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
       }
     } else
 #endif
-      linear_rows(&m->head, s->h, s->hb, logits, B, 0, runs);
+      linear_rows(&m->head, s->h, s->hb, logits, B, 0, runs, s->qbuf);
 #if defined(TW_AMX_BUILT)
     if (amx && tw_tiles) _tile_release();
 #endif

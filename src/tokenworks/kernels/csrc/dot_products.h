@@ -85,20 +85,6 @@ static inline float dot_q4(const uint8_t* row, const float* x, const float* xsum
 #endif
 }
 
-// One linear layer's weights: w [n, k] of `dtype`; scale [n] (int8 only) and bias [n] may
-// be NULL.
-typedef struct {
-  const void* w;
-  const float* scale;
-  const float* bias;
-  int dtype;
-  int n, k;
-} tw_linear;
-
-// Weight rows are requested about this many bytes ahead of the one being multiplied: a
-// decode step streams every weight once, and a core alone keeps too few reads in flight.
-#define PREFETCH_BYTES 4096
-
 // The packed products' shared runs of panels (see packed_shared); declared for every build,
 // as the decode step passes them on whether or not the packed products are compiled in.
 typedef struct tw_run tw_run;
@@ -118,10 +104,15 @@ static void packed_rows(const tw_linear* L, const uint16_t* xb, void* y, int y_d
 
 // y[b, j] (+)= W[j] . x[b] for b < B: the output rows are shared among the threads (call
 // inside a parallel region). With accumulate the result is added to y (a residual).
-// TW_PACKED weights go to packed_rows (runs: see packed_shared).
+// TW_PACKED weights go to packed_rows (runs: see packed_shared), block weights to
+// block_rows (qbuf: room for the quantised activations, shared by the threads).
 
 static void linear_rows(const tw_linear* L, const float* x, const uint16_t* xb, float* y, int B,
-                        int accumulate, tw_run* runs) {
+                        int accumulate, tw_run* runs, void* qbuf) {
+  if (has_blocks(L)) {
+    block_rows(L, x, qbuf, y, B, accumulate);
+    return;
+  }
 #if defined(TW_PACKED_BUILT)
   if (L->dtype == TW_PACKED) {
     packed_rows(L, xb, y, TW_F32, B, accumulate, runs);

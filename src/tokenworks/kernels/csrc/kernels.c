@@ -20,6 +20,7 @@
 // plain C fallback, so the file builds for any CPU the compiler targets.
 
 #include "common.h"
+#include "block_products.h"
 #include "dot_products.h"
 #include "paged_attention.h"
 #include "packed_products.h"

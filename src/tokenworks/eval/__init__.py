@@ -1,0 +1,1 @@
+"""Measurements of what a model computes (not how fast): perplexity on a text."""

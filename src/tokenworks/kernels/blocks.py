@@ -1,0 +1,171 @@
+"""A GGUF tensor as the file stores it, and the C products on its blocks.
+
+`BlockTensor` is a matrix of a GGUF file kept as rows of quantised blocks (a view of the
+memory-mapped file where no change was needed). The C kernels (csrc/block_products.h)
+multiply by it without widening it: the activations are quantised 32 at a time to 8 bits
+and each block pair multiplies in integers (AVX-512 VNNI where the CPU has it). Types the
+kernels do not execute are re-quantised to Q8_0 once, at load.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from tokenworks.kernels import abi as ck
+from tokenworks.kernels.build import library
+
+log = logging.getLogger("tokenworks.kernels")
+
+# ggml type ids -> name: the formats the C kernels execute
+EXECUTED = {
+    2: "Q4_0",
+    3: "Q4_1",
+    6: "Q5_0",
+    7: "Q5_1",
+    8: "Q8_0",
+    12: "Q4_K",
+    13: "Q5_K",
+    14: "Q6_K",
+}
+Q8_0 = 8
+DENSE = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}  # ggml types read as floats
+
+
+def type_name(ggml_type: int) -> str:
+    import gguf
+
+    return gguf.GGMLQuantizationType(ggml_type).name
+
+
+def block_shape(ggml_type: int) -> tuple[int, int]:
+    """(elements, bytes) of one block of a ggml type."""
+    import gguf
+
+    return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ggml_type)]
+
+
+@dataclass
+class BlockTensor:
+    """A 2-D weight [rows, cols] (torch's order: out, in) as GGUF blocks of `ggml_type`;
+    data is uint8 [rows, row_bytes]."""
+
+    ggml_type: int
+    shape: tuple[int, int]
+    data: torch.Tensor
+
+    @property
+    def type_name(self) -> str:
+        return EXECUTED.get(self.ggml_type) or type_name(self.ggml_type)
+
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def rows(self, index) -> BlockTensor:
+        """The rows `index` selects (a slice stays a view of the file; a list copies)."""
+        data = self.data[index]
+        return BlockTensor(self.ggml_type, (data.shape[0], self.shape[1]), data)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weights the blocks hold, [rows, cols] in dtype."""
+        return dequantize(self, dtype)
+
+
+def from_array(ggml_type: int, shape: tuple[int, int], data: np.ndarray) -> BlockTensor:
+    """A BlockTensor over raw bytes (a memory map's view is kept, not copied)."""
+    rows = shape[0]
+    raw = torch.from_numpy(np.asarray(data).view(np.uint8).reshape(rows, -1))
+    return BlockTensor(ggml_type, shape, raw)
+
+
+def executable(ggml_type: int, name: str, shape: tuple[int, int], data: np.ndarray) -> BlockTensor:
+    """A stored tensor in a format the kernels execute: as stored where it is one, else
+    re-quantised once to Q8_0 (with a log line naming the type)."""
+    if ggml_type in EXECUTED:
+        return from_array(ggml_type, shape, data)
+    import gguf
+
+    _log_requantised(type_name(ggml_type))
+    dense = gguf.quants.dequantize(np.asarray(data), ggml_type).reshape(shape)
+    q = gguf.quants.quantize(dense.astype(np.float32), gguf.GGMLQuantizationType.Q8_0)
+    return from_array(Q8_0, shape, q)
+
+
+@functools.cache
+def _log_requantised(name: str) -> None:
+    log.info("%s blocks are not executed natively: re-quantised to Q8_0 at load", name)
+
+
+def dequantize(t: BlockTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """t's weights in dtype: the C kernels where they run, else the gguf package's."""
+    lib = library()
+    rows, cols = t.shape
+    if lib is not None and dtype in (torch.float32, torch.bfloat16):
+        out = torch.empty(rows, cols, dtype=dtype)
+        data = t.data.contiguous()
+        lib.tw_block_dequantize(
+            ck.ptr(data), t.ggml_type, rows, cols, ck.ptr(out), ck.DTYPE_CODES[dtype],
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+    import gguf
+
+    arr = gguf.quants.dequantize(t.data.numpy(), t.ggml_type).reshape(rows, cols)
+    return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).to(dtype)  # any dtype
+
+
+def use_portable(on: bool) -> bool:
+    """Run the block products in plain C even where the vector path is built (for tests of
+    the path CPUs without AVX-512 VNNI take). Returns whether the plain path is on."""
+    lib = library()
+    return lib is not None and bool(lib.tw_blocks_use_portable(int(on)))
+
+
+def c_linear(parts: list[BlockTensor], bias: torch.Tensor | None, keep: list) -> ck.Linear:
+    """The C view of a product whose output rows are parts' rows in order (each part its
+    own block type); bias (float32 [rows]) is split among them. keep holds what the view
+    points at."""
+    k = parts[0].shape[1]
+    n = sum(p.shape[0] for p in parts)
+    if bias is not None:
+        bias = bias.detach().float().contiguous()
+        keep.append(bias)
+    views, row = [], 0
+    for p in parts:
+        data = p.data if p.data.is_contiguous() else p.data.contiguous()
+        keep.append(data)
+        b = None if bias is None else bias[row : row + p.shape[0]]
+        views.append(
+            ck.Linear(ck.ptr(data), None, ck.ptr(b), ck.BLOCKS + p.ggml_type, p.shape[0], k)
+        )
+        row += p.shape[0]
+    if len(views) == 1:
+        return views[0]
+    array = (ck.Linear * len(views))(*views)
+    keep.append(array)
+    return ck.Linear(
+        None, None, None, ck.PARTS, n, k, ctypes.cast(array, ctypes.c_void_p), len(views)
+    )
+
+
+def block_linear(
+    x: torch.Tensor, linear: ck.Linear, out_dtype: torch.dtype, lib=None
+) -> torch.Tensor:
+    """x [M, K] (float32 or bfloat16) @ W.T on the block weights `linear` -> [M, N]; lib:
+    another build of the kernels (build.variant) than the default."""
+    x = x if x.is_contiguous() else x.contiguous()
+    y = torch.empty(x.shape[0], linear.n, dtype=out_dtype)
+    (lib or library()).tw_block_linear(
+        ck.ptr(x), ck.DTYPE_CODES[x.dtype], x.shape[0], ctypes.byref(linear), ck.ptr(y),
+        ck.DTYPE_CODES[out_dtype], torch.get_num_threads(),
+    )  # fmt: skip
+    return y

@@ -1,0 +1,622 @@
+// Products on a GGUF file's own quantised blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K
+// and Q6_K, read where they lie (the file's bytes, memory-mapped), never widened to a float
+// copy of the matrix.
+// (part of kernels.c, the one translation unit: included there, in order)
+//
+// Every format comes down to the same thing for a run of 32 weights: unsigned 8-bit values
+// q (0..255) and, for each half of 16, a scale and an offset, w = scale * q + offset. The
+// activations are quantised the same way, 32 at a time to int8 with one float scale (the
+// per-block error is at most half that scale), and each pair of blocks multiplies in
+// integers (AVX-512 VNNI's dpbusd, u8 x s8 into int32), then once in float:
+//   sum_i w_i x_i = sum_half scale * d_x * (q . a)_half + offset * (d_x * sum a)_half.
+// The sums of the quantised activations over each 16 come with them, so the offsets cost a
+// multiply-add a half, not a pass over the block.
+
+enum { TW_BLOCKS = 16 };  // dtype code TW_BLOCKS + t: a GGUF tensor of ggml type t
+enum { GG_Q4_0 = 2, GG_Q4_1 = 3, GG_Q5_0 = 6, GG_Q5_1 = 7, GG_Q8_0 = 8, GG_Q4_K = 12,
+       GG_Q5_K = 13, GG_Q6_K = 14 };
+enum { TW_PARTS = 6 };  // a product made of row ranges of different dtypes (tw_linear.parts)
+#define BLOCK_MAX_ROWS 8  // activation rows that share one decode of a weight block
+
+static inline int is_blocks(int dtype) { return dtype >= TW_BLOCKS; }
+
+// elements and bytes of one block of ggml type t (0: a type not executed here)
+static inline int block_elems(int t) { return t >= GG_Q4_K ? 256 : 32; }
+static inline int block_bytes(int t) {
+  switch (t) {
+    case GG_Q4_0: return 18;
+    case GG_Q4_1: return 20;
+    case GG_Q5_0: return 22;
+    case GG_Q5_1: return 24;
+    case GG_Q8_0: return 34;
+    case GG_Q4_K: return 144;
+    case GG_Q5_K: return 176;
+    case GG_Q6_K: return 210;
+    default: return 0;
+  }
+}
+static inline int64_t block_row_bytes(int t, int k) {
+  return (int64_t)(k / block_elems(t)) * block_bytes(t);
+}
+
+int tw_block_bytes(int t) { return block_bytes(t); }
+
+static inline float half_to_f32(const uint8_t* p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  union { uint32_t u; float f; } v;
+  if (exp == 0x1f) {
+    v.u = sign | 0x7f800000u | (man << 13);
+  } else if (exp) {
+    v.u = sign | ((exp + 112) << 23) | (man << 13);
+  } else {  // zero or subnormal: man * 2^-24
+    v.f = (float)man * 5.9604644775390625e-8f;
+    v.u |= sign;
+  }
+  return v.f;
+#endif
+}
+
+// Q4_K / Q5_K: sub-block j's 6-bit scale and minimum from the 12 packed bytes
+static inline void scale_min_k4(int j, const uint8_t* s, int* sc, int* m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+// The scales and offsets of 32-element group g of a row: w = sw[h] * q + bw[h] for the
+// half h (0: elements 0-15, 1: 16-31). Also where the group's quantised bytes start.
+static inline void group_params(int t, const uint8_t* row, int g, float sw[2], float bw[2]) {
+  if (t < GG_Q4_K) {
+    const uint8_t* b = row + (int64_t)g * block_bytes(t);
+    const float d = half_to_f32(b);
+    float off;
+    if (t == GG_Q4_1 || t == GG_Q5_1) off = half_to_f32(b + 2);
+    else off = -(t == GG_Q4_0 ? 8.f : t == GG_Q5_0 ? 16.f : 128.f) * d;
+    sw[0] = sw[1] = d;
+    bw[0] = bw[1] = off;
+    return;
+  }
+  const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
+  const int j = g % 8;
+  if (t == GG_Q6_K) {
+    const float d = half_to_f32(sb + 208);
+    const int8_t* sc = (const int8_t*)(sb + 192) + 8 * (j / 4) + 2 * (j % 4);
+    for (int h = 0; h < 2; ++h) {
+      sw[h] = d * sc[h];
+      bw[h] = -32.f * sw[h];
+    }
+    return;
+  }
+  int sc, m;
+  scale_min_k4(j, sb + 4, &sc, &m);
+  const float d = half_to_f32(sb) * sc, o = -half_to_f32(sb + 2) * m;
+  sw[0] = sw[1] = d;
+  bw[0] = bw[1] = o;
+}
+
+// The 32 unsigned values q of group g, in plain C (the portable path and the reference).
+static void group_values(int t, const uint8_t* row, int g, uint8_t* q) {
+  if (t < GG_Q4_K) {
+    const uint8_t* b = row + (int64_t)g * block_bytes(t);
+    if (t == GG_Q8_0) {
+      for (int l = 0; l < 32; ++l) q[l] = b[2 + l] ^ 0x80;
+      return;
+    }
+    const int lead = t == GG_Q4_0 ? 2 : t == GG_Q4_1 ? 4 : t == GG_Q5_0 ? 6 : 8;
+    const uint8_t* qs = b + lead;
+    uint32_t qh = 0;
+    if (t == GG_Q5_0 || t == GG_Q5_1) memcpy(&qh, b + lead - 4, 4);
+    for (int l = 0; l < 16; ++l) {
+      q[l] = (qs[l] & 0xF) | (((qh >> l) & 1) << 4);
+      q[l + 16] = (qs[l] >> 4) | (((qh >> (l + 16)) & 1) << 4);
+    }
+    return;
+  }
+  const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
+  const int j = g % 8;
+  if (t == GG_Q6_K) {
+    const int n = j / 4, part = j % 4;
+    const uint8_t* ql = sb + 64 * n + (part & 1) * 32;
+    const uint8_t* qh = sb + 128 + 32 * n;
+    for (int l = 0; l < 32; ++l)
+      q[l] = (part < 2 ? ql[l] & 0xF : ql[l] >> 4) | (((qh[l] >> (2 * part)) & 3) << 4);
+    return;
+  }
+  const uint8_t* qs = sb + (t == GG_Q4_K ? 16 : 48) + 32 * (j / 2);
+  for (int l = 0; l < 32; ++l) q[l] = j % 2 ? qs[l] >> 4 : qs[l] & 0xF;
+  if (t == GG_Q5_K)
+    for (int l = 0; l < 32; ++l) q[l] |= ((sb[16 + l] >> j) & 1) << 4;
+}
+
+// One row of k weights as float32.
+static void block_row_to_f32(int t, const uint8_t* row, int k, float* out) {
+  uint8_t q[32];
+  float sw[2], bw[2];
+  for (int g = 0; g < k / 32; ++g) {
+    group_values(t, row, g, q);
+    group_params(t, row, g, sw, bw);
+    for (int l = 0; l < 32; ++l) out[g * 32 + l] = sw[l / 16] * q[l] + bw[l / 16];
+  }
+}
+
+// ---------------------------------------------------------------- activations ------
+// Two formats, as the weights need them: for the 32-element formats (Q4_0 ... Q8_0), int8
+// values with one scale per 32 (d32) and d32 times their sum (s32); for the K formats, one
+// scale per 256 (d256) and the sums of the values over each 16 (bs), so that a K block
+// multiplies in integers from its first weight to its last.
+typedef struct {
+  int8_t* q32;
+  float* d32;
+  float* s32;
+  int8_t* q256;
+  float* d256;
+  int16_t* bs;
+} tw_qact;
+
+static inline size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+// Bytes of the room for B rows of k activations in both formats.
+size_t tw_qact_bytes(int B, int k) {
+  const size_t r = (size_t)B;
+  return 2 * align64(r * k) + 2 * align64(r * (k / 32) * 4) + align64(r * ((k + 255) / 256) * 4) +
+         align64(r * (k / 16) * 2);
+}
+
+// The room at buf laid out for B rows of width k (the same pointers in every thread).
+static tw_qact qact_carve(void* buf, int B, int k) {
+  char* p = (char*)buf;
+  const size_t r = (size_t)B;
+  tw_qact a;
+  a.q32 = (int8_t*)p, p += align64(r * k);
+  a.d32 = (float*)p, p += align64(r * (k / 32) * 4);
+  a.s32 = (float*)p, p += align64(r * (k / 32) * 4);
+  a.q256 = (int8_t*)p, p += align64(r * k);
+  a.d256 = (float*)p, p += align64(r * ((k + 255) / 256) * 4);
+  a.bs = (int16_t*)p;
+  return a;
+}
+
+// row b of a (width k), as a set of rows starting there
+static inline tw_qact qact_row(const tw_qact* a, int b, int k) {
+  const tw_qact r = {a->q32 + (int64_t)b * k, a->d32 + (int64_t)b * (k / 32),
+                     a->s32 + (int64_t)b * (k / 32), a->q256 + (int64_t)b * k,
+                     a->d256 + (int64_t)b * ((k + 255) / 256), a->bs + (int64_t)b * (k / 16)};
+  return r;
+}
+
+int tw_blocks_portable = 0;  // the plain C path even where the vector one is built (tests)
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__) && \
+    defined(__AVX512DQ__)
+#define TW_BLOCKS_VECTOR 1
+#endif
+
+int tw_blocks_use_portable(int on) {
+  tw_blocks_portable = on;
+#if defined(TW_BLOCKS_VECTOR)
+  return on;
+#else
+  return 1;  // the only path built here
+#endif
+}
+
+// n values (a multiple of `span`) to int8 with one scale per span (32 or 256); per span
+// its scale, and (span 32) the scale times the sum or (span 256) the sums over each 16.
+static void quantize_spans(const float* x, int n, int span, int8_t* q, float* d, float* s,
+                           int16_t* bs) {
+  for (int g = 0; g < n / span; ++g) {
+    const float* xs = x + (int64_t)g * span;
+    int8_t* qs = q + (int64_t)g * span;
+    float amax = 0.f;
+    int l = 0;
+#if defined(TW_BLOCKS_VECTOR)
+    if (!tw_blocks_portable) {
+      __m512 m = _mm512_setzero_ps();
+      for (; l < span; l += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xs + l)));
+      amax = _mm512_reduce_max_ps(m);
+    }
+#endif
+    for (; l < span; ++l) amax = fmaxf(amax, fabsf(xs[l]));
+    const float dd = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
+    d[g] = dd;
+    int total = 0;
+    for (int c = 0; c < span / 16; ++c) {  // 16 at a time: one sum each
+      int sum = 0;
+      l = 0;
+#if defined(TW_BLOCKS_VECTOR)
+      if (!tw_blocks_portable) {  // round to nearest even, as nearbyintf
+        const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xs + 16 * c), _mm512_set1_ps(id)));
+        _mm_storeu_si128((__m128i*)(qs + 16 * c), _mm512_cvtepi32_epi8(v));
+        sum = _mm512_reduce_add_epi32(v);
+        l = 16;
+      }
+#endif
+      for (; l < 16; ++l) {
+        const int v = (int)nearbyintf(xs[16 * c + l] * id);
+        qs[16 * c + l] = (int8_t)v;
+        sum += v;
+      }
+      if (bs) bs[g * (span / 16) + c] = (int16_t)sum;
+      total += sum;
+    }
+    if (s) s[g] = dd * total;
+  }
+}
+
+// ---------------------------------------------------------------- products ---------
+
+static void block_dot_portable(int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
+                               float* out) {
+  const int groups = k / 32, kays = t >= GG_Q4_K;
+  for (int b = 0; b < B; ++b) out[b] = 0.f;
+  uint8_t q[32];
+  float sw[2], bw[2];
+  for (int g = 0; g < groups; ++g) {
+    group_values(t, row, g, q);
+    group_params(t, row, g, sw, bw);
+    for (int b = 0; b < B; ++b) {
+      const tw_qact r = qact_row(a, b, ka);
+      const int8_t* ab = (kays ? r.q256 : r.q32) + g * 32;
+      int p0 = 0, p1 = 0;
+      for (int l = 0; l < 16; ++l) {
+        p0 += q[l] * ab[l];
+        p1 += q[l + 16] * ab[l + 16];
+      }
+      if (kays) {
+        const float da = r.d256[g / 8];
+        out[b] += da * (sw[0] * p0 + sw[1] * p1 + bw[0] * r.bs[2 * g] + bw[1] * r.bs[2 * g + 1]);
+      } else {
+        out[b] += r.d32[g] * sw[0] * (p0 + p1) + bw[0] * r.s32[g];
+      }
+    }
+  }
+}
+
+#if defined(TW_BLOCKS_VECTOR)
+#define INLINE static inline __attribute__((always_inline))
+
+// The 32 values of group g of a 32-element format in a vector (group_values, in AVX-512).
+INLINE __m256i group32(const int t, const uint8_t* b) {
+  const __m256i low4 = _mm256_set1_epi8(0xF);
+  if (t == GG_Q8_0)
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(b + 2)), _mm256_set1_epi8(-128));
+  const int lead = t == GG_Q4_0 ? 2 : t == GG_Q4_1 ? 4 : t == GG_Q5_0 ? 6 : 8;
+  const __m128i v = _mm_loadu_si128((const __m128i*)(b + lead));
+  __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), low4);
+  if (t == GG_Q5_0 || t == GG_Q5_1) {
+    uint32_t qh;
+    memcpy(&qh, b + lead - 4, 4);
+    q = _mm256_or_si256(q, _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(0x10)));
+  }
+  return q;
+}
+
+// a group's offset: w = d * q + offset
+INLINE float offset32(const int t, const uint8_t* b, float d) {
+  if (t == GG_Q4_1 || t == GG_Q5_1) return half_to_f32(b + 2);
+  return -(t == GG_Q4_0 ? 8.f : t == GG_Q5_0 ? 16.f : 128.f) * d;
+}
+
+// A 32-element format: two groups (64 values) a dpbusd, one float scale for each group.
+INLINE void dot32(const int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
+                  float* out) {
+  const int groups = k / 32, bb = block_bytes(t);
+  __m512 acc[BLOCK_MAX_ROWS];
+  float off[BLOCK_MAX_ROWS];
+  for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps(), off[b] = 0.f;
+  int g = 0;
+  for (; g + 2 <= groups; g += 2) {
+    const uint8_t *b0 = row + (int64_t)g * bb, *b1 = b0 + bb;
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(group32(t, b0)), group32(t, b1), 1);
+    const float d0 = half_to_f32(b0), d1 = half_to_f32(b1);
+    const float o0 = offset32(t, b0, d0), o1 = offset32(t, b1, d1);
+    for (int b = 0; b < B; ++b) {
+      const int8_t* ab = a->q32 + (int64_t)b * ka + g * 32;
+      const float* da = a->d32 + (int64_t)b * (ka / 32) + g;
+      const float* sa = a->s32 + (int64_t)b * (ka / 32) + g;
+      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(ab));
+      const __m512 sc = _mm512_insertf32x8(_mm512_set1_ps(d0 * da[0]), _mm256_set1_ps(d1 * da[1]), 1);
+      acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[b]);
+      off[b] += o0 * sa[0] + o1 * sa[1];
+    }
+  }
+  if (g < groups) {  // an odd group at the end
+    const uint8_t* b0 = row + (int64_t)g * bb;
+    const __m256i q = group32(t, b0);
+    const float d0 = half_to_f32(b0), o0 = offset32(t, b0, d0);
+    for (int b = 0; b < B; ++b) {
+      const int8_t* ab = a->q32 + (int64_t)b * ka + g * 32;
+      const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, _mm256_loadu_si256((const __m256i*)ab));
+      const float da = a->d32[(int64_t)b * (ka / 32) + g];
+      acc[b] = _mm512_add_ps(acc[b], _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d0 * da))));
+      off[b] += o0 * a->s32[(int64_t)b * (ka / 32) + g];
+    }
+  }
+  for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) + off[b];
+}
+
+// Q4_K and Q5_K: per super-block of 256, four pairs of sub-blocks, each 64 values times
+// the activations (maddubs) times the sub-blocks' 6-bit scales (dpwssd), in int32 to the
+// block's end; the minimums through the activations' sums per 16.
+INLINE void dot_q45k(const int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
+                     float* out) {
+  const int nsb = k / 256, bb = block_bytes(t);
+  const __m512i low4 = _mm512_set1_epi8(0xF);
+  __m512 acc[BLOCK_MAX_ROWS];
+  float off[BLOCK_MAX_ROWS];
+  for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps(), off[b] = 0.f;
+  for (int i = 0; i < nsb; ++i) {
+    const uint8_t* sb = row + (int64_t)i * bb;
+    const float d = half_to_f32(sb), dmin = half_to_f32(sb + 2);
+    int sc[8], m[8];
+    for (int j = 0; j < 8; ++j) scale_min_k4(j, sb + 4, &sc[j], &m[j]);
+    const uint8_t* qs = sb + (t == GG_Q4_K ? 16 : 48);
+    __m512i q[4], s16[4];
+    const __m256i qh = t == GG_Q5_K ? _mm256_loadu_si256((const __m256i*)(sb + 16)) : _mm256_setzero_si256();
+    for (int p = 0; p < 4; ++p) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(qs + 32 * p));
+      __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
+      w = _mm512_and_si512(w, low4);
+      if (t == GG_Q5_K) {
+        const __m256i one = _mm256_set1_epi8(1);
+        const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * p)), one);
+        const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * p + 1)), one);
+        const __m512i h = _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1);
+        w = _mm512_or_si512(w, _mm512_slli_epi16(h, 4));
+      }
+      q[p] = w;
+      s16[p] = _mm512_inserti64x4(_mm512_set1_epi16((short)sc[2 * p]), _mm256_set1_epi16((short)sc[2 * p + 1]), 1);
+    }
+    for (int b = 0; b < B; ++b) {
+      const int8_t* ab = a->q256 + (int64_t)b * ka + i * 256;
+      __m512i isum = _mm512_setzero_si512();
+      for (int p = 0; p < 4; ++p)
+        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[p], _mm512_loadu_si512(ab + 64 * p)), s16[p]);
+      const float da = a->d256[(int64_t)b * ((ka + 255) / 256) + i];
+      acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * da), acc[b]);
+      const int16_t* bs = a->bs + (int64_t)b * (ka / 16) + i * 16;
+      int msum = 0;
+      for (int j = 0; j < 8; ++j) msum += m[j] * (bs[2 * j] + bs[2 * j + 1]);
+      off[b] -= dmin * da * msum;
+    }
+  }
+  for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) + off[b];
+}
+
+// Q6_K: per super-block, four runs of 64 values (6 bits: 4 from ql, 2 from qh), each 16 of
+// them with its own signed 8-bit scale; values are q - 32, the 32 taken off through the sums.
+INLINE void dot_q6k(const uint8_t* row, int k, const tw_qact* a, int B, int ka, float* out) {
+  const int nsb = k / 256;
+  const __m512i low4 = _mm512_set1_epi8(0xF);
+  const __m256i three = _mm256_set1_epi8(3);
+  // int16 lane -> which of a run's four scales: lanes 0-7 the first, 8-15 the second, ...
+  const __m512i lanes = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1,
+                                         1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  __m512 acc[BLOCK_MAX_ROWS];
+  float off[BLOCK_MAX_ROWS];
+  for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps(), off[b] = 0.f;
+  for (int i = 0; i < nsb; ++i) {
+    const uint8_t* sb = row + (int64_t)i * 210;
+    const int8_t* sc = (const int8_t*)(sb + 192);
+    const float d = half_to_f32(sb + 208);
+    const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)sc)));
+    __m512i q[4], s16[4];
+    for (int n = 0; n < 2; ++n) {
+      const __m512i l64 = _mm512_loadu_si512(sb + 64 * n);
+      const __m256i h = _mm256_loadu_si256((const __m256i*)(sb + 128 + 32 * n));
+      const __m512i h01 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(h, three)),
+                                             _mm256_and_si256(_mm256_srli_epi16(h, 2), three), 1);
+      const __m512i h23 = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_and_si256(_mm256_srli_epi16(h, 4), three)),
+          _mm256_and_si256(_mm256_srli_epi16(h, 6), three), 1);
+      q[2 * n] = _mm512_or_si512(_mm512_and_si512(l64, low4), _mm512_slli_epi16(h01, 4));
+      q[2 * n + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l64, 4), low4), _mm512_slli_epi16(h23, 4));
+    }
+    for (int r = 0; r < 4; ++r)
+      s16[r] = _mm512_permutexvar_epi16(_mm512_add_epi16(lanes, _mm512_set1_epi16((short)(4 * r))), sc16);
+    for (int b = 0; b < B; ++b) {
+      const int8_t* ab = a->q256 + (int64_t)b * ka + i * 256;
+      __m512i isum = _mm512_setzero_si512();
+      for (int r = 0; r < 4; ++r)
+        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[r], _mm512_loadu_si512(ab + 64 * r)), s16[r]);
+      const float da = a->d256[(int64_t)b * ((ka + 255) / 256) + i];
+      acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * da), acc[b]);
+      const int16_t* bs = a->bs + (int64_t)b * (ka / 16) + i * 16;
+      int ssum = 0;
+      for (int c = 0; c < 16; ++c) ssum += sc[c] * bs[c];
+      off[b] -= 32.f * d * da * ssum;
+    }
+  }
+  for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) + off[b];
+}
+
+// Each kernel once for every row count up to BLOCK_MAX_ROWS: with the count a constant,
+// the rows' accumulators live in registers rather than on the stack.
+#define ROWS_SWITCH(call)                                  \
+  switch (B) {                                             \
+    case 1: call(1); break;                                \
+    case 2: call(2); break;                                \
+    case 3: call(3); break;                                \
+    case 4: call(4); break;                                \
+    case 5: call(5); break;                                \
+    case 6: call(6); break;                                \
+    case 7: call(7); break;                                \
+    default: call(8); break;                               \
+  }
+#define KERNEL(name, body)                                                            \
+  static void name(const uint8_t* r, int k, const tw_qact* a, int B, int ka, float* o) { \
+    ROWS_SWITCH(body)                                                                 \
+  }
+#define CALL_Q4_0(n) dot32(GG_Q4_0, r, k, a, n, ka, o)
+#define CALL_Q4_1(n) dot32(GG_Q4_1, r, k, a, n, ka, o)
+#define CALL_Q5_0(n) dot32(GG_Q5_0, r, k, a, n, ka, o)
+#define CALL_Q5_1(n) dot32(GG_Q5_1, r, k, a, n, ka, o)
+#define CALL_Q8_0(n) dot32(GG_Q8_0, r, k, a, n, ka, o)
+#define CALL_Q4_K(n) dot_q45k(GG_Q4_K, r, k, a, n, ka, o)
+#define CALL_Q5_K(n) dot_q45k(GG_Q5_K, r, k, a, n, ka, o)
+#define CALL_Q6_K(n) dot_q6k(r, k, a, n, ka, o)
+KERNEL(dot_q4_0, CALL_Q4_0)
+KERNEL(dot_q4_1, CALL_Q4_1)
+KERNEL(dot_q5_0, CALL_Q5_0)
+KERNEL(dot_q5_1, CALL_Q5_1)
+KERNEL(dot_q8_0, CALL_Q8_0)
+KERNEL(dot_q4k, CALL_Q4_K)
+KERNEL(dot_q5k, CALL_Q5_K)
+KERNEL(dot_q6kn, CALL_Q6_K)
+#endif
+
+typedef void (*tw_block_dot)(const uint8_t* row, int k, const tw_qact* a, int B, int ka, float* out);
+
+// The vector product of type t where it is built (and not switched off), else NULL.
+static tw_block_dot vector_dot(int t) {
+#if defined(TW_BLOCKS_VECTOR)
+  if (tw_blocks_portable) return NULL;
+  switch (t) {
+    case GG_Q4_0: return dot_q4_0;
+    case GG_Q4_1: return dot_q4_1;
+    case GG_Q5_0: return dot_q5_0;
+    case GG_Q5_1: return dot_q5_1;
+    case GG_Q8_0: return dot_q8_0;
+    case GG_Q4_K: return dot_q4k;
+    case GG_Q5_K: return dot_q5k;
+    case GG_Q6_K: return dot_q6kn;
+  }
+#endif
+  (void)t;
+  return NULL;
+}
+
+// Quantise rows [0, B) of x (float32 [B, k]) into a, in the formats `need` asks for (1: per
+// 32, 2: per 256), shared among the threads (inside a parallel region; a barrier ends it).
+static void quantize_rows(const float* x, int B, int k, const tw_qact* a, int need) {
+#pragma omp for schedule(static)
+  for (int b = 0; b < B; ++b) {
+    const tw_qact r = qact_row(a, b, k);
+    const float* xr = x + (int64_t)b * k;
+    if (need & 1) quantize_spans(xr, k, 32, r.q32, r.d32, r.s32, NULL);
+    if (need & 2) quantize_spans(xr, k, 256, r.q256, r.d256, NULL, r.bs);
+  }
+}
+
+// The rows of one block weight (or one part of a product) against quantised activation
+// rows [0, B): y[b * ldy + j] (+)= W[j] . x[b] (+ bias[j]), the output rows shared among
+// the threads. With nowait the threads move on without waiting for each other.
+static void block_rows_part(const tw_linear* L, const tw_qact* a, float* y, int64_t ldy, int B,
+                            int accumulate, int nowait) {
+  const int t = L->dtype - TW_BLOCKS, k = L->k;
+  const int64_t rb = block_row_bytes(t, k);
+  const int ahead = (int)((PREFETCH_BYTES + rb - 1) / rb);
+  const tw_block_dot dot = vector_dot(t);
+#define BLOCK_ROWS_BODY                                                           \
+  for (int j = 0; j < L->n; ++j) {                                                \
+    if (j + ahead < L->n) { /* rows ahead, as linear_rows does */                \
+      const char* next = (const char*)L->w + (j + ahead) * rb;                    \
+      for (int64_t o = 0; o < rb; o += 64) __builtin_prefetch(next + o, 0, 3);    \
+    }                                                                             \
+    const uint8_t* row = (const uint8_t*)L->w + j * rb;                           \
+    for (int b0 = 0; b0 < B; b0 += BLOCK_MAX_ROWS) {                              \
+      const int nb = B - b0 < BLOCK_MAX_ROWS ? B - b0 : BLOCK_MAX_ROWS;           \
+      const tw_qact sub = qact_row(a, b0, k);                                     \
+      float out[BLOCK_MAX_ROWS];                                                  \
+      if (dot) dot(row, k, &sub, nb, k, out);                                     \
+      else block_dot_portable(t, row, k, &sub, nb, k, out);                       \
+      for (int b = 0; b < nb; ++b) {                                              \
+        float v = out[b] + (L->bias ? L->bias[j] : 0.f);                          \
+        float* o = y + (int64_t)(b0 + b) * ldy + j;                               \
+        *o = accumulate ? *o + v : v;                                             \
+      }                                                                           \
+    }                                                                             \
+  }
+  if (nowait) {
+#pragma omp for schedule(static) nowait
+    BLOCK_ROWS_BODY
+  } else {
+#pragma omp for schedule(static)
+    BLOCK_ROWS_BODY
+  }
+#undef BLOCK_ROWS_BODY
+}
+
+// Whether a product (or any part of one) multiplies block weights.
+static int has_blocks(const tw_linear* L) {
+  if (L->dtype != TW_PARTS) return is_blocks(L->dtype);
+  for (int i = 0; i < L->n_parts; ++i)
+    if (is_blocks(L->parts[i].dtype)) return 1;
+  return 0;
+}
+
+static int formats_needed(const tw_linear* L) {
+  if (L->dtype != TW_PARTS) return L->dtype - TW_BLOCKS >= GG_Q4_K ? 2 : 1;
+  int need = 0;
+  for (int i = 0; i < L->n_parts; ++i) need |= formats_needed(&L->parts[i]);
+  return need;
+}
+
+// A product on block weights (or parts, each of them block weights) inside a parallel
+// region: x [B, k] float32 is quantised into the room at qbuf (tw_qact_bytes(B, k) bytes
+// or more), then y [B, n] (+)= x W.T.
+static void block_rows(const tw_linear* L, const float* x, void* qbuf, float* y, int B,
+                       int accumulate) {
+  const tw_qact a = qact_carve(qbuf, B, L->k);
+  quantize_rows(x, B, L->k, &a, formats_needed(L));
+  if (L->dtype != TW_PARTS) {
+    block_rows_part(L, &a, y, L->n, B, accumulate, 0);
+    return;
+  }
+  int col = 0;
+  for (int i = 0; i < L->n_parts; ++i) {
+    block_rows_part(&L->parts[i], &a, y + col, L->n, B, accumulate, i + 1 < L->n_parts);
+    col += L->parts[i].n;
+  }
+}
+
+// y [M, n] = x [M, k] W.T (+ bias) for a block weight or parts of them (each part's rows in
+// turn); x and y float32 or bfloat16. The rows of x go BLOCK_MAX_ROWS at a time through each
+// decode of a weight row.
+void tw_block_linear(const void* x, int x_dtype, int M, const tw_linear* L, void* y, int y_dtype,
+                     int threads) {
+  if (M <= 0) return;
+  const int k = L->k, n = L->n;
+  float* xf = (float*)malloc(sizeof(float) * (size_t)M * k);
+  float* yf = y_dtype == TW_F32 ? (float*)y : (float*)malloc(sizeof(float) * (size_t)M * n);
+  void* qbuf = aligned_alloc(64, tw_qact_bytes(M, k));
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static)
+    for (int b = 0; b < M; ++b) row_to_f32(x, x_dtype, b, k, xf + (int64_t)b * k);
+    block_rows(L, xf, qbuf, yf, M, 0);
+    if (yf != y) {
+#pragma omp for schedule(static)
+      for (int b = 0; b < M; ++b) row_from_f32(y, y_dtype, b, n, yf + (int64_t)b * n);
+    }
+  }
+  if (yf != y) free(yf);
+  free(xf);
+  free(qbuf);
+}
+
+// rows [rows, k] of a block weight of ggml type t to float32 or bfloat16 out [rows, k]
+void tw_block_dequantize(const void* w, int t, int64_t rows, int k, void* out, int out_dtype,
+                         int threads) {
+  const int64_t rb = block_row_bytes(t, k);
+#pragma omp parallel num_threads(threads)
+  {
+    float* tmp = out_dtype == TW_F32 ? NULL : (float*)malloc(sizeof(float) * (size_t)k);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dst = tmp ? tmp : (float*)out + r * k;
+      block_row_to_f32(t, (const uint8_t*)w + r * rb, k, dst);
+      if (tmp) row_from_f32(out, out_dtype, r, k, tmp);
+    }
+    free(tmp);
+  }
+}

@@ -1,0 +1,112 @@
+"""Linear layers and embeddings on a GGUF file's own blocks (`--quantization gguf`).
+
+A `BlockLinear` holds its weight as the file stores it (kernels/blocks.BlockTensor), in one
+or more parts (a fused QKV whose V is Q6_K while Q and K are Q4_K: each part keeps its
+type). A few rows (decode) multiply on the blocks in C, activations quantised to 8 bits;
+more rows (prompts) dequantise the weight to the activations' dtype for that one product
+and multiply with torch, where the product is compute-bound and a float tile pays for
+itself. Without the C kernels (another device, no compiler) every product dequantises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenworks.kernels.blocks import BlockTensor, block_linear, c_linear
+from tokenworks.kernels.build import library
+
+# Up to this many rows multiply on the blocks; more dequantise for torch's product. On a
+# 2-core EPYC the integer products win to about 16 rows for 0.5B-1.5B shapes.
+BLOCK_ROWS = 16
+
+
+class BlockLinear(nn.Module):
+    def __init__(self, parts: list[BlockTensor], bias: torch.Tensor | None = None):
+        super().__init__()
+        if len({p.shape[1] for p in parts}) != 1:
+            raise ValueError("the parts of a block product must share their input width")
+        self.parts = parts
+        for i, p in enumerate(parts):  # buffers, so .to() and state_dict see them
+            self.register_buffer(f"blocks{i}", p.data, persistent=False)
+        self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
+        self.in_features = parts[0].shape[1]
+        self.out_features = sum(p.shape[0] for p in parts)
+        self._c = None  # (ck.Linear, what it points at), made on first use
+
+    @property
+    def type_names(self) -> list[str]:
+        return [p.type_name for p in self.parts]
+
+    def c_view(self):
+        """The C kernels' view of the product (kernels/abi.Linear)."""
+        if self._c is None:
+            keep: list = []
+            self._c = (c_linear(self.parts, self.bias, keep), keep)
+        return self._c[0]
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight [out, in] in dtype (a new tensor each call)."""
+        if len(self.parts) == 1:
+            return self.parts[0].dequantize(dtype)
+        return torch.cat([p.dequantize(dtype) for p in self.parts])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        flat = x.reshape(-1, self.in_features)
+        if (
+            flat.shape[0] <= BLOCK_ROWS
+            and flat.device.type == "cpu"
+            and flat.dtype in (torch.float32, torch.bfloat16)
+            and library() is not None
+        ):
+            y = block_linear(flat, self.c_view(), x.dtype)
+        else:
+            y = F.linear(flat, self.dequantized(x.dtype).to(x.device), self.bias)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+class BlockEmbedding(nn.Module):
+    """An embedding table kept as blocks: each lookup dequantises the rows it reads."""
+
+    def __init__(self, table: BlockTensor):
+        super().__init__()
+        self.table = table
+        self.register_buffer("blocks", table.data, persistent=False)
+        # follows .to(dtype): the dtype a lookup returns, as nn.Embedding's weight would
+        self.register_buffer("probe", torch.zeros(0), persistent=False)
+        self.num_embeddings, self.embedding_dim = table.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.probe.dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).cpu()
+        rows = self.table.rows(flat)  # the looked-up rows' blocks (a small copy)
+        out = rows.dequantize(torch.float32).to(self.probe.dtype).to(ids.device)
+        return out.reshape(*ids.shape, self.embedding_dim)
+
+
+def dense(t):
+    """A weight as float32: a BlockTensor dequantised, anything else as it is."""
+    return t.dequantize(torch.float32) if isinstance(t, BlockTensor) else t
+
+
+class DenseView(Mapping):
+    """Weights whose BlockTensors read as float32, one at a time, as they are asked for:
+    for modules that take dense weights only."""
+
+    def __init__(self, weights: Mapping):
+        self.weights = weights
+
+    def __getitem__(self, name):
+        return dense(self.weights[name])
+
+    def __iter__(self):
+        return iter(self.weights)
+
+    def __len__(self):
+        return len(self.weights)

@@ -1,0 +1,135 @@
+"""A GGUF file's blocks, executed as stored (kernels/blocks.py, csrc/block_products.h).
+
+The oracle is the gguf package's own dequantisation (numpy, written from ggml's C) and a
+float64 product of what it gives: each block format's products must equal that within the
+bound the 8-bit activations allow, for 0, 1 and many rows and every block boundary, on the
+AVX-512 VNNI path and on the plain C path CPUs without it take.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenworks.kernels import blocks
+from tokenworks.kernels.build import library
+from tokenworks.ops.block_linear import BlockLinear
+
+pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler here")
+
+# byte offsets of each format's float16 scale (and minimum) fields within a block
+HALVES = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
+TYPES = sorted(blocks.EXECUTED)
+
+
+def random_blocks(t: int, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random bytes in the layout of type t, [rows, bytes], with finite float16 scales."""
+    rng = np.random.default_rng(seed)
+    el, by = blocks.block_shape(t)
+    raw = rng.integers(0, 256, size=(rows, cols // el, by), dtype=np.uint8)
+    for off in HALVES[t]:
+        h = rng.uniform(-0.05, 0.05, size=(rows, cols // el)).astype(np.float16)
+        raw[:, :, off : off + 2] = h.view(np.uint8).reshape(rows, cols // el, 2)
+    return raw.reshape(rows, -1)
+
+
+def reference(t: int, raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    return gguf.quants.dequantize(raw, t).reshape(rows, cols).astype(np.float64)
+
+
+def activation_bound(x: np.ndarray, w: np.ndarray, span: int) -> np.ndarray:
+    """The most a product can move from quantising x (float64 [M, K]) to int8 with one scale
+    per `span` values: half a step of each value's scale, times |w|, plus float32 sums."""
+    m, k = x.shape
+    amax = np.abs(x.reshape(m, k // span, span)).max(-1)
+    step = np.repeat(amax / 127.0, span, axis=1)  # [M, K]
+    return (step / 2) @ np.abs(w).T * 1.0001 + 2e-5 * (np.abs(x) @ np.abs(w).T) + 1e-6
+
+
+@pytest.mark.parametrize("t", TYPES, ids=[blocks.EXECUTED[t] for t in TYPES])
+def test_dequantize_equals_the_gguf_package(t):
+    el = blocks.block_shape(t)[0]
+    raw = random_blocks(t, 9, el * 3, seed=t)
+    w = blocks.from_array(t, (9, el * 3), raw)
+    assert (
+        w.dequantize().numpy().tolist() == reference(t, raw, 9, el * 3).astype(np.float32).tolist()
+    )
+    bf = w.dequantize(torch.bfloat16)
+    assert torch.equal(bf, torch.from_numpy(reference(t, raw, 9, el * 3)).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["vector", "portable"])
+@settings(max_examples=40, deadline=None)
+@given(
+    t=st.sampled_from(TYPES),
+    rows=st.integers(0, 20),
+    out=st.integers(1, 40),
+    blocks_per_row=st.integers(1, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_products_within_the_activation_bound(portable, t, rows, out, blocks_per_row, seed):
+    el = blocks.block_shape(t)[0]
+    k = el * blocks_per_row
+    raw = random_blocks(t, out, k, seed)
+    w64 = reference(t, raw, out, k)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(seed))
+    keep: list = []
+    linear = blocks.c_linear([blocks.from_array(t, (out, k), raw)], None, keep)
+    blocks.use_portable(portable)
+    try:
+        y = blocks.block_linear(x, linear, torch.float32).double().numpy()
+    finally:
+        blocks.use_portable(False)
+    assert y.shape == (rows, out)
+    x64 = x.double().numpy()
+    span = 256 if el == 256 else 32
+    err = np.abs(y - x64 @ w64.T)
+    assert (err <= activation_bound(x64, w64, span)).all(), err.max()
+
+
+def test_a_build_without_avx512_vnni_takes_the_portable_path():
+    """Built for a CPU without AVX-512 VNNI, the kernels run the plain C products, and they
+    give the vector path's results (the same integer sums, up to float32 rounding)."""
+    from tokenworks.kernels.build import variant
+
+    plain = variant("-mno-avx512vnni")
+    assert plain.tw_blocks_use_portable(0) == 1  # nothing else is built in it
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(0))
+    for t in TYPES:
+        keep: list = []
+        w = blocks.from_array(t, (24, 512), random_blocks(t, 24, 512, t))
+        linear = blocks.c_linear([w], None, keep)
+        fast = blocks.block_linear(x, linear, torch.float32)
+        slow = blocks.block_linear(x, linear, torch.float32, lib=plain)
+        assert torch.allclose(fast, slow, rtol=1e-4, atol=1e-3 * fast.abs().max().item()), t
+
+
+def test_parts_of_different_types_write_their_own_columns():
+    """A fused QKV whose V is Q6_K and Q/K Q4_K (as Q4_K_M files store them)."""
+    q = blocks.from_array(12, (8, 256), random_blocks(12, 8, 256, 1))
+    k = blocks.from_array(12, (4, 256), random_blocks(12, 4, 256, 2))
+    v = blocks.from_array(14, (4, 256), random_blocks(14, 4, 256, 3))
+    bias = torch.randn(16)
+    fused = BlockLinear([q, k, v], bias)
+    x = torch.randn(3, 256)
+    y = fused(x)
+    parts = [BlockLinear([p])(x) for p in (q, k, v)]
+    assert torch.allclose(y, torch.cat(parts, dim=1) + bias, atol=1e-5)
+    big = torch.randn(40, 256)  # more rows than BLOCK_ROWS: a dequantised tile, torch's product
+    dense = big @ fused.dequantized(torch.float32).T + bias
+    assert torch.allclose(fused(big), dense, atol=1e-4)
+
+
+def test_a_type_not_executed_is_requantised_to_q8_0():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 256)).astype(np.float32)
+    # Q4_K's own quantiser is not in the gguf package; BF16 stands for any type the kernels
+    # do not execute (the loader reads BF16 as floats, so this calls executable directly)
+    raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.BF16)
+    t = blocks.executable(int(gguf.GGMLQuantizationType.BF16), "x", (4, 256), raw)
+    assert t.ggml_type == blocks.Q8_0
+    assert np.allclose(t.dequantize().numpy(), w, atol=np.abs(w).max() / 100)
