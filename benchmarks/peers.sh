@@ -17,7 +17,8 @@ GGML_CPU="-DGGML_NATIVE=OFF -DGGML_AVX=$(has avx) -DGGML_AVX2=$(has avx2) -DGGML
   -DGGML_AVX512_BF16=$(has avx512_bf16) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
   -DGGML_AMX_BF16=OFF"
 CMAKE_ARGS="$GGML_CPU" "$PEERS/llamacpp/bin/pip" install --no-cache-dir llama-cpp-python==0.3.36 numpy
-# llama.cpp's own batched server (parallel slots), built from the sources vendored in the
+# llama.cpp's own batched server (parallel slots), llama-bench and llama-completion, built
+# from the sources vendored in the
 # same llama-cpp-python sdist (~20 min on 2 cores), so both peers are one llama.cpp version.
 LCPP_SRC=$(mktemp -d)
 "$PEERS/llamacpp/bin/pip" download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$LCPP_SRC"
@@ -25,8 +26,12 @@ tar xzf "$LCPP_SRC"/llama_cpp_python-*.tar.gz -C "$LCPP_SRC"
 (cd "$LCPP_SRC"/llama_cpp_python-*/vendor/llama.cpp &&
   cmake -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF $GGML_CPU &&
-  cmake --build build --target llama-server -j"$(nproc)")
-cp "$LCPP_SRC"/llama_cpp_python-*/vendor/llama.cpp/build/bin/llama-server "$PEERS/llamacpp/bin/"
+  cmake --build build --target llama-server llama-bench llama-completion -j"$(nproc)")
+# llama-bench: the batch-1 reference (tokenworks bench latency / load); llama-completion:
+# one token from a cold process (tokenworks bench load)
+for b in llama-server llama-bench llama-completion; do
+  cp "$LCPP_SRC"/llama_cpp_python-*/vendor/llama.cpp/build/bin/$b "$PEERS/llamacpp/bin/"
+done
 rm -rf "$LCPP_SRC"
 # vLLM's CPU build, beside the CPU torch.
 python3.11 -m venv "$PEERS/vllm"

@@ -38,6 +38,7 @@ def invariant_llm(smol_loaded):
     return LLM(
         "smollm2-135m",
         dtype="float32",
+        quantization="none",
         loaded=smol_loaded,
         batch_invariant=True,
         max_num_batched_tokens=128,
@@ -60,6 +61,7 @@ def test_a_chunked_prompt_gives_the_logits_of_one_pass(smol_llm, smol_loaded):
     chunked = LLM(
         "smollm2-135m",
         dtype="float32",
+        quantization="none",
         loaded=smol_loaded,
         max_num_batched_tokens=48,
         kv_cache_memory=0.1,
@@ -79,6 +81,7 @@ def test_a_prefix_cache_hit_gives_the_tokens_of_a_miss(smol_llm, smol_loaded):
     cold = LLM(
         "smollm2-135m",
         dtype="float32",
+        quantization="none",
         loaded=smol_loaded,
         enable_prefix_caching=False,
         kv_cache_memory=0.1,
@@ -87,7 +90,10 @@ def test_a_prefix_cache_hit_gives_the_tokens_of_a_miss(smol_llm, smol_loaded):
     shared = prompts[0] * 3  # > 2 blocks of common prefix
     batch = [shared + p for p in prompts]
     expected = tokens(cold.generate(batch, GREEDY))
-    warm = LLM("smollm2-135m", dtype="float32", loaded=smol_loaded, kv_cache_memory=0.1)
+    warm = LLM(
+        "smollm2-135m", dtype="float32", quantization="none", loaded=smol_loaded,
+        kv_cache_memory=0.1,
+    )  # fmt: skip
     first = tokens(warm.generate(batch[:1], GREEDY))
     rest = warm.generate(batch[1:], GREEDY)
     assert all(o.num_cached_tokens >= len(shared) - 16 for o in rest)  # hits
@@ -95,7 +101,10 @@ def test_a_prefix_cache_hit_gives_the_tokens_of_a_miss(smol_llm, smol_loaded):
 
 
 def test_a_shared_system_prompt_is_computed_once(smol_llm, smol_loaded):
-    llm = LLM("smollm2-135m", dtype="float32", loaded=smol_loaded, kv_cache_memory=0.25)
+    llm = LLM(
+        "smollm2-135m", dtype="float32", quantization="none", loaded=smol_loaded,
+        kv_cache_memory=0.25,
+    )  # fmt: skip
     tok = llm.tokenizer
     system = (tok.encode("You are a careful assistant. " * 120))[:512]
     prompts = [system + tok.encode(f" Question {i}: what is {i} plus {i}?") for i in range(32)]
@@ -135,6 +144,7 @@ def test_too_little_kv_memory_preempts_and_still_gives_each_output(invariant_llm
     tight = LLM(
         "smollm2-135m",
         dtype="float32",
+        quantization="none",
         loaded=smol_loaded,
         batch_invariant=True,
         max_num_batched_tokens=128,

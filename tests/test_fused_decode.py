@@ -31,11 +31,27 @@ VARIANTS = {
     "odd-widths": {"hidden_size": 72, "intermediate_size": 136},
     # every product a multiple of 32 wide: on AMX CPUs the whole step runs on tiles
     "amx-shapes": {"n_heads": 6, "n_kv_heads": 2, "head_dim": 64, "vocab_size": 320},
-}
+    # Qwen3's per-head Q/K norms
+    "qwen3": {"arch": "qwen3", "qk_norm": True},
+    # Gemma 3's layer: Q/K norms, the sublayers' outputs normed, GeGLU, a scaled embedding
+    # and its own attention scale (its windows over grouped pools: test_gemma3.py)
+    "gemma3": {
+        "arch": "gemma3", "qk_norm": True, "sandwich_norms": True, "mlp_act": "gelu_tanh",
+        "embed_scale": True, "attn_scale": 0.2,
+    },
+}  # fmt: skip
 
 
 def _weights(spec):
     w = toy_weights(spec, seed=3)
+    g = torch.Generator().manual_seed(6)
+    for i in range(spec.n_layers):
+        p = f"model.layers.{i}."
+        names = ["self_attn.q_norm", "self_attn.k_norm"] if spec.qk_norm else []
+        names += ["attn_output_norm", "mlp_output_norm"] if spec.sandwich_norms else []
+        for n in names:
+            size = spec.head_dim if "_norm" in n and "self_attn" in n else spec.hidden_size
+            w[p + n + ".weight"] = 1 + torch.randn(size, generator=g) * 0.1
     if spec.qkv_bias:
         g = torch.Generator().manual_seed(4)
         for i in range(spec.n_layers):
@@ -62,14 +78,29 @@ def _decode_step(model, pool, ctx_lens, fused: bool, greedy: bool = False):
             return model(ids, pos, AttentionMetadata.paged([1] * b, ctx_lens, tables, bs), pool)
         batch = KernelBatch.build([1] * b, ctx_lens, tables, bs)
         assert model.c_forward.accepts(batch.query_lens)
-        logits, choices = model.c_forward.run(
-            ids, pos, batch, model.spec.sliding_window, greedy=greedy
-        )
+        logits, choices = model.c_forward.run(ids, pos, [batch], greedy=greedy)
         return choices if greedy else logits
 
 
+def _blocks(weights: dict) -> dict:
+    """The matrices as GGUF Q8_0 blocks (what a file would hold), the rest as they are."""
+    import gguf
+
+    from tokenworks.kernels.blocks import from_array
+
+    out = {}
+    for name, t in weights.items():
+        if t.dim() == 2 and t.shape[1] % 32 == 0:
+            q = gguf.quants.quantize(t.numpy(), gguf.GGMLQuantizationType.Q8_0)
+            out[name] = from_array(8, tuple(t.shape), q)
+        else:
+            out[name] = t
+    return out
+
+
 def _model_and_pool(spec, dtype, quantization=None):
-    model = build_model(spec, _weights(spec), dtype, quantization=quantization)
+    weights = _blocks(_weights(spec)) if quantization == "gguf" else _weights(spec)
+    model = build_model(spec, weights, dtype, quantization=quantization)
     pool = KVPool(spec.n_layers, 64, 4, spec.n_kv_heads, spec.head_dim, dtype)
     g = torch.Generator().manual_seed(5)
     for t in pool.k + pool.v:
@@ -80,7 +111,8 @@ def _model_and_pool(spec, dtype, quantization=None):
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize(
     "quantization, max_rows",
-    [(None, 8), (None, 0), ("int8", 8)],  # max_rows 0: run_batched (dense weights only)
+    # max_rows 0: run_batched (dense weights, or blocks)
+    [(None, 8), (None, 0), ("int8", 8), ("gguf", 8), ("gguf", 0)],
 )
 def test_float32_fused_step_equals_the_modules(variant, quantization, max_rows):
     spec = dataclasses.replace(toy_spec(), **VARIANTS[variant])
@@ -234,7 +266,10 @@ def test_greedy_requests_through_the_choices_give_the_tokens_of_the_logits(smol_
     greedy request that also wants logprobs takes the logits path: the same tokens."""
     from tokenworks import LLM, SamplingParams
 
-    llm = LLM("smollm2-135m", dtype="bfloat16", loaded=smol_loaded, kv_cache_memory=0.25)
+    llm = LLM(  # the dequantised weights: the packed products (AMX where it runs)
+        "smollm2-135m", dtype="bfloat16", quantization="none", loaded=smol_loaded,
+        kv_cache_memory=0.25,
+    )  # fmt: skip
     kernel = llm.engine.c_kernels.forward_pass
     dims: list[int] = []  # what each whole C step returned: 1 choices, 2 logits
     run = kernel._run_whole_step
@@ -274,7 +309,7 @@ def test_prefill_and_mixed_batches_through_the_kernel_equal_the_modules(dtype):
         out[False] = model(ids, pos, meta, pool, logits_rows=rows)
         batch = KernelBatch.build(q_lens, ctx_lens, tables, 4)
         c_forward = LlamaForward.prepare(model, pool)
-        out[True], _ = c_forward.run(ids, pos, batch, spec.sliding_window, rows)
+        out[True], _ = c_forward.run(ids, pos, [batch], rows)
     assert out[True].shape == (4, spec.vocab_size)
     tol = 1e-4 if dtype == torch.float32 else 0.1  # bfloat16: the kernel keeps x in float32
     assert (out[True] - out[False]).abs().max() < tol * max(1.0, out[False].abs().max().item())

@@ -88,7 +88,9 @@ def test_logits_match_transformers_past_the_window(gemma3_ours, gemma3_hf, n):
 def test_greedy_generation_matches_transformers(gemma3_loaded, gemma3_hf):
     from tokenworks import LLM, SamplingParams
 
-    llm = LLM("gemma3-270m", dtype="float32", loaded=gemma3_loaded, warmup=False)
+    llm = LLM(
+        "gemma3-270m", dtype="float32", quantization="none", loaded=gemma3_loaded, warmup=False
+    )
     chats = [
         [{"role": "user", "content": "Name three colours."}],
         [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hi!"}],
@@ -158,8 +160,8 @@ def test_past_the_window_freed_blocks_give_the_mask_only_tokens(gemma3_loaded, g
             ids.append(int(logits[-1].argmax()))
     held = {}
     for kv in ("free", "mask"):
-        llm = LLM("gemma3-270m", dtype="float32", loaded=gemma3_loaded, warmup=False,
-                  max_num_batched_tokens=256, sliding_window_kv=kv)  # fmt: skip
+        llm = LLM("gemma3-270m", dtype="float32", quantization="none", loaded=gemma3_loaded,
+                  warmup=False, max_num_batched_tokens=256, sliding_window_kv=kv)  # fmt: skip
         engine = llm.engine
         seq = engine.add_request(prompt_token_ids=prompt, params=params)
         while not seq.finished:
@@ -171,3 +173,24 @@ def test_past_the_window_freed_blocks_give_the_mask_only_tokens(gemma3_loaded, g
     # 15 windowed layers hold 33 blocks of 16 and 3 global ones 57; masking, all 18 hold 57
     assert held["free"] == (15 * 33 + 3 * 57) * 16 * 2 * 256 * 4
     assert held["mask"] == 18 * 57 * 16 * 2 * 256 * 4
+
+
+@pytest.mark.parametrize("quantization", ["none", "gguf"])
+def test_the_c_forward_takes_gemma_3_and_gives_the_modules_tokens(gemma3_loaded, quantization):
+    """Gemma 3 on the C kernels (its four norms, GeGLU, the scaled embedding, Q/K norms and
+    the windowed layers' own RoPE base and block tables): a prompt past the window in
+    256-token chunks, then decoding, gives the torch modules' tokens, on the dequantised
+    weights and on the file's blocks."""
+    from tokenworks import LLM, SamplingParams
+
+    prompt = [2] + torch.randint(
+        3, 262144, (700,), generator=torch.Generator().manual_seed(3)
+    ).tolist()
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    got = {}
+    for kernels in ("c", "torch"):
+        llm = LLM("gemma3-270m", dtype="float32", quantization=quantization, kernels=kernels,
+                  loaded=gemma3_loaded, warmup=False, max_num_batched_tokens=256)  # fmt: skip
+        assert (llm.engine.c_kernels is not None) == (kernels == "c")
+        got[kernels] = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    assert got["c"] == got["torch"]

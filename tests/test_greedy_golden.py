@@ -45,8 +45,8 @@ def run(loaded, dtype: str) -> dict:
     from tokenworks import LLM, SamplingParams
 
     llm = LLM(
-        "smollm2-135m", dtype=dtype, loaded=loaded, threads=THREADS, max_num_seqs=8,
-        kv_cache_memory=0.25,
+        "smollm2-135m", dtype=dtype, quantization="none", loaded=loaded, threads=THREADS,
+        max_num_seqs=8, kv_cache_memory=0.25,
     )  # fmt: skip
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
     solo = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in PROMPTS]

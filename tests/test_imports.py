@@ -1,8 +1,9 @@
 """The layering of the source tree, held by a test: a new upward import fails here.
 
 Lower layers never import higher ones: ops/ (torch building blocks) imports nothing of
-tokenworks; kernels/ only ops/ and paths; the engine never the server; plan/ only units
-and the torch-free shapes module, so the planners run without torch.
+tokenworks; kernels/ only ops/ and paths; models/ the kernels too (a GGUF's blocks); the
+engine never the server; plan/ only units and the torch-free shapes module, so the planners
+run without torch.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ ALLOWED = {
     "shapes": {"units"},
     "ops": set(),
     "kernels": {"ops", "paths"},
-    "models": {"ops", "paths", "shapes", "units"},
+    # models keeps a GGUF's blocks as the C kernels' BlockLinear (kernels/block_linear.py)
+    "models": {"kernels", "ops", "paths", "shapes", "units"},
     "tokenizer": {"models"},
     "config": {"kernels", "models"},
     "engine": {"config", "kernels", "models", "ops", "plan", "shapes", "tokenizer", "units"},
@@ -33,9 +35,11 @@ ALLOWED = {
     "bench": {
         "config",
         "engine",
+        "eval",
         "kernels",
         "models",
         "ops",
+        "paths",
         "plan",
         "serve",
         "shapes",
@@ -44,6 +48,7 @@ ALLOWED = {
         "units",
     },  # fmt: skip
     "env_report": {"bench", "kernels", "paths"},
+    "eval": {"engine", "ops"},
     "cli": {"bench", "config", "env_report", "models", "plan", "serve", "top", "units"},
     "top": {"engine", "llm"},
 }

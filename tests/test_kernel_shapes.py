@@ -237,7 +237,7 @@ def test_any_batch_through_the_kernels_equals_the_modules(step_path, seqs, decod
                 assert kernel.accepts(batch.query_lens)
                 if step_path == "dot":
                     assert kernel._whole_step(batch.query_lens)
-                out[fused], _ = kernel.run(ids, pos, batch, spec.sliding_window, rows)
+                out[fused], _ = kernel.run(ids, pos, [batch], rows)
             else:
                 meta = AttentionMetadata.paged(q_lens, ctx_lens, tables, bs)
                 out[fused] = model(ids, pos, meta, pool, logits_rows=rows)

@@ -191,8 +191,8 @@ def test_greedy_output_is_unchanged_by_speculation(method, smol_loaded, smol_ref
         spec = {"method": method, "num_speculative_tokens": k, "adaptive": False}
         if method == "draft_model":  # the target's own weights in bfloat16: no download
             spec |= {"model": "smollm2-135m", "dtype": "bfloat16"}
-        llm = LLM("smollm2-135m", dtype="float32", loaded=smol_loaded, threads=2,
-                  max_num_seqs=16, kv_cache_memory=0.5, warmup=False,
+        llm = LLM("smollm2-135m", dtype="float32", quantization="none", loaded=smol_loaded,
+                  threads=2, max_num_seqs=16, kv_cache_memory=0.5, warmup=False,
                   speculative_config=spec)  # fmt: skip
         solo = run(llm, [(CODE, SamplingParams(max_tokens=48, temperature=0))])
         assert solo == solo_ref, f"k={k}: solo"
@@ -218,8 +218,8 @@ def test_grammars_penalties_and_logprobs_work_with_speculation(smol_loaded, smol
         (CODE, SamplingParams(max_tokens=40, temperature=0, repetition_penalty=1.2)),
         (CODE, SamplingParams(max_tokens=30, temperature=0, frequency_penalty=0.5, logprobs=2)),
     ]  # fmt: skip
-    llm = LLM("smollm2-135m", dtype="float32", loaded=smol_loaded, threads=2, warmup=False,
-              kv_cache_memory=0.25,
+    llm = LLM("smollm2-135m", dtype="float32", quantization="none", loaded=smol_loaded,
+              threads=2, warmup=False, kv_cache_memory=0.25,
               speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                   "adaptive": False})  # fmt: skip
     texts, params = [t for t, _ in requests], [p for _, p in requests]

@@ -145,9 +145,16 @@ def cmd_env(args) -> int:
 
 
 def cmd_eval_perplexity(args) -> int:
-    from tokenworks.eval.perplexity import run
+    from tokenworks.bench.perplexity import run
 
     run(args)
+    return 0
+
+
+def cmd_bench_load(args) -> int:
+    from tokenworks.bench.load import run_load
+
+    run_load(args)
     return 0
 
 
@@ -450,6 +457,31 @@ def build_parser() -> argparse.ArgumentParser:
     _record_args(p)
     p.set_defaults(fn=cmd_bench_latency)
 
+    p = bsub.add_parser(
+        "load",
+        help="cold-process time to first token and peak RSS while loading, per model, "
+        "beside llama.cpp on the same file",
+    )
+    add_engine_arguments(p)
+    p.add_argument(
+        "--models",
+        default="smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b",
+        help="comma-separated catalogue names or .gguf paths",
+    )
+    p.add_argument(
+        "--synthetic-7b",
+        action="store_true",
+        help="also a random-weight Q4_0 GGUF of a 7B Llama's shapes (3.8 GB, "
+        "written once under $TOKENWORKS_HOME/synthetic)",
+    )
+    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument(
+        "--peers-dir",
+        default="peers",
+        help="where benchmarks/peers.sh put llama.cpp (llamacpp/bin)",
+    )
+    p.add_argument("--out", default="benchmarks/results", help="directory for the record")
+    p.set_defaults(fn=cmd_bench_load)
     p = bsub.add_parser("throughput", help="offline throughput of many requests at once")
     add_engine_arguments(p)
     p.add_argument("--num-prompts", type=int, default=64)

@@ -75,8 +75,8 @@ class ModelRunner:
         ids_t = torch.tensor(ids, device=self.device)
         pos_t = torch.tensor(positions, device=self.device)
         rows = torch.tensor(last_rows, dtype=torch.long, device=self.device)
-        if self.kernels is not None:  # (which opens only for a pool of one group)
-            layout = self.kernels.layout(q_lens, ctx_lens, [t[0] for t in tables])
+        if self.kernels is not None:
+            layout = self.kernels.layout(q_lens, ctx_lens, tables)
             if layout is not None:
                 logits, argmax = self.kernels.forward(ids_t, pos_t, layout, rows, argmax_only)
                 return ForwardOutput(logits, argmax)

@@ -70,6 +70,13 @@ class Layer(ctypes.Structure):
         ("down", Linear),
         ("k_pool", c_ptr),
         ("v_pool", c_ptr),
+        ("q_norm", c_ptr),
+        ("k_norm", c_ptr),
+        ("attn_out_norm", c_ptr),
+        ("mlp_out_norm", c_ptr),
+        ("cos", c_ptr),  # NULL: the model's table
+        ("sin", c_ptr),
+        ("group", ctypes.c_int),
     ]
 
 
@@ -81,7 +88,12 @@ class Model(ctypes.Structure):
         ("head", Linear),
         ("cos", c_ptr),
         ("sin", c_ptr),
+        ("embed_scale", ctypes.c_float),  # 0: none
+        ("act", ctypes.c_int),  # ACTS
     ]
+
+
+ACTS = {"silu": 0, "gelu_tanh": 1}  # Model.act: SwiGLU or GeGLU
 
 
 class Scratch(ctypes.Structure):

@@ -64,11 +64,6 @@ class CKernels:
             if kernels == "auto" and why not in _warned:
                 _warned.add(why)
                 log.warning("%s; running torch's modules instead", why)
-        elif len(pool.layout.groups) > 1:
-            why = (
-                "the layers' KV is split into groups (windows give blocks back) and the C "
-                "forward reads one block table a sequence"
-            )
         if not why:
             spec = getattr(model, "spec", None)
             forward = LlamaForward.prepare(
@@ -79,10 +74,10 @@ class CKernels:
                 return cls(forward, block_size, tiles), ""
             arch = spec.arch if spec is not None else type(model).__name__
             why = (
-                f"the C forward pass takes Llama-family models (no per-head Q/K norm, "
-                f"experts or latent attention) with float32 or bfloat16 embeddings, "
-                f"head_dim up to 256 and dense, int8 or int4 layers; this {arch} model "
-                f"does not fit"
+                f"the C forward pass takes the Llama family, Qwen3 and Gemma 3 (no experts, "
+                f"latent attention or soft-capping; windows that give blocks back, or one "
+                f"window for every layer) with head_dim up to 256 and dense, int8, int4 or "
+                f"GGUF block layers; this {arch} model does not fit"
             )
         if kernels == "c":
             raise KernelsUnavailableError(f"kernels='c': {why}")
@@ -96,23 +91,28 @@ class CKernels:
         return f"C kernels, packed products on {where}"
 
     def layout(
-        self, query_lens: list[int], context_lens: list[int], tables: list[list[int]]
-    ) -> KernelBatch | None:
-        """The batch laid out for C, or None where the torch model is to run it."""
+        self, query_lens: list[int], context_lens: list[int], tables: list[list[list[int]]]
+    ) -> list[KernelBatch] | None:
+        """The batch laid out for C once per KV group (tables: each sequence's block
+        tables, one per group), or None where the torch model is to run it."""
         if not self.forward_pass.accepts(query_lens):
             return None
         forward = self.forward_pass
-        window = forward.spec.sliding_window if forward.pool.layout.frees else None
-        return KernelBatch.build(query_lens, context_lens, tables, self.block_size, window)
+        frees = forward.pool.layout.frees  # a windowed group's tables start at its window
+        return [
+            KernelBatch.build(
+                query_lens, context_lens, [t[g] for t in tables], self.block_size,
+                window if frees else None,
+            )
+            for g, window in enumerate(forward.windows)
+        ]  # fmt: skip
 
     def forward(
-        self, input_ids, positions, batch: KernelBatch, logits_rows, greedy: bool
+        self, input_ids, positions, batches: list[KernelBatch], logits_rows, greedy: bool
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(logits [rows, V] in the computing dtype, None), or with greedy where the whole
         step runs in C, (None, each row's argmax [rows])."""
         use_tiles(self.tiles)
         return self.forward_pass.run(
-            input_ids, positions, batch, self.forward_pass.spec.sliding_window, logits_rows,
-            float_logits=False,
-            greedy=greedy,
-        )  # fmt: skip
+            input_ids, positions, batches, logits_rows, float_logits=False, greedy=greedy
+        )

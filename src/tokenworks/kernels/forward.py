@@ -22,14 +22,15 @@ from __future__ import annotations
 import ctypes
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tokenworks.kernels import abi as ck
 from tokenworks.kernels.attention import attend
 from tokenworks.kernels.batch import KernelBatch, decode_only
+from tokenworks.kernels.block_linear import BlockEmbedding, BlockLinear
 from tokenworks.kernels.build import library
 from tokenworks.kernels.products import PACK_MAX, pack_weight, packed_bias, product, swiglu
-from tokenworks.ops.block_linear import BlockEmbedding, BlockLinear
 from tokenworks.ops.linear import DenseForLargeBatches, Int4Linear, Int8Linear, MatvecLinear
 from tokenworks.ops.rope import cos_sin_table
 
@@ -97,22 +98,58 @@ def _dense(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     return None
 
 
+def _rope_table(model: nn.Module, name: str, rope_spec, spec) -> torch.Tensor:
+    """A model's RoPE table as C reads it (float32, contiguous): the model's own where it
+    is one already (models/llama.rope_tables), else made afresh."""
+    t = getattr(model, name)
+    if t.dtype == torch.float32 and t.is_contiguous() and t.device.type == "cpu":
+        return t
+    cos, sin = cos_sin_table(rope_spec, spec.max_position)
+    return cos if name.startswith("cos") else sin
+
+
 def _batched(layer: nn.Module):
     """How run_batched multiplies by a layer: (weight, bias) for dense ones, the layer
     itself for a BlockLinear; None where it cannot."""
     return layer if isinstance(layer, BlockLinear) else _dense(layer)
 
 
-def _product(d, packs: dict, glu: bool = False):
-    """x -> x @ W.T for _batched's d; glu: followed by SwiGLU."""
+def _product(d, packs: dict, act: str | None = None):
+    """x -> x @ W.T for _batched's d; act: a gate_up product, followed by SwiGLU ("silu")
+    or GeGLU ("gelu_tanh")."""
+    if act == "gelu_tanh":
+        inner = _product(d, packs)
+        return lambda x: _geglu(inner(x))
     if isinstance(d, BlockLinear):
-        return (lambda x: swiglu(d(x))) if glu else d
+        return (lambda x: swiglu(d(x))) if act else d
     w, bias = d
-    return product(w, bias, packs.get(w.data_ptr()), glu=glu)
+    return product(w, bias, packs.get(w.data_ptr()), glu=act == "silu")
+
+
+def _geglu(gu: torch.Tensor) -> torch.Tensor:
+    gate, up = gu.chunk(2, dim=-1)
+    return (F.gelu(gate, approximate="tanh") * up).contiguous()
+
+
+ARCHS = ("llama", "qwen3", "gemma3")  # families the C forward pass runs
+
+
+def group_windows(spec, layout) -> list[int | None] | None:
+    """Each KV group's attention window (None: none), or None where a group's layers differ
+    (windows that only mask, in a model whose layers have different ones)."""
+    windows = []
+    for g in layout.groups:
+        found = {spec.window(i) for i in g.layers}
+        if len(found) != 1:
+            return None
+        windows.append(found.pop())
+    return windows
 
 
 class LlamaForward:
-    def __init__(self, lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles):
+    def __init__(
+        self, lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles, windows
+    ):
         self.lib, self.dims, self.keep, self.spec, self.max_rows = lib, dims, keep, spec, max_rows
         self.layers_c, self.model_c = dot  # the C structs on the model's own weights
         self.amx = amx  # (layers, model) on packed copies (AMX tiles or vector), or None
@@ -120,7 +157,14 @@ class LlamaForward:
         self._scratch: tuple | None = None  # (rows, buffers, ck.Scratch), see _buffers
         self.pool = pool
         self.tiles = tiles  # prompt attention on AMX tiles (where granted)
-        self.pool_ptrs = [(k.data_ptr(), v.data_ptr()) for k, v in zip(pool.k, pool.v, strict=True)]
+        layout = pool.layout
+        self.windows = windows  # each KV group's attention window (None: none)
+        self.group_of = [layout.group_of(i) for i in range(spec.n_layers)]
+        self.pool_of = [layout.slot_of(i) for i in range(spec.n_layers)]  # its pool tensors
+        self.pool_ptrs = [(pool.k[j].data_ptr(), pool.v[j].data_ptr()) for j in self.pool_of]
+        self.layers = model.layers  # for what run_batched does in torch (Q/K and output norms)
+        self.geglu = spec.mlp_act == "gelu_tanh"
+        self.embed_scale = dot[1].embed_scale
         self.kv_dtype = ck.DTYPE_CODES[pool.k[0].dtype]
         # Bigger batches: torch's products on dense weights (or a BlockLinear's own: blocks
         # for a few rows, a dequantised tile for more), the rest in C (run_batched)
@@ -149,9 +193,14 @@ class LlamaForward:
         CPU runs them; tiles: run prompt attention on AMX tiles where granted."""
         lib = library()
         spec = getattr(model, "spec", None)
-        if lib is None or spec is None or spec.arch != "llama":
+        if lib is None or spec is None or spec.arch not in ARCHS:
             return None
-        if spec.moe or spec.mla or spec.qk_norm:  # layers the C forward pass has no code for
+        if spec.moe or spec.mla or spec.attn_softcap or spec.final_softcap:
+            return None  # layers the C forward pass has no code for
+        if spec.mlp_act not in ck.ACTS:
+            return None
+        windows = group_windows(spec, pool.layout)
+        if windows is None:
             return None
         if model.norm.device.type != "cpu" or pool.k[0].dtype not in (
             torch.float32,
@@ -168,8 +217,14 @@ class LlamaForward:
                 return None
             embed_code = ck.DTYPE_CODES[embed.dtype]
         keep: list = []
-        cos, sin = cos_sin_table(spec, spec.max_position)
+        cos, sin = (_rope_table(model, n, spec, spec) for n in ("cos", "sin"))
         keep += [embed, cos, sin, pool]
+        local = spec.local_rope  # Gemma 3's windowed layers: their own RoPE base
+        lcos = _rope_table(model, "cos_local", local, spec) if local else None
+        lsin = _rope_table(model, "sin_local", local, spec) if local else None
+        keep += [lcos, lsin]
+        layout = pool.layout
+        silu = spec.mlp_act == "silu"  # gate_up may end in SwiGLU in the packed product
         norms = [(_f32(x.input_norm, keep), _f32(x.post_norm, keep)) for x in model.layers]
         final_norm = _f32(model.norm, keep)
 
@@ -177,16 +232,32 @@ class LlamaForward:
             """The C structs of every layer and of the model (packs: packed where it can)."""
             layers = (ck.Layer * spec.n_layers)()
             for i, layer in enumerate(model.layers):
-                parts = [_linear(getattr(layer, n), keep, packs, n == "gate_up") for n in _MODULES]
+                parts = [
+                    _linear(getattr(layer, n), keep, packs, silu and n == "gate_up")
+                    for n in _MODULES
+                ]
                 if any(p is None for p in parts):
                     return None
-                layers[i] = ck.Layer(*norms[i], *parts, ck.ptr(pool.k[i]), ck.ptr(pool.v[i]))
+                j, local_rope = layout.slot_of(i), local is not None and layer.rope_table
+                layers[i] = ck.Layer(
+                    *norms[i], *parts, ck.ptr(pool.k[j]), ck.ptr(pool.v[j]),
+                    q_norm=_f32(getattr(layer, "q_norm", None), keep),
+                    k_norm=_f32(getattr(layer, "k_norm", None), keep),
+                    attn_out_norm=_f32(getattr(layer, "attn_output_norm", None), keep),
+                    mlp_out_norm=_f32(getattr(layer, "mlp_output_norm", None), keep),
+                    cos=ck.ptr(lcos) if local_rope else None,
+                    sin=ck.ptr(lsin) if local_rope else None,
+                    group=layout.group_of(i),
+                )  # fmt: skip
             head = _linear(model.lm_head, keep, packs)
             if head is None:
                 return None
+            # Gemma scales the embedding by sqrt(hidden), rounded to the model's dtype
+            scale = float(torch.tensor(spec.hidden_size**0.5, dtype=model.norm.dtype))
             return layers, ck.Model(
-                ck.ptr(embed), embed_code, final_norm, head, ck.ptr(cos), ck.ptr(sin)
-            )
+                ck.ptr(embed), embed_code, final_norm, head, ck.ptr(cos), ck.ptr(sin),
+                scale if spec.embed_scale else 0.0, ck.ACTS[spec.mlp_act],
+            )  # fmt: skip
 
         dot = view(None)
         if dot is None:
@@ -205,11 +276,11 @@ class LlamaForward:
             spec.intermediate_size,
             spec.vocab_size,
             spec.norm_eps,
-            spec.head_dim**-0.5,
+            spec.attn_scale or spec.head_dim**-0.5,
         )
         if max_rows is None:
             max_rows = PACK_MAX if amx is not None else MAX_ROWS
-        return cls(lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles)
+        return cls(lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles, windows)
 
     def accepts(self, query_lens: list[int]) -> bool:
         """Which batches run here (asked before one is laid out): a decode-only batch of up
@@ -240,40 +311,43 @@ class LlamaForward:
             self._scratch = (rows, bufs, scratch)
         return self._scratch[1:]
 
-    def _kv(self, batch: KernelBatch, window: int | None) -> tuple:
-        """The block tables and context lengths for C (each layer sets its own pools)."""
-        tables = batch.block_tables.contiguous()
-        lens = batch.context_lens.contiguous()
-        kv = ck.kv_view(tables, lens, batch.block_size, window, self.kv_dtype)
-        return kv, (tables, lens)  # the tensors must outlive the call
+    def _kvs(self, batches: list[KernelBatch]) -> tuple:
+        """Each KV group's block tables, context lengths and window for C (each layer sets
+        its own pools), as an array of structs, and what they point at."""
+        kvs = (ck.KV * len(batches))()
+        alive = []
+        for g, (batch, window) in enumerate(zip(batches, self.windows, strict=True)):
+            tables = batch.block_tables.contiguous()
+            lens = batch.context_lens.contiguous()
+            kvs[g] = ck.kv_view(tables, lens, batch.block_size, window, self.kv_dtype)
+            alive += [tables, lens]
+        return kvs, alive  # the tensors must outlive the call
 
     def run(
-        self, input_ids, positions, batch: KernelBatch, window, logits_rows=None,
+        self, input_ids, positions, batches: list[KernelBatch], logits_rows=None,
         float_logits=True, greedy=False,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:  # fmt: skip
         """(logits, None): logits [rows, vocab] of logits_rows (None: every row) of the
-        batch, float32 or (float_logits False) the dtype the path computes them in. greedy:
-        the caller wants only each row's argmax; a whole decode step in C then returns
-        (None, argmax [rows] int64), the head having kept each row's best and written no
-        logits, where it runs on packed weights."""
+        batch (laid out once per KV group: batches), float32 or (float_logits False) the
+        dtype the path computes them in. greedy: the caller wants only each row's argmax;
+        a whole decode step in C then returns (None, argmax [rows] int64), the head having
+        kept each row's best and written no logits, where it runs on packed weights."""
         n = input_ids.shape[0]
-        if not self._whole_step(batch.query_lens):
-            logits = self.run_batched(
-                input_ids, positions, batch, window, logits_rows, float_logits
-            )
+        if not self._whole_step(batches[0].query_lens):
+            logits = self.run_batched(input_ids, positions, batches, logits_rows, float_logits)
             return logits, None
-        logits, choices = self._run_whole_step(input_ids, positions, batch, window, greedy)
+        logits, choices = self._run_whole_step(input_ids, positions, batches, greedy)
         if logits_rows is not None and logits_rows.numel() != n:
             logits = None if logits is None else logits.index_select(0, logits_rows)
             choices = None if choices is None else choices.index_select(0, logits_rows)
         return logits, choices
 
-    def _run_whole_step(self, input_ids, positions, batch, window, greedy=False) -> tuple:
+    def _run_whole_step(self, input_ids, positions, batches, greedy=False) -> tuple:
         b = input_ids.shape[0]
         ids = input_ids.contiguous()
         pos = positions.contiguous()
-        slots = batch.slot_mapping.contiguous()
-        kv, _alive = self._kv(batch, window)
+        slots = torch.cat([batch.slot_mapping for batch in batches]).contiguous()  # [G, B]
+        kvs, _alive = self._kvs(batches)
         _, scratch = self._buffers(b)
         x = torch.empty(b, self.spec.hidden_size)
         # a few rows: dot products on the model's weights; more: the packed products (AMX
@@ -289,7 +363,7 @@ class LlamaForward:
             ctypes.byref(model_c),
             layers,
             self.spec.n_layers,
-            ctypes.byref(kv),
+            kvs,
             ck.ptr(ids),
             ck.ptr(pos),
             ck.ptr(slots),
@@ -302,20 +376,35 @@ class LlamaForward:
         )
         return (logits, None) if choices is None else (None, choices)
 
-    def _attend_chunks(self, qkv, batch, layer, pos, slots, window, code, threads):
+    def _attend_chunks(self, qkv, batch, layer, pos, slots, code, threads):
         """RoPE and the cache write in C, then attention over the pool (attention.attend)."""
-        s = self.spec
+        s, j = self.spec, self.pool_of[layer]
+        cos, sin = self._rope(layer)
         self.lib.tw_rope_store(
-            ctypes.byref(self.dims), ck.ptr(self.pool.k[layer]), ck.ptr(self.pool.v[layer]),
-            self.kv_dtype, ck.ptr(qkv), code, ck.ptr(pos), ck.ptr(slots),
-            self.model_c.cos, self.model_c.sin, qkv.shape[0], threads,
+            ctypes.byref(self.dims), ck.ptr(self.pool.k[j]), ck.ptr(self.pool.v[j]),
+            self.kv_dtype, ck.ptr(qkv), code, ck.ptr(pos), ck.ptr(slots), cos, sin,
+            qkv.shape[0], threads,
         )  # fmt: skip
         q = qkv[:, : s.q_size].view(-1, s.n_heads, s.head_dim)
+        window = self.windows[self.group_of[layer]]
         out = attend(
-            q, batch, self.pool.k[layer], self.pool.v[layer], self.dims.attn_scale, window,
-            self.tiles,
-        )  # fmt: skip
+            q, batch, self.pool.k[j], self.pool.v[j], self.dims.attn_scale, window, self.tiles
+        )
         return out.contiguous()
+
+    def _rope(self, layer: int) -> tuple:
+        """The RoPE table (cos, sin addresses) a layer rotates with."""
+        c = self.layers_c[layer]
+        return (c.cos, c.sin) if c.cos else (self.model_c.cos, self.model_c.sin)
+
+    def _head_norms(self, qkv: torch.Tensor, layer: int) -> None:
+        """Qwen3 / Gemma 3: RMSNorm over each head of Q and of K, in place in qkv."""
+        s, m = self.spec, self.layers[layer]
+        t = qkv.shape[0]
+        qk = qkv[:, : s.q_size + s.kv_size].view(t, s.n_heads + s.n_kv_heads, s.head_dim)
+        d = (s.head_dim,)
+        qk[:, : s.n_heads] = F.rms_norm(qk[:, : s.n_heads], d, m.q_norm, s.norm_eps)
+        qk[:, s.n_heads :] = F.rms_norm(qk[:, s.n_heads :], d, m.k_norm, s.norm_eps)
 
     def _products(self) -> list:
         """Per layer, the four products (qkv, o, gate_up, down) as callables x -> x @ W.T,
@@ -329,9 +418,10 @@ class LlamaForward:
         """
         if self._packed is None:
             packs = self.packs
+            act = "gelu_tanh" if self.geglu else "silu"
             self._packed = [
                 [
-                    _product(d, packs, glu=name == "gate_up")
+                    _product(d, packs, act if name == "gate_up" else None)
                     for name, d in zip(_MODULES, row, strict=True)
                 ]
                 for row in self.dense
@@ -340,7 +430,7 @@ class LlamaForward:
         return self._packed
 
     def run_batched(
-        self, input_ids, positions, batch: KernelBatch, window, logits_rows=None,
+        self, input_ids, positions, batches: list[KernelBatch], logits_rows=None,
         float_logits=True,
     ) -> torch.Tensor:  # fmt: skip
         """Any other batch of the paged engine (big decode batches, prefill chunks, both
@@ -348,41 +438,52 @@ class LlamaForward:
         RMSNorm, RoPE + cache write, SwiGLU; decode-only batches: attention too) in 3
         calls a layer instead of about twenty torch ops; the residual stream stays float32.
         Batches with prompt rows attend through kernels/attention.attend: prompt
-        chunks in one C call (AMX tiles or AVX-512 BF16) where it runs, else torch's attention."""
+        chunks in one C call (AMX tiles or AVX-512 BF16) where it runs, else torch's attention.
+        What Qwen3 and Gemma add (Q/K norms, output norms, GeGLU) runs in torch here."""
         lib, s, threads = self.lib, self.spec, torch.get_num_threads()
         b, act = input_ids.shape[0], self.act_dtype
         code = ck.DTYPE_CODES[act]
         pos = positions.contiguous()
-        slots = batch.slot_mapping.contiguous()
-        decode_only = batch.decode_only
-        x = self.embed(input_ids).float().contiguous()  # [B, hidden]
+        slots = [batch.slot_mapping.contiguous() for batch in batches]
+        decode_only = batches[0].decode_only
+        x = self.embed(input_ids)
+        if self.embed_scale:  # in the model's dtype, as the torch model scales it
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        x = x.float().contiguous()  # [B, hidden]
         h = torch.empty(b, s.hidden_size, dtype=act)
         attn = torch.empty(b, s.q_size, dtype=act)
         px, ph, pattn = (t.data_ptr() for t in (x, h, attn))
         hid, eps = s.hidden_size, s.norm_eps
-        kv, _alive = self._kv(batch, window) if decode_only else (None, None)
-        dims, cos, sin = ctypes.byref(self.dims), self.model_c.cos, self.model_c.sin
+        kvs, _alive = self._kvs(batches) if decode_only else (None, None)
+        dims = ctypes.byref(self.dims)
         p_delta = None
         for i, (f_qkv, f_o, f_mlp, f_down) in enumerate(self._products()):
-            layer = self.layers_c[i]
+            layer, g, m = self.layers_c[i], self.group_of[i], self.layers[i]
             lib.tw_residual_norm(
                 px, p_delta, code, layer.input_norm, eps, ph, code, b, hid, threads
             )
             qkv = f_qkv(h)
+            if layer.q_norm:
+                self._head_norms(qkv, i)
             if decode_only:
+                kv = kvs[g]
                 kv.k_pool, kv.v_pool = self.pool_ptrs[i]
                 lib.tw_rope_attend(
                     dims, ctypes.byref(kv), qkv.data_ptr(), pattn, code, pos.data_ptr(),
-                    slots.data_ptr(), cos, sin, b, threads,
+                    slots[g].data_ptr(), *self._rope(i), b, threads,
                 )  # fmt: skip
                 out = attn
             else:
-                out = self._attend_chunks(qkv, batch, i, pos, slots, window, code, threads)
+                out = self._attend_chunks(qkv, batches[g], i, pos, slots[g], code, threads)
             proj = f_o(out)
+            if layer.attn_out_norm:
+                proj = F.rms_norm(proj, (hid,), m.attn_output_norm, eps)
             lib.tw_residual_norm(
                 px, proj.data_ptr(), code, layer.post_norm, eps, ph, code, b, hid, threads
             )
             delta = f_down(f_mlp(h))
+            if layer.mlp_out_norm:
+                delta = F.rms_norm(delta, (hid,), m.mlp_output_norm, eps)
             p_delta = delta.data_ptr()
         lib.tw_residual_norm(
             px, p_delta, code, self.model_c.final_norm, eps, ph, code, b, hid, threads

@@ -6,12 +6,12 @@ import contextlib
 
 import torch
 
+from tokenworks.kernels.block_linear import DenseView
 from tokenworks.models.arch import family
 from tokenworks.models.gpt2 import GPT2Model
 from tokenworks.models.llama import LlamaModel
 from tokenworks.models.loader import LoadedModel, ModelLoadError, load
 from tokenworks.models.spec import ModelSpec
-from tokenworks.ops.block_linear import DenseView
 from tokenworks.ops.linear import (
     QUANTIZED_LINEARS,
     matvec_linears_,
@@ -53,7 +53,10 @@ def build_model(
         model = MODULES[family(spec.arch).module](spec)
     blocks = quantization == "gguf" and isinstance(model, LlamaModel)
     model.load_weights(weights if blocks else DenseView(weights))
+    tables = getattr(model, "rope_tables", dict)()
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    for name, t in tables.items():  # float32 whatever the dtype: shared with the C kernels
+        model.register_buffer(name, t.to(device), persistent=False)
     if quantization in QUANTIZED_LINEARS:
         head = model.lm_head
         quantize_(model, quantization, dense_from_rows)

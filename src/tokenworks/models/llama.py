@@ -15,12 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenworks.kernels.block_linear import BlockEmbedding, BlockLinear, DenseView, dense
 from tokenworks.kernels.blocks import BlockTensor
 from tokenworks.models.mla import LatentAttention
 from tokenworks.models.moe import MoE, RoutingStats
 from tokenworks.models.spec import ModelSpec
 from tokenworks.ops.attention import AttentionMetadata, attention
-from tokenworks.ops.block_linear import BlockEmbedding, BlockLinear, DenseView, dense
 from tokenworks.ops.rope import apply_rope, cos_sin_table
 
 
@@ -161,6 +161,12 @@ class LlamaModel(nn.Module):
         for layer in self.layers:
             if layer.moe is not None:
                 layer.moe.stats = self.routing
+
+    def rope_tables(self) -> dict[str, torch.Tensor]:
+        """The RoPE tables, float32 [positions, head_dim], by buffer name: they stay float32
+        in a model of any dtype (each use rounds its rows to the activations' dtype, as a
+        table cast once would), and the C kernels read them as they are."""
+        return {n: getattr(self, n) for n in ("cos", "sin", "cos_local", "sin_local")}
 
     def moe_layers(self) -> list[MoE]:
         return [layer.moe for layer in self.layers if layer.moe is not None]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,6 +175,16 @@ def _dense_array(mm: np.ndarray, t: StoredTensor) -> np.ndarray:
     return gguf.quants.dequantize(np.asarray(raw), t.ggml_type).reshape(shape).astype(np.float32)
 
 
+def _release(mm: np.memmap, offset: int, nbytes: int) -> None:
+    """Drop the mapped pages wholly inside [offset, offset + nbytes) from this process
+    (clean file pages: read again from the file should they be touched), so a tensor that
+    was copied does not count twice in the resident set."""
+    page = mmap.PAGESIZE
+    start, stop = -(-offset // page) * page, (offset + nbytes) // page * page
+    if stop > start and hasattr(mm._mmap, "madvise"):
+        mm._mmap.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
+
 def gguf_weights(
     path: Path, tensors: list[StoredTensor], arch: str, n_heads: int, n_kv: int,
     names_only: bool = False,
@@ -210,6 +221,7 @@ def gguf_weights(
             w = blocks.executable(t.ggml_type, t.name, (rows, t.shape[0]), raw)
             if heads:
                 w = w.rows(torch.from_numpy(_unpermute(np.arange(rows)[:, None], heads).ravel()))
+                _release(mm, t.offset, t.nbytes)  # copied: the mapped pages are not needed
             if experts:
                 per = rows // n_exp
                 for e in range(n_exp):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tokenworks.kernels.block_linear import dense
 from tokenworks.models.arch import family
 from tokenworks.models.spec import ModelSpec
 from tokenworks.ops.rope import attention_factor, inv_frequencies
@@ -189,7 +190,7 @@ def gpt2_forward(ids, w: dict, spec: ModelSpec):  # [n] -> [n, vocab]
 
 def forward(ids, weights: dict, spec: ModelSpec) -> np.ndarray:
     """float64 logits [n, vocab] for token ids [n]; weights may be torch or NumPy."""
-    w = {k: np.asarray(v, dtype=np.float64) for k, v in weights.items()}
+    w = {k: np.asarray(dense(v), dtype=np.float64) for k, v in weights.items()}  # blocks too
     ids = np.asarray(ids, dtype=np.int64)
     fn = {"decoder": llama_forward, "gpt2": gpt2_forward}[family(spec.arch).module]
     return fn(ids, w, spec)

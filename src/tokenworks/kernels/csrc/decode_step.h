@@ -14,6 +14,13 @@ typedef struct {
   tw_linear qkv, o, gate_up, down;
   void* k_pool;  // this layer's pool, [slots, kv_heads, head_dim]
   void* v_pool;
+  const float* q_norm;  // [head_dim] or NULL: RMSNorm over each head of Q and of K before
+  const float* k_norm;  // RoPE (Qwen3, Gemma 3)
+  const float* attn_out_norm;  // [hidden] or NULL: Gemma's norms of each sublayer's output,
+  const float* mlp_out_norm;   // before it joins the residual
+  const float* cos;  // this layer's RoPE table (NULL: the model's; Gemma 3's windowed
+  const float* sin;  // layers have their own base)
+  int group;  // its KV group: the block tables of kvs[group], the slots at slots[group * B]
 } tw_layer;
 
 typedef struct {
@@ -23,6 +30,8 @@ typedef struct {
   tw_linear head;
   const float* cos;  // [positions, head_dim] float32, each half repeated
   const float* sin;
+  float embed_scale;  // 0: none; else the embedding rows are multiplied by it (Gemma)
+  int act;            // the MLP's: 0 SwiGLU, 1 GeGLU (gelu with the tanh approximation)
 } tw_model;
 
 // Scratch memory for B rows, float32 unless said (the caller allocates it once per size).
@@ -63,13 +72,35 @@ static void rope_and_store(const tw_dims* d, float* r, int64_t position, int64_t
 
 void tw_argmax_rows(const void* x, int dtype, int B, int n, int64_t* out, int threads);
 
-// One decode token for each of B sequences: ids [B], positions [B], slots [B] (where each
-// new K/V goes) -> logits [B, vocab]. kv gives the block tables and context lengths (its
-// pools are taken per layer from `layers`). argmax (NULL: none): each row's greedy choice
+// out = gelu_tanh(g) * u over n values (GeGLU)
+static void gelu_mul(const float* g, const float* u, float* out, int n) {
+  for (int i = 0; i < n; ++i) {
+    const float x = g[i];
+    out[i] = 0.5f * x * (1.f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u[i];
+  }
+}
+
+// x += rmsnorm(y) * w over n values (y is overwritten)
+static void add_norm(float* x, float* y, const float* w, float eps, int n) {
+  rms_norm(y, w, eps, y, n);
+  for (int i = 0; i < n; ++i) x[i] += y[i];
+}
+
+// RMSNorm over each head of a token's q and k (in place, float32 [H + KVH, D])
+static void head_norms(float* r, int H, int KVH, int D, const float* qw, const float* kw,
+                       float eps) {
+  for (int h = 0; h < H; ++h) rms_norm(r + h * D, qw, eps, r + h * D, D);
+  for (int h = 0; h < KVH; ++h) rms_norm(r + (H + h) * D, kw, eps, r + (H + h) * D, D);
+}
+
+// One decode token for each of B sequences: ids [B], positions [B], slots [G, B] (where
+// each new K/V goes in each of the G KV groups) -> logits [B, vocab]. kvs [G] give each
+// group's block tables, context lengths and window (the pools are taken per layer from
+// `layers`, each of which names its group). argmax (NULL: none): each row's greedy choice
 // [B], as torch.argmax of its logits; with an AMX head no logits are written (logits may
 // then be NULL), else they are, then read back.
 void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers, int n_layers,
-                     const tw_kv* kv_in, const int64_t* ids, const int64_t* positions,
+                     const tw_kv* kvs, const int64_t* ids, const int64_t* positions,
                      const int64_t* slots, int B, float* x, const tw_scratch* s, float* logits,
                      int64_t* argmax, int threads) {
   if (B <= 0) return;
@@ -83,6 +114,8 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
                        hid, x + b * hid);
     else
       row_to_f32(m->embed, m->embed_dtype, ids[b], hid, x + b * hid);
+    if (m->embed_scale != 0.f)
+      for (int i = 0; i < hid; ++i) x[b * hid + i] *= m->embed_scale;
   }
   int amx = m->head.dtype == TW_PACKED;  // any packed weights: shared runs, tiles where they run
   for (int li = 0; li < n_layers; ++li) {
@@ -108,22 +141,33 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
 #endif
     for (int li = 0; li < n_layers; ++li) {
       const tw_layer* L = &layers[li];
-      tw_kv kv = *kv_in;
+      tw_kv kv = kvs[L->group];
       kv.k_pool = L->k_pool;
       kv.v_pool = L->v_pool;
+      const int64_t* lslots = slots + (int64_t)L->group * B;
+      const float *lcos = L->cos ? L->cos : m->cos, *lsin = L->sin ? L->sin : m->sin;
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b)
         rms_norm_row(x + b * hid, L->input_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
       linear_rows(&L->qkv, s->h, s->hb, s->qkv, B, 0, runs, s->qbuf);
       // RoPE on q and k, then this token's K and V into the pool.
 #pragma omp for schedule(static)
-      for (int b = 0; b < B; ++b)
-        rope_and_store(d, s->qkv + (int64_t)b * nqkv, positions[b], slots[b], m->cos, m->sin,
+      for (int b = 0; b < B; ++b) {
+        if (L->q_norm)
+          head_norms(s->qkv + (int64_t)b * nqkv, H, KVH, D, L->q_norm, L->k_norm, d->eps);
+        rope_and_store(d, s->qkv + (int64_t)b * nqkv, positions[b], lslots[b], lcos, lsin,
                        L->k_pool, L->v_pool, kv.kv_dtype);
+      }
       attention_tasks(&kv, s->qkv, nqkv, s->attn, q_size, B, H, KVH, D, d->attn_scale, threads);
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b) round_row(s->attn + b * q_size, s->hb + b * q_size, q_size);
-      linear_rows(&L->o, s->attn, s->hb, x, B, 1, runs, s->qbuf);  // x += o_proj(attn)
+      if (L->attn_out_norm) {  // x += rmsnorm(o_proj(attn)): the product into h first
+        linear_rows(&L->o, s->attn, s->hb, s->h, B, 0, runs, s->qbuf);
+#pragma omp for schedule(static)
+        for (int b = 0; b < B; ++b) add_norm(x + b * hid, s->h + b * hid, L->attn_out_norm, d->eps, hid);
+      } else {
+        linear_rows(&L->o, s->attn, s->hb, x, B, 1, runs, s->qbuf);  // x += o_proj(attn)
+      }
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b)
         rms_norm_row(x + b * hid, L->post_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
@@ -144,11 +188,18 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
           const int b = c / chunks, j = (c % chunks) * 128, len = I - j < 128 ? I - j : 128;
           const float* g = s->gu + (int64_t)b * 2 * I + j;
           float* a = s->act + (int64_t)b * I + j;
-          silu_mul(g, g + I, a, len);
+          if (m->act) gelu_mul(g, g + I, a, len);
+          else silu_mul(g, g + I, a, len);
           round_row(a, s->hb + (int64_t)b * I + j, len);
         }
       }
-      linear_rows(&L->down, s->act, act_b, x, B, 1, runs, s->qbuf);  // x += down(act)
+      if (L->mlp_out_norm) {  // x += rmsnorm(down(act))
+        linear_rows(&L->down, s->act, act_b, s->h, B, 0, runs, s->qbuf);
+#pragma omp for schedule(static)
+        for (int b = 0; b < B; ++b) add_norm(x + b * hid, s->h + b * hid, L->mlp_out_norm, d->eps, hid);
+      } else {
+        linear_rows(&L->down, s->act, act_b, x, B, 1, runs, s->qbuf);  // x += down(act)
+      }
     }
 #pragma omp for schedule(static)
     for (int b = 0; b < B; ++b)

@@ -1,0 +1,219 @@
+"""`tokenworks bench load`: what it costs to load a model, in a fresh process, beside
+llama.cpp on the same file.
+
+For each model a new Python process loads it and generates one token: the seconds from
+spawning the process to that token (cold-process time to first token: imports, the file's
+index or metadata, mapping the weights, building the engine) and the process's peak
+resident set (os.wait4's ru_maxrss), then `--decode-tokens` more for the decode rate.
+llama.cpp's `llama-completion` does the same on the same file (its wall time to one token
+and its peak resident set), and `llama-bench` gives its decode rate.
+
+`--synthetic-7b` adds a random-weight GGUF of a 7B Llama's shapes in Q4_0 (about 3.8 GB,
+written once under $TOKENWORKS_HOME/synthetic/): a model that does not fit in memory as
+floats on a 24 GiB machine, to show it loads and decodes in about its file's size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from tokenworks.bench.record import make_record, write_record
+from tokenworks.paths import home
+
+PROMPT = "Once upon a time, there was a little"
+# Llama 2 7B's shapes (the vocabulary is SmolLM2's, whose tokenizer the file carries)
+SHAPE_7B = dict(hidden=4096, intermediate=11008, layers=32, heads=32, kv_heads=32)
+
+_CHILD = """
+import json, sys, time
+spawned = float(sys.argv[1])
+from tokenworks import LLM, SamplingParams
+kw = json.loads(sys.argv[3])
+llm = LLM(sys.argv[2], **kw)
+ready = time.time()
+one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+llm.generate([sys.argv[4]], one, use_tqdm=False)
+first = time.time()
+n = int(sys.argv[5])
+t0 = time.perf_counter()
+llm.generate([sys.argv[4]], SamplingParams(max_tokens=n + 1, temperature=0, ignore_eos=True),
+             use_tqdm=False)
+t1 = time.perf_counter()
+llm.generate([sys.argv[4]], one, use_tqdm=False)
+t2 = time.perf_counter()
+print("RESULT " + json.dumps({
+    "ready_s": ready - spawned, "ttft_s": first - spawned,
+    "decode_tok_s": n / max((t1 - t0) - (t2 - t1), 1e-9),
+    "quantization": llm.engine.quantization or "none", "kernels": llm.engine.kernels(),
+}))
+"""
+
+
+def _run(argv: list[str], env: dict | None = None) -> tuple[float, int, str]:
+    """(wall seconds, peak RSS bytes, stdout+stderr) of a child process."""
+    t0 = time.time()
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[0]} exited {proc.returncode}:\n{out[-3000:]}")
+    return time.time() - t0, usage.ru_maxrss * 1024, out
+
+
+def ours(model: str, engine_kw: dict, decode_tokens: int) -> dict:
+    spawned = time.time()
+    argv = [sys.executable, "-c", _CHILD, str(spawned), model, json.dumps(engine_kw), PROMPT,
+            str(decode_tokens)]  # fmt: skip
+    wall, peak, out = _run(argv)
+    line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :]) | {"peak_rss_bytes": peak, "wall_s": wall}
+
+
+def llama_cpp(bin_dir: Path, path: str, threads: int, decode_tokens: int) -> dict:
+    """llama-completion for one token (wall time, peak RSS), llama-bench for decode."""
+    completion, bench = bin_dir / "llama-completion", bin_dir / "llama-bench"
+    if not completion.exists() or not bench.exists():
+        return {"status": "NOT_RUN", "reason": f"no llama-completion / llama-bench in {bin_dir} "
+                "(benchmarks/peers.sh builds them)"}  # fmt: skip
+    argv = [str(completion), "-m", path, "-p", PROMPT, "-n", "1", "-t", str(threads),
+            "--no-warmup", "-no-cnv", "--temp", "0"]  # fmt: skip
+    wall, peak, _ = _run(argv)
+    argv = [str(bench), "-m", path, "-t", str(threads), "-p", "0", "-n", str(decode_tokens),
+            "-r", "2", "-o", "json"]  # fmt: skip
+    _, _, out = _run(argv)
+    rows = json.loads(out[out.index("[") :])
+    return {"ttft_s": wall, "peak_rss_bytes": peak, "decode_tok_s": rows[0]["avg_ts"]}
+
+
+def synthetic_7b(tokenizer_from: str) -> Path:
+    """A random-weight Q4_0 GGUF of a 7B Llama's shapes (written once, about 3.8 GB), with
+    the tokenizer of another GGUF (tokenizer_from)."""
+    import gguf
+
+    path = home() / "synthetic" / "llama-7b-shapes-q4_0.gguf"
+    if path.exists():
+        return path
+    src = gguf.GGUFReader(tokenizer_from)
+    tokens = [bytes(src.fields["tokenizer.ggml.tokens"].parts[i]).decode()
+              for i in src.fields["tokenizer.ggml.tokens"].data]  # fmt: skip
+    merges = [bytes(src.fields["tokenizer.ggml.merges"].parts[i]).decode()
+              for i in src.fields["tokenizer.ggml.merges"].data]  # fmt: skip
+    s, vocab = SHAPE_7B, len(tokens)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial")
+    w = gguf.GGUFWriter(tmp, "llama")
+    w.add_name("random llama 7B shapes (Q4_0)")
+    w.add_context_length(4096)
+    w.add_embedding_length(s["hidden"])
+    w.add_block_count(s["layers"])
+    w.add_feed_forward_length(s["intermediate"])
+    w.add_head_count(s["heads"])
+    w.add_head_count_kv(s["kv_heads"])
+    w.add_rope_dimension_count(s["hidden"] // s["heads"])
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_merges(merges)
+    w.add_token_types([int(src.fields["tokenizer.ggml.token_type"].parts[i][0])
+                       for i in src.fields["tokenizer.ggml.token_type"].data])  # fmt: skip
+    w.add_bos_token_id(int(src.fields["tokenizer.ggml.bos_token_id"].contents()))
+    w.add_eos_token_id(int(src.fields["tokenizer.ggml.eos_token_id"].contents()))
+    h, i_, kv = s["hidden"], s["intermediate"], s["hidden"] // s["heads"] * s["kv_heads"]
+    shapes = {"token_embd.weight": (vocab, h), "output.weight": (vocab, h)}
+    for b in range(s["layers"]):
+        shapes |= {
+            f"blk.{b}.attn_q.weight": (h, h), f"blk.{b}.attn_k.weight": (kv, h),
+            f"blk.{b}.attn_v.weight": (kv, h), f"blk.{b}.attn_output.weight": (h, h),
+            f"blk.{b}.ffn_gate.weight": (i_, h), f"blk.{b}.ffn_up.weight": (i_, h),
+            f"blk.{b}.ffn_down.weight": (h, i_),
+        }  # fmt: skip
+    norms = ["output_norm.weight"] + [
+        f"blk.{b}.{n}.weight" for b in range(s["layers"]) for n in ("attn_norm", "ffn_norm")
+    ]
+    q4 = gguf.GGMLQuantizationType.Q4_0
+    for name, (rows, cols) in shapes.items():
+        w.add_tensor_info(name, (rows, cols // 32 * 18), np.dtype(np.uint8), rows * cols // 32 * 18,
+                          raw_dtype=q4)  # fmt: skip
+    for name in norms:
+        w.add_tensor_info(name, (h,), np.dtype(np.float32), h * 4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(0)
+    for rows, cols in tqdm(shapes.values(), desc="write the 7B Q4_0 file", unit="tensor"):
+        blocks = rng.integers(0, 256, size=(rows, cols // 32, 18), dtype=np.uint8)
+        # scales so a row's products stay near 1: |w| ~ 8 * d, d ~ 1 / (8 sqrt(cols))
+        d = np.full((rows, cols // 32), 1 / (8 * cols**0.5), dtype=np.float16)
+        blocks[:, :, :2] = d.view(np.uint8).reshape(rows, cols // 32, 2)
+        w.write_tensor_data(blocks.reshape(rows, -1))
+    for _ in norms:
+        w.write_tensor_data(np.ones(h, dtype=np.float32))
+    w.close()
+    os.replace(tmp, path)
+    return path
+
+
+def run_load(args) -> Path:
+    from tokenworks.config import engine_kwargs
+    from tokenworks.models import catalogue
+
+    models = [m for m in args.models.split(",") if m]
+    engine_kw = {k: v for k, v in engine_kwargs(args).items() if v is not None}
+    engine_kw |= {"warmup": False, "threads": args.threads or 2}
+    if args.synthetic_7b:
+        models.append(str(synthetic_7b(str(catalogue.pull("smollm2-135m")))))
+    bin_dir = Path(args.peers_dir) / "llamacpp" / "bin"
+    results = {}
+    for model in tqdm(models, desc="bench load", unit="model"):
+        path = str(catalogue.pull(model)) if model in catalogue.CATALOGUE else model
+        row = {"file": path, "file_bytes": Path(path).stat().st_size}
+        row["tokenworks"] = ours(model, engine_kw, args.decode_tokens)
+        row["llama.cpp"] = llama_cpp(bin_dir, path, engine_kw["threads"], args.decode_tokens)
+        for engine in ("tokenworks", "llama.cpp"):
+            r = row[engine]
+            if "peak_rss_bytes" in r:
+                r["peak_rss_over_file"] = r["peak_rss_bytes"] / row["file_bytes"]
+        results[Path(path).name] = row
+        print(_line(Path(path).name, row))
+    record = make_record(
+        kind="load",
+        engine={k: v for k, v in engine_kw.items()},
+        model={"models": models},
+        workload={
+            "prompt": PROMPT,
+            "decode_tokens": args.decode_tokens,
+            "synthetic_7b": SHAPE_7B if args.synthetic_7b else None,
+            "cache": "page cache warm (the file read once before)",
+        },  # fmt: skip
+        results=results,
+    )
+    path = write_record(record, args.out)
+    print(f"record: {path}")
+    return path
+
+
+def _line(name: str, row: dict) -> str:
+    parts = [name]
+    for engine in ("tokenworks", "llama.cpp"):
+        r = row[engine]
+        if "ttft_s" in r:
+            parts.append(
+                f"{engine}: first token {r['ttft_s']:.1f} s, peak RSS "
+                f"{r['peak_rss_bytes'] / 2**20:.0f} MiB ({r['peak_rss_over_file']:.2f}x the file), "
+                f"decode {r['decode_tok_s']:.1f} tok/s"
+            )
+        else:
+            parts.append(f"{engine}: {r.get('reason', 'NOT_RUN')}")
+    return " | ".join(parts)
