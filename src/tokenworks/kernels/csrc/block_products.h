@@ -284,6 +284,13 @@ static void block_dot_portable(int t, const uint8_t* row, int k, const tw_qact* 
 #if defined(TW_BLOCKS_VECTOR)
 #define INLINE static inline __attribute__((always_inline))
 
+static inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 // The 32 values of group g of a 32-element format in a vector (group_values, in AVX-512).
 INLINE __m256i group32(const int t, const uint8_t* b) {
   const __m256i low4 = _mm256_set1_epi8(0xF);
@@ -306,30 +313,51 @@ INLINE float offset32(const int t, const uint8_t* b, float d) {
   return -(t == GG_Q4_0 ? 8.f : t == GG_Q5_0 ? 16.f : 128.f) * d;
 }
 
-// A 32-element format: two groups (64 values) a dpbusd, one float scale for each group.
+// Eight float16 values `stride` bytes apart, as floats.
+INLINE __m256 halves8(const uint8_t* p, int stride) {
+  uint16_t h[8];
+  for (int i = 0; i < 8; ++i) memcpy(&h[i], p + i * stride, 2);
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)h));
+}
+
+// A 32-element format, eight groups (256 values) at a time: their scales and offsets as
+// vectors of eight, each pair of groups one dpbusd, its two groups' scales spread over the
+// lanes by a permute; the offsets times the activations' sums in a vector of their own.
+// A tail of fewer than eight groups goes a pair (or one) at a time.
 INLINE void dot32(const int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
                   float* out) {
   const int groups = k / 32, bb = block_bytes(t);
+  const int has_min = t == GG_Q4_1 || t == GG_Q5_1;
+  const float zp = t == GG_Q4_0 ? 8.f : t == GG_Q5_0 ? 16.f : 128.f;
+  __m512i pick[4];  // lanes 0-7: group 2p's scale, 8-15: group 2p+1's
+  for (int p = 0; p < 4; ++p)
+    pick[p] = _mm512_inserti64x4(_mm512_set1_epi32(2 * p), _mm256_set1_epi32(2 * p + 1), 1);
   __m512 acc[BLOCK_MAX_ROWS];
+  __m256 offs[BLOCK_MAX_ROWS];
   float off[BLOCK_MAX_ROWS];
-  for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps(), off[b] = 0.f;
+  for (int b = 0; b < B; ++b)
+    acc[b] = _mm512_setzero_ps(), offs[b] = _mm256_setzero_ps(), off[b] = 0.f;
   int g = 0;
-  for (; g + 2 <= groups; g += 2) {
-    const uint8_t *b0 = row + (int64_t)g * bb, *b1 = b0 + bb;
-    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(group32(t, b0)), group32(t, b1), 1);
-    const float d0 = half_to_f32(b0), d1 = half_to_f32(b1);
-    const float o0 = offset32(t, b0, d0), o1 = offset32(t, b1, d1);
+  for (; g + 8 <= groups; g += 8) {
+    const uint8_t* b0 = row + (int64_t)g * bb;
+    const __m256 d = halves8(b0, bb);
+    const __m256 o = has_min ? halves8(b0 + 2, bb) : _mm256_mul_ps(d, _mm256_set1_ps(-zp));
+    __m512i q[4];
+    for (int p = 0; p < 4; ++p)
+      q[p] = _mm512_inserti64x4(_mm512_castsi256_si512(group32(t, b0 + 2 * p * bb)),
+                                group32(t, b0 + (2 * p + 1) * bb), 1);
     for (int b = 0; b < B; ++b) {
       const int8_t* ab = a->q32 + (int64_t)b * ka + g * 32;
-      const float* da = a->d32 + (int64_t)b * (ka / 32) + g;
-      const float* sa = a->s32 + (int64_t)b * (ka / 32) + g;
-      const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, _mm512_loadu_si512(ab));
-      const __m512 sc = _mm512_insertf32x8(_mm512_set1_ps(d0 * da[0]), _mm256_set1_ps(d1 * da[1]), 1);
-      acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), sc, acc[b]);
-      off[b] += o0 * sa[0] + o1 * sa[1];
+      const __m256 dd = _mm256_mul_ps(d, _mm256_loadu_ps(a->d32 + (int64_t)b * (ka / 32) + g));
+      const __m512 dd512 = _mm512_castps256_ps512(dd);
+      for (int p = 0; p < 4; ++p) {
+        const __m512i prod = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[p], _mm512_loadu_si512(ab + 64 * p));
+        acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(prod), _mm512_permutexvar_ps(pick[p], dd512), acc[b]);
+      }
+      offs[b] = _mm256_fmadd_ps(o, _mm256_loadu_ps(a->s32 + (int64_t)b * (ka / 32) + g), offs[b]);
     }
   }
-  if (g < groups) {  // an odd group at the end
+  for (; g < groups; ++g) {  // the tail, a group at a time
     const uint8_t* b0 = row + (int64_t)g * bb;
     const __m256i q = group32(t, b0);
     const float d0 = half_to_f32(b0), o0 = offset32(t, b0, d0);
@@ -341,24 +369,42 @@ INLINE void dot32(const int t, const uint8_t* row, int k, const tw_qact* a, int 
       off[b] += o0 * a->s32[(int64_t)b * (ka / 32) + g];
     }
   }
-  for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) + off[b];
+  for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) + hsum256(offs[b]) + off[b];
+}
+
+// Q4_K and Q5_K's 12 bytes of 6-bit scales and minimums, unpacked at once: bytes 0-7 of
+// the result are the eight sub-blocks' scales, bytes 8-15 their minimums.
+INLINE __m128i scales_mins_k4(const uint8_t* s) {
+  uint32_t u[3];
+  memcpy(u, s, 12);
+  const uint32_t sc_lo = u[0] & 0x3f3f3f3f, m_lo = u[1] & 0x3f3f3f3f;
+  const uint32_t sc_hi = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+  const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+  return _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
 }
 
 // Q4_K and Q5_K: per super-block of 256, four pairs of sub-blocks, each 64 values times
 // the activations (maddubs) times the sub-blocks' 6-bit scales (dpwssd), in int32 to the
-// block's end; the minimums through the activations' sums per 16.
+// block's end; the minimums times the activations' sums per 16 (madd), in a vector of
+// their own, summed once at the row's end.
 INLINE void dot_q45k(const int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
                      float* out) {
   const int nsb = k / 256, bb = block_bytes(t);
   const __m512i low4 = _mm512_set1_epi8(0xF);
+  // int16 lane -> a pair's scale: lanes 0-15 the first sub-block's, 16-31 the second's
+  const __m512i half = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0,
+                                        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  // each minimum twice: it multiplies two sums of 16
+  const __m128i twice = _mm_set_epi8(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
   __m512 acc[BLOCK_MAX_ROWS];
-  float off[BLOCK_MAX_ROWS];
-  for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps(), off[b] = 0.f;
+  __m256 mins[BLOCK_MAX_ROWS];
+  for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps(), mins[b] = _mm256_setzero_ps();
   for (int i = 0; i < nsb; ++i) {
     const uint8_t* sb = row + (int64_t)i * bb;
     const float d = half_to_f32(sb), dmin = half_to_f32(sb + 2);
-    int sc[8], m[8];
-    for (int j = 0; j < 8; ++j) scale_min_k4(j, sb + 4, &sc[j], &m[j]);
+    const __m128i scm = scales_mins_k4(sb + 4);
+    const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(scm));
+    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(scm, twice));
     const uint8_t* qs = sb + (t == GG_Q4_K ? 16 : 48);
     __m512i q[4], s16[4];
     const __m256i qh = t == GG_Q5_K ? _mm256_loadu_si256((const __m256i*)(sb + 16)) : _mm256_setzero_si256();
@@ -374,7 +420,7 @@ INLINE void dot_q45k(const int t, const uint8_t* row, int k, const tw_qact* a, i
         w = _mm512_or_si512(w, _mm512_slli_epi16(h, 4));
       }
       q[p] = w;
-      s16[p] = _mm512_inserti64x4(_mm512_set1_epi16((short)sc[2 * p]), _mm256_set1_epi16((short)sc[2 * p + 1]), 1);
+      s16[p] = _mm512_permutexvar_epi16(_mm512_add_epi16(half, _mm512_set1_epi16((short)(2 * p))), sc16);
     }
     for (int b = 0; b < B; ++b) {
       const int8_t* ab = a->q256 + (int64_t)b * ka + i * 256;
@@ -383,13 +429,12 @@ INLINE void dot_q45k(const int t, const uint8_t* row, int k, const tw_qact* a, i
         isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[p], _mm512_loadu_si512(ab + 64 * p)), s16[p]);
       const float da = a->d256[(int64_t)b * ((ka + 255) / 256) + i];
       acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * da), acc[b]);
-      const int16_t* bs = a->bs + (int64_t)b * (ka / 16) + i * 16;
-      int msum = 0;
-      for (int j = 0; j < 8; ++j) msum += m[j] * (bs[2 * j] + bs[2 * j + 1]);
-      off[b] -= dmin * da * msum;
+      const __m256i bs = _mm256_loadu_si256((const __m256i*)(a->bs + (int64_t)b * (ka / 16) + i * 16));
+      mins[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)),
+                                _mm256_set1_ps(dmin * da), mins[b]);
     }
   }
-  for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) + off[b];
+  for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) - hsum256(mins[b]);
 }
 
 // Q6_K: per super-block, four runs of 64 values (6 bits: 4 from ql, 2 from qh), each 16 of
@@ -402,13 +447,13 @@ INLINE void dot_q6k(const uint8_t* row, int k, const tw_qact* a, int B, int ka, 
   const __m512i lanes = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1,
                                          1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   __m512 acc[BLOCK_MAX_ROWS];
-  float off[BLOCK_MAX_ROWS];
-  for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps(), off[b] = 0.f;
+  __m256 offs[BLOCK_MAX_ROWS];
+  for (int b = 0; b < B; ++b) acc[b] = _mm512_setzero_ps(), offs[b] = _mm256_setzero_ps();
   for (int i = 0; i < nsb; ++i) {
     const uint8_t* sb = row + (int64_t)i * 210;
-    const int8_t* sc = (const int8_t*)(sb + 192);
     const float d = half_to_f32(sb + 208);
-    const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)sc)));
+    const __m256i sc256 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(sb + 192)));
+    const __m512i sc16 = _mm512_castsi256_si512(sc256);
     __m512i q[4], s16[4];
     for (int n = 0; n < 2; ++n) {
       const __m512i l64 = _mm512_loadu_si512(sb + 64 * n);
@@ -428,15 +473,14 @@ INLINE void dot_q6k(const uint8_t* row, int k, const tw_qact* a, int B, int ka, 
       __m512i isum = _mm512_setzero_si512();
       for (int r = 0; r < 4; ++r)
         isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[r], _mm512_loadu_si512(ab + 64 * r)), s16[r]);
-      const float da = a->d256[(int64_t)b * ((ka + 255) / 256) + i];
-      acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * da), acc[b]);
-      const int16_t* bs = a->bs + (int64_t)b * (ka / 16) + i * 16;
-      int ssum = 0;
-      for (int c = 0; c < 16; ++c) ssum += sc[c] * bs[c];
-      off[b] -= 32.f * d * da * ssum;
+      const float dd = d * a->d256[(int64_t)b * ((ka + 255) / 256) + i];
+      acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dd), acc[b]);
+      const __m256i bs = _mm256_loadu_si256((const __m256i*)(a->bs + (int64_t)b * (ka / 16) + i * 16));
+      offs[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, sc256)),
+                                _mm256_set1_ps(32.f * dd), offs[b]);
     }
   }
-  for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) + off[b];
+  for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) - hsum256(offs[b]);
 }
 
 // Each kernel once for every row count up to BLOCK_MAX_ROWS: with the count a constant,
