@@ -518,6 +518,58 @@ KERNEL(dot_q5k, CALL_Q5_K)
 KERNEL(dot_q6kn, CALL_Q6_K)
 #endif
 
+#if defined(TW_BLOCKS_VECTOR)
+// The 32 values of group g of any executed format in a vector (group_values, in AVX-512).
+static inline __m256i group_any(int t, const uint8_t* row, int g) {
+  if (t < GG_Q4_K) {
+    switch (t) {
+      case GG_Q4_0: return group32(GG_Q4_0, row + (int64_t)g * 18);
+      case GG_Q4_1: return group32(GG_Q4_1, row + (int64_t)g * 20);
+      case GG_Q5_0: return group32(GG_Q5_0, row + (int64_t)g * 22);
+      case GG_Q5_1: return group32(GG_Q5_1, row + (int64_t)g * 24);
+      default: return group32(GG_Q8_0, row + (int64_t)g * 34);
+    }
+  }
+  const __m256i low4 = _mm256_set1_epi8(0xF);
+  const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
+  const int j = g % 8;
+  if (t == GG_Q6_K) {
+    const int n = j / 4, part = j % 4;
+    const __m256i ql = _mm256_loadu_si256((const __m256i*)(sb + 64 * n + (part & 1) * 32));
+    const __m256i qh = _mm256_loadu_si256((const __m256i*)(sb + 128 + 32 * n));
+    const __m256i lo = _mm256_and_si256(part < 2 ? ql : _mm256_srli_epi16(ql, 4), low4);
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * part)),
+                                        _mm256_set1_epi8(3));
+    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+  }
+  const __m256i v = _mm256_loadu_si256((const __m256i*)(sb + (t == GG_Q4_K ? 16 : 48) + 32 * (j / 2)));
+  __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, low4);
+  if (t == GG_Q5_K) {
+    const __m256i qh = _mm256_loadu_si256((const __m256i*)(sb + 16));
+    const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+    q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
+  }
+  return q;
+}
+
+// One row of k weights to float32 or bfloat16 (out_dtype), 16 at a time.
+static void block_row_vector(int t, const uint8_t* row, int k, void* out, int out_dtype) {
+  for (int g = 0; g < k / 32; ++g) {
+    const __m256i q = group_any(t, row, g);
+    float sw[2], bw[2];
+    group_params(t, row, g, sw, bw);
+    for (int h = 0; h < 2; ++h) {
+      const __m128i part = h ? _mm256_extracti128_si256(q, 1) : _mm256_castsi256_si128(q);
+      const __m512 v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(part)),
+                                       _mm512_set1_ps(sw[h]), _mm512_set1_ps(bw[h]));
+      const int64_t at = (int64_t)g * 32 + 16 * h;
+      if (out_dtype == TW_F32) _mm512_storeu_ps((float*)out + at, v);
+      else _mm256_storeu_si256((__m256i*)((uint16_t*)out + at), (__m256i)_mm512_cvtneps_pbh(v));
+    }
+  }
+}
+#endif
+
 typedef void (*tw_block_dot)(const uint8_t* row, int k, const tw_qact* a, int B, int ka, float* out);
 
 // The vector product of type t where it is built (and not switched off), else NULL.
@@ -657,6 +709,13 @@ void tw_block_dequantize(const void* w, int t, int64_t rows, int k, void* out, i
     float* tmp = out_dtype == TW_F32 ? NULL : (float*)malloc(sizeof(float) * (size_t)k);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
+#if defined(TW_BLOCKS_VECTOR) && defined(__AVX512BF16__)
+      if (!tw_blocks_portable) {
+        void* dst = out_dtype == TW_F32 ? (void*)((float*)out + r * k) : (void*)((uint16_t*)out + r * k);
+        block_row_vector(t, (const uint8_t*)w + r * rb, k, dst, out_dtype);
+        continue;
+      }
+#endif
       float* dst = tmp ? tmp : (float*)out + r * k;
       block_row_to_f32(t, (const uint8_t*)w + r * rb, k, dst);
       if (tmp) row_from_f32(out, out_dtype, r, k, tmp);
