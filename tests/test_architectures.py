@@ -120,6 +120,55 @@ CONFIGS = {
         v_head_dim=16,
         routed_scaling_factor=1.5,
     ),  # fmt: skip
+    # every real V2-Lite / V3 checkpoint scales RoPE with YaRN (and the softmax by mscale)
+    "deepseek-v3-yarn": lambda: transformers.DeepseekV3Config(
+        **SMALL | {"max_position_embeddings": 256},
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        moe_intermediate_size=32,
+        kv_lora_rank=32,
+        q_lora_rank=48,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        rope_scaling={
+            "type": "yarn",
+            "factor": 40.0,
+            "original_max_position_embeddings": 32,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    ),
+    "deepseek-v2-lite-yarn": lambda: transformers.DeepseekV2Config(
+        **SMALL | {"max_position_embeddings": 256},
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_shared_experts=2,
+        first_k_dense_replace=1,
+        moe_intermediate_size=32,
+        kv_lora_rank=32,
+        q_lora_rank=None,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        rope_scaling={
+            "type": "yarn",
+            "factor": 40.0,
+            "original_max_position_embeddings": 32,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+        },
+    ),
     "gemma3": lambda: transformers.Gemma3TextConfig(
         **SMALL | {"num_hidden_layers": 6},
         num_key_value_heads=2,
@@ -148,9 +197,13 @@ CONFIGS = {
 }
 SHARPENED = {
     "qwen3", "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite", "gemma3",
-    "gemma2", "rope-linear", "rope-yarn", "gemma3-global-rope-linear",
+    "gemma2", "rope-linear", "rope-yarn", "gemma3-global-rope-linear", "deepseek-v3-yarn",
+    "deepseek-v2-lite-yarn",
 }  # fmt: skip
-MOE = {"mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite"}
+MOE = {
+    "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite", "deepseek-v3-yarn",
+    "deepseek-v2-lite-yarn",
+}  # fmt: skip
 
 
 def sharpen(model) -> None:

@@ -47,7 +47,7 @@ class LatentAttention(nn.Module):
         width = heads * (m.qk_nope_head_dim + m.v_head_dim)
         self.kv_b = nn.Parameter(torch.empty(width, m.kv_lora_rank), requires_grad=False)
         self.o_proj = nn.Linear(heads * m.v_head_dim, h, bias=False)
-        self.scale = self.dq**-0.5
+        self.scale = spec.attn_scale or self.dq**-0.5  # (DeepSeek's YaRN scales it)
         self.absorb = True  # decode in the absorbed form (False: expanded, for comparison)
         self.tile: int | None = None  # batch-invariant mode: kv_b over fixed row tiles
 

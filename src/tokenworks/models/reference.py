@@ -91,12 +91,13 @@ def mla(x, w, p, spec, pos, inv_freq):  # [n, h] -> [n, h]: latent attention, ex
     q_nope, q_rope = q[..., : m.qk_nope_head_dim], q[..., m.qk_nope_head_dim :]
     ckv = x @ w[a + "kv_a_proj_with_mqa.weight"].T  # [n, r + rope]
     c = rms_norm(ckv[:, : m.kv_lora_rank], w[a + "kv_a_layernorm.weight"], spec.norm_eps)
-    k_rope = rope(ckv[:, None, m.kv_lora_rank :], pos, inv_freq)  # [n, 1, rope]: one for all
+    af = attention_factor(spec)
+    k_rope = rope(ckv[:, None, m.kv_lora_rank :], pos, inv_freq, af)  # [n, 1, rope]: one for all
     kv = (c @ w[a + "kv_b_proj.weight"].T).reshape(n, heads, m.qk_nope_head_dim + m.v_head_dim)
     k = np.concatenate([kv[..., : m.qk_nope_head_dim], np.repeat(k_rope, heads, 1)], -1)
-    q = np.concatenate([q_nope, rope(q_rope, pos, inv_freq)], -1)
+    q = np.concatenate([q_nope, rope(q_rope, pos, inv_freq, af)], -1)
     v = kv[..., m.qk_nope_head_dim :]  # [n, H, v]
-    scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(q.shape[-1])
+    scores = np.einsum("qhd,khd->hqk", q, k) * (spec.attn_scale or 1 / np.sqrt(q.shape[-1]))
     scores = np.where(np.tri(n, dtype=bool)[None], scores, -np.inf)
     out = np.einsum("hqk,khd->qhd", softmax(scores), v).reshape(n, -1)
     return out @ w[a + "o_proj.weight"].T

@@ -5,6 +5,8 @@ shared experts, and the routed sum scaled by routed_scaling_factor."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from tokenworks.models.arch.family import Family
@@ -29,15 +31,26 @@ def _fields(cfg: dict) -> dict:
         dense_layers=dense_layers(cfg),
     )
     mla = latent_spec(cfg)
-    return {"moe": moe, "mla": mla, "head_dim": mla.qk_nope_head_dim + mla.qk_rope_head_dim}
+    head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    return {"moe": moe, "mla": mla, "head_dim": head_dim, "attn_scale": softmax_scale(cfg)}
+
+
+def softmax_scale(cfg: dict) -> float:
+    """The scale of DeepSeek's attention scores: 1/sqrt(the query head's width), and with
+    YaRN (every real V2-Lite / V3 checkpoint) times mscale(factor, mscale_all_dim) squared,
+    as DeepSeek's own modelling code does beside the scaled cos and sin."""
+    scale = (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]) ** -0.5
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if rope.get("rope_type", rope.get("type")) == "yarn" and rope.get("mscale_all_dim"):
+        factor = float(rope["factor"])
+        m = 0.1 * rope["mscale_all_dim"] * math.log(factor) + 1.0 if factor > 1 else 1.0
+        scale *= m * m
+    return scale
 
 
 def latent_spec(cfg: dict) -> MLASpec:
-    """The latent attention numbers of a DeepSeek config.json."""
-    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    if rope.get("rope_type", rope.get("type")) not in (None, "default"):
-        # DeepSeek's YaRN also rescales the softmax (mscale): not read yet
-        raise ValueError(f"DeepSeek rope scaling {rope!r} is not supported yet")
+    """The latent attention numbers of a DeepSeek config.json (its RoPE scaling, YaRN in
+    real checkpoints, is read with every family's: models/loader.rope_scaling)."""
     return MLASpec(
         kv_lora_rank=cfg["kv_lora_rank"],
         qk_nope_head_dim=cfg["qk_nope_head_dim"],

@@ -5,7 +5,7 @@ always interleaved (it rotates them as complex numbers)."""
 
 from __future__ import annotations
 
-from tokenworks.models.arch.deepseek import deinterleave_rope, latent_spec
+from tokenworks.models.arch.deepseek import deinterleave_rope, latent_spec, softmax_scale
 from tokenworks.models.arch.family import Family
 from tokenworks.models.spec import MoESpec
 from tokenworks.shapes import dense_layers
@@ -32,7 +32,8 @@ def _fields(cfg: dict) -> dict:
         dense_layers=dense_layers(cfg),
     )
     mla = latent_spec(cfg | {"rope_interleave": True})
-    return {"moe": moe, "mla": mla, "head_dim": mla.qk_nope_head_dim + mla.qk_rope_head_dim}
+    head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    return {"moe": moe, "mla": mla, "head_dim": head_dim, "attn_scale": softmax_scale(cfg)}
 
 
 FAMILY = Family(
