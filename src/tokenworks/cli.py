@@ -151,6 +151,13 @@ def cmd_eval_perplexity(args) -> int:
     return 0
 
 
+def cmd_bench_quant(args) -> int:
+    from tokenworks.bench.quant import run_quant
+
+    run_quant(args)
+    return 0
+
+
 def cmd_bench_load(args) -> int:
     from tokenworks.bench.load import run_load
 
@@ -457,6 +464,39 @@ def build_parser() -> argparse.ArgumentParser:
     _record_args(p)
     p.set_defaults(fn=cmd_bench_latency)
 
+    p = bsub.add_parser(
+        "quant",
+        help="the four measurements of quantisation quality, apart, per format and model: "
+        "storage, reconstruction error, behaviour (perplexity, greedy agreement), speed "
+        "(beside llama-bench on the same file)",
+    )
+    p.add_argument(
+        "--models",
+        default="smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b",
+        help="comma-separated catalogue names or .gguf paths",
+    )
+    p.add_argument(
+        "--formats",
+        default="float32,bfloat16,int8,int4,gguf",
+        help="comma-separated: float32, bfloat16, int8, int4, gguf",
+    )
+    p.add_argument(
+        "--text", default=None, help="held-out text for perplexity (default: music21's Lady Susan)"
+    )
+    p.add_argument("--ppl-tokens", type=int, default=2048)
+    p.add_argument("--ppl-context", type=int, default=512, help="window (stride: half of it)")
+    p.add_argument("--greedy-tokens", type=int, default=32)
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument(
+        "--peers-dir",
+        default="peers",
+        help="where benchmarks/peers.sh put llama.cpp (llamacpp/bin)",
+    )
+    p.add_argument("--out", default="benchmarks/results", help="directory for the record")
+    p.set_defaults(fn=cmd_bench_quant)
     p = bsub.add_parser(
         "load",
         help="cold-process time to first token and peak RSS while loading, per model, "

@@ -228,23 +228,33 @@ def run_model(model: str, args, text_ids_for) -> dict:
 def run_quant(args) -> Path:
     from tokenworks.bench.long_context import english_text
 
-    try:
-        text = english_text(args.text)
-        text_name = args.text or "music21 languageExcerpts/trainingData/en.txt (Lady Susan)"
-    except (ImportError, OSError):
-        text_name = str(Path(__file__).parents[3] / "tests" / "data" / "held_out.txt")
-        text = Path(text_name).read_text()
+    text = english_text(args.text)
+    text_name = args.text or "music21 languageExcerpts/trainingData/en.txt (Lady Susan)"
 
     def text_ids_for(tok):
         return tok.encode(text)[: args.ppl_tokens]
 
+    import torch
+
+    from tokenworks.kernels.blocks import read_bandwidth
+
     models = [m for m in args.models.split(",") if m]
+    torch.set_num_threads(args.threads or 2)
+    ceiling = read_bandwidth()  # bytes/s: what one pass over the weights can take at best
     results = {m: run_model(m, args, text_ids_for) for m in models}
+    for r in results.values():  # how close decode comes to it: weight bytes a token / ceiling
+        for fmt in args.formats.split(","):
+            row = r[fmt]
+            if ceiling:
+                row["speed"]["bandwidth_share"] = (
+                    row["speed"]["decode_tok_s"] * row["storage"]["weight_bytes"] / ceiling
+                )
     record = make_record(
         kind="quantisation",
         engine={
             "threads": args.threads or 2,
             "formats": {f: FORMATS[f] for f in args.formats.split(",")},
+            "read_bandwidth_bytes_s": ceiling,
         },
         model={"models": models},
         workload={

@@ -142,6 +142,7 @@ SIGNATURES = {
     "tw_blocks_use_portable": (_i, [_i]),
     "tw_block_bytes": (_i, [_i]),
     "tw_qact_bytes": (ctypes.c_size_t, [_i, _i]),
+    "tw_stream_read": (_i64, [c_ptr, _i64, _i]),
     "tw_amx_init": (_i, []),
     "tw_use_tiles": (_i, [_i]),
     "tw_packed_kind": (_i, []),

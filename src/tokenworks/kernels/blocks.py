@@ -169,3 +169,21 @@ def block_linear(
         ck.DTYPE_CODES[out_dtype], torch.get_num_threads(),
     )  # fmt: skip
     return y
+
+
+def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float | None:
+    """Bytes a second this machine's memory gives a streaming read with torch's thread
+    count (csrc/argmax.h tw_stream_read, the best of `repeats` passes over nbytes), or None
+    without the C kernels: the ceiling of a decode step that reads every weight once."""
+    import time
+
+    lib = library()
+    if lib is None:
+        return None
+    buf = torch.ones(nbytes, dtype=torch.uint8)  # written once: every page resident
+    best = float("inf")
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        lib.tw_stream_read(ck.ptr(buf), nbytes, torch.get_num_threads())
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best
