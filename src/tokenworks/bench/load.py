@@ -4,7 +4,7 @@ llama.cpp on the same file.
 For each model a new Python process loads it and generates one token: the seconds from
 spawning the process to that token (cold-process time to first token: imports, the file's
 index or metadata, mapping the weights, building the engine) and the process's peak
-resident set (os.wait4's ru_maxrss), then `--decode-tokens` more for the decode rate.
+resident set (its VmHWM), then `--decode-tokens` more for the decode rate.
 llama.cpp's `llama-completion` does the same on the same file (its wall time to one token
 and its peak resident set), and `llama-bench` gives its decode rate.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -49,35 +50,43 @@ llm.generate([sys.argv[4]], SamplingParams(max_tokens=n + 1, temperature=0, igno
 t1 = time.perf_counter()
 llm.generate([sys.argv[4]], one, use_tqdm=False)
 t2 = time.perf_counter()
+hwm = next(int(x.split()[1]) * 1024 for x in open("/proc/self/status") if x.startswith("VmHWM"))
 print("RESULT " + json.dumps({
-    "ready_s": ready - spawned, "ttft_s": first - spawned,
+    "ready_s": ready - spawned, "ttft_s": first - spawned, "peak_rss_bytes": hwm,
     "decode_tok_s": n / max((t1 - t0) - (t2 - t1), 1e-9),
     "quantization": llm.engine.quantization or "none", "kernels": llm.engine.kernels(),
 }))
 """
 
 
-def _run(argv: list[str], env: dict | None = None) -> tuple[float, int, str]:
-    """(wall seconds, peak RSS bytes, stdout+stderr) of a child process."""
+def _run(argv: list[str]) -> tuple[float, str]:
+    """(wall seconds, stdout+stderr) of a child process."""
     t0 = time.time()
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"{argv[0]} exited {proc.returncode}:\n{out[-3000:]}")
-    return time.time() - t0, usage.ru_maxrss * 1024, out
+        raise RuntimeError(f"{argv[0]} exited {proc.returncode}:\n{proc.stdout[-3000:]}")
+    return time.time() - t0, proc.stdout
+
+
+def _peak_rss(argv: list[str]) -> tuple[float, int | None]:
+    """(wall seconds, peak RSS bytes) of a program, through GNU time where it is installed.
+    (A child's own ru_maxrss starts from its parent's when it forks, so this process's
+    wait4 would report at least its own size.)"""
+    gnu_time = shutil.which("time")  # the program (the shell's builtin is not on the PATH)
+    if gnu_time is None:
+        return _run(argv)[0], None
+    wall, out = _run([gnu_time, "-f", "PEAK_KB %M", *argv])
+    kb = [line.split()[1] for line in out.splitlines() if line.startswith("PEAK_KB ")]
+    return wall, int(kb[-1]) * 1024 if kb else None
 
 
 def ours(model: str, engine_kw: dict, decode_tokens: int) -> dict:
     spawned = time.time()
     argv = [sys.executable, "-c", _CHILD, str(spawned), model, json.dumps(engine_kw), PROMPT,
             str(decode_tokens)]  # fmt: skip
-    wall, peak, out = _run(argv)
+    wall, out = _run(argv)
     line = next(x for x in out.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT ") :]) | {"peak_rss_bytes": peak, "wall_s": wall}
+    return json.loads(line[len("RESULT ") :]) | {"wall_s": wall}
 
 
 def llama_cpp(bin_dir: Path, path: str, threads: int, decode_tokens: int) -> dict:
@@ -88,10 +97,10 @@ def llama_cpp(bin_dir: Path, path: str, threads: int, decode_tokens: int) -> dic
                 "(benchmarks/peers.sh builds them)"}  # fmt: skip
     argv = [str(completion), "-m", path, "-p", PROMPT, "-n", "1", "-t", str(threads),
             "--no-warmup", "-no-cnv", "--temp", "0"]  # fmt: skip
-    wall, peak, _ = _run(argv)
+    wall, peak = _peak_rss(argv)
     argv = [str(bench), "-m", path, "-t", str(threads), "-p", "0", "-n", str(decode_tokens),
             "-r", "2", "-o", "json"]  # fmt: skip
-    _, _, out = _run(argv)
+    _, out = _run(argv)
     rows = json.loads(out[out.index("[") :])
     return {"ttft_s": wall, "peak_rss_bytes": peak, "decode_tok_s": rows[0]["avg_ts"]}
 
@@ -183,7 +192,7 @@ def run_load(args) -> Path:
         row["llama.cpp"] = llama_cpp(bin_dir, path, engine_kw["threads"], args.decode_tokens)
         for engine in ("tokenworks", "llama.cpp"):
             r = row[engine]
-            if "peak_rss_bytes" in r:
+            if r.get("peak_rss_bytes"):
                 r["peak_rss_over_file"] = r["peak_rss_bytes"] / row["file_bytes"]
         results[Path(path).name] = row
         print(_line(Path(path).name, row))
@@ -208,12 +217,15 @@ def _line(name: str, row: dict) -> str:
     parts = [name]
     for engine in ("tokenworks", "llama.cpp"):
         r = row[engine]
-        if "ttft_s" in r:
-            parts.append(
-                f"{engine}: first token {r['ttft_s']:.1f} s, peak RSS "
-                f"{r['peak_rss_bytes'] / 2**20:.0f} MiB ({r['peak_rss_over_file']:.2f}x the file), "
-                f"decode {r['decode_tok_s']:.1f} tok/s"
-            )
-        else:
+        if "ttft_s" not in r:
             parts.append(f"{engine}: {r.get('reason', 'NOT_RUN')}")
+            continue
+        rss = "peak RSS not measured (no GNU time)"
+        if r.get("peak_rss_bytes"):
+            rss = (f"peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB "
+                   f"({r['peak_rss_over_file']:.2f}x the file)")  # fmt: skip
+        parts.append(
+            f"{engine}: first token {r['ttft_s']:.1f} s, {rss}, "
+            f"decode {r['decode_tok_s']:.1f} tok/s"
+        )
     return " | ".join(parts)

@@ -4,8 +4,9 @@ For each model and each format it runs in (float32 and bfloat16 on the dequantis
 weights, int8 rows and int4 groups re-quantised from them, and the GGUF file's own blocks
 as executed), one record holds:
 
-- storage: the file's bytes, and the bytes the built model holds for its weights (a
-  mapped block counted once);
+- storage: the file's bytes, the bytes the built model holds for its weights (a mapped
+  block counted once), and those a decode step reads (one row of an embedding table that
+  is not also the LM head);
 - reconstruction: per weight matrix, the relative Frobenius and the largest error of what
   the format multiplies by, against the file's dequantised float32 weights (the file's own
   blocks are that reference, error 0: their error against the model before it was
@@ -60,6 +61,21 @@ def weight_bytes(model: torch.nn.Module) -> int:
         seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
     return total
+
+
+def decode_bytes(model: torch.nn.Module) -> int:
+    """Bytes of weights a batch-1 decode step reads: every weight once, except an embedding
+    table that is not also the LM head, of which it reads one row."""
+    from tokenworks.kernels.block_linear import BlockEmbedding
+
+    total = weight_bytes(model)
+    emb = model.embed
+    table = emb.blocks if isinstance(emb, BlockEmbedding) else emb.weight
+    head = model.lm_head
+    shared = {t.data_ptr() for t in list(head.parameters()) + list(head.buffers())}
+    if table.data_ptr() not in shared:
+        total -= table.numel() * table.element_size() * (1 - 1 / table.shape[0])
+    return int(total)
 
 
 def multiplied_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -184,7 +200,10 @@ def run_model(model: str, args, text_ids_for) -> dict:
         tok, engine = llm.tokenizer, llm.engine
         row: dict = {"dtype": dtype, "quantization": engine.quantization or "none",
                      "kernels": engine.kernels()}  # fmt: skip
-        row["storage"] = {"weight_bytes": weight_bytes(engine.model)}
+        row["storage"] = {
+            "weight_bytes": weight_bytes(engine.model),
+            "decode_bytes": decode_bytes(engine.model),
+        }
         weights = multiplied_weights(engine.model)
         if fmt == "float32":
             ref_weights = weights
@@ -242,12 +261,12 @@ def run_quant(args) -> Path:
     torch.set_num_threads(args.threads or 2)
     ceiling = read_bandwidth()  # bytes/s: what one pass over the weights can take at best
     results = {m: run_model(m, args, text_ids_for) for m in models}
-    for r in results.values():  # how close decode comes to it: weight bytes a token / ceiling
+    for r in results.values():  # how close decode comes to it: bytes read a token / ceiling
         for fmt in args.formats.split(","):
             row = r[fmt]
             if ceiling:
                 row["speed"]["bandwidth_share"] = (
-                    row["speed"]["decode_tok_s"] * row["storage"]["weight_bytes"] / ceiling
+                    row["speed"]["decode_tok_s"] * row["storage"]["decode_bytes"] / ceiling
                 )
     record = make_record(
         kind="quantisation",
