@@ -228,7 +228,7 @@ def run_model(model: str, args, text_ids_for) -> dict:
             }  # fmt: skip
         prompt = latency_prompt(args.prompt_tokens, engine.spec.vocab_size)
         speed = measure_tokenworks(llm, prompt, prompt[:16], args.decode_tokens, args.repeats)
-        row["speed"] = speed | summarise(speed)
+        row["speed"] = {k + "_samples": v for k, v in speed.items()} | summarise(speed)
         results[fmt] = row
         del llm, engine
     results["llama.cpp"] = llama_bench(Path(args.peers_dir) / "llamacpp" / "bin",
