@@ -31,6 +31,58 @@ SMALL = dict(
     max_position_embeddings=256,
 )
 
+
+def _deepseek_v3(**extra):
+    return transformers.DeepseekV3Config(
+        **SMALL,
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        moe_intermediate_size=32,
+        kv_lora_rank=32,
+        q_lora_rank=48,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        routed_scaling_factor=2.5,
+        **extra,
+    )  # fmt: skip
+
+
+def _deepseek_v2_lite(**extra):
+    return transformers.DeepseekV2Config(
+        **SMALL,
+        num_key_value_heads=4,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        topk_method="group_limited_greedy",
+        n_shared_experts=2,
+        first_k_dense_replace=1,
+        moe_intermediate_size=32,
+        kv_lora_rank=32,
+        q_lora_rank=None,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        routed_scaling_factor=1.5,
+        **extra,
+    )  # fmt: skip
+
+
+def _yarn(mscale: float) -> dict:
+    """A DeepSeek checkpoint's YaRN (factor 40), over 32 original positions."""
+    return {
+        "type": "yarn", "factor": 40.0, "original_max_position_embeddings": 32, "beta_fast": 32,
+        "beta_slow": 1, "mscale": mscale, "mscale_all_dim": mscale,
+    }  # fmt: skip
+
+
 CONFIGS = {
     "gpt2": lambda: transformers.GPT2Config(
         vocab_size=320, n_embd=64, n_layer=2, n_head=4, n_positions=256
@@ -85,90 +137,11 @@ CONFIGS = {
         moe_intermediate_size=32,
         norm_topk_prob=True,
     ),  # fmt: skip
-    "deepseek-v3": lambda: transformers.DeepseekV3Config(
-        **SMALL,
-        num_key_value_heads=4,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_group=4,
-        topk_group=2,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-        moe_intermediate_size=32,
-        kv_lora_rank=32,
-        q_lora_rank=48,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=16,
-        routed_scaling_factor=2.5,
-    ),  # fmt: skip
-    "deepseek-v2-lite": lambda: transformers.DeepseekV2Config(
-        **SMALL,
-        num_key_value_heads=4,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_group=4,
-        topk_group=2,
-        topk_method="group_limited_greedy",
-        n_shared_experts=2,
-        first_k_dense_replace=1,
-        moe_intermediate_size=32,
-        kv_lora_rank=32,
-        q_lora_rank=None,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=16,
-        routed_scaling_factor=1.5,
-    ),  # fmt: skip
+    "deepseek-v3": lambda: _deepseek_v3(),
+    "deepseek-v2-lite": lambda: _deepseek_v2_lite(),
     # every real V2-Lite / V3 checkpoint scales RoPE with YaRN (and the softmax by mscale)
-    "deepseek-v3-yarn": lambda: transformers.DeepseekV3Config(
-        **SMALL | {"max_position_embeddings": 256},
-        num_key_value_heads=4,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_group=4,
-        topk_group=2,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-        moe_intermediate_size=32,
-        kv_lora_rank=32,
-        q_lora_rank=48,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=16,
-        rope_scaling={
-            "type": "yarn",
-            "factor": 40.0,
-            "original_max_position_embeddings": 32,
-            "beta_fast": 32,
-            "beta_slow": 1,
-            "mscale": 1.0,
-            "mscale_all_dim": 1.0,
-        },
-    ),
-    "deepseek-v2-lite-yarn": lambda: transformers.DeepseekV2Config(
-        **SMALL | {"max_position_embeddings": 256},
-        num_key_value_heads=4,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_shared_experts=2,
-        first_k_dense_replace=1,
-        moe_intermediate_size=32,
-        kv_lora_rank=32,
-        q_lora_rank=None,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=16,
-        rope_scaling={
-            "type": "yarn",
-            "factor": 40.0,
-            "original_max_position_embeddings": 32,
-            "beta_fast": 32,
-            "beta_slow": 1,
-            "mscale": 0.707,
-            "mscale_all_dim": 0.707,
-        },
-    ),
+    "deepseek-v3-yarn": lambda: _deepseek_v3(rope_scaling=_yarn(1.0)),
+    "deepseek-v2-lite-yarn": lambda: _deepseek_v2_lite(rope_scaling=_yarn(0.707)),
     "gemma3": lambda: transformers.Gemma3TextConfig(
         **SMALL | {"num_hidden_layers": 6},
         num_key_value_heads=2,

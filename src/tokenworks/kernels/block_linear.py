@@ -38,10 +38,6 @@ class BlockLinear(nn.Module):
         self.out_features = sum(p.shape[0] for p in parts)
         self._c = None  # (ck.Linear, what it points at), made on first use
 
-    @property
-    def type_names(self) -> list[str]:
-        return [p.type_name for p in self.parts]
-
     def c_view(self):
         """The C kernels' view of the product (kernels/abi.Linear)."""
         if self._c is None:
