@@ -140,7 +140,6 @@ SIGNATURES = {
     "tw_block_linear": (None, [c_ptr, _i, _i, ctypes.POINTER(Linear), c_ptr, _i, _i]),
     "tw_block_dequantize": (None, [c_ptr, _i, _i64, _i, c_ptr, _i, _i]),
     "tw_blocks_use_portable": (_i, [_i]),
-    "tw_block_bytes": (_i, [_i]),
     "tw_qact_bytes": (ctypes.c_size_t, [_i, _i]),
     "tw_stream_read": (_i64, [c_ptr, _i64, _i]),
     "tw_amx_init": (_i, []),

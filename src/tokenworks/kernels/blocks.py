@@ -173,7 +173,7 @@ def block_linear(
 
 def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float | None:
     """Bytes a second this machine's memory gives a streaming read with torch's thread
-    count (csrc/argmax.h tw_stream_read, the best of `repeats` passes over nbytes), or None
+    count (csrc/stream_read.h, the best of `repeats` passes over nbytes), or None
     without the C kernels: the ceiling of a decode step that reads every weight once."""
     import time
 

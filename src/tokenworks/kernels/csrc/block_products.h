@@ -39,7 +39,6 @@ static inline int64_t block_row_bytes(int t, int k) {
   return (int64_t)(k / block_elems(t)) * block_bytes(t);
 }
 
-int tw_block_bytes(int t) { return block_bytes(t); }
 
 static inline float half_to_f32(const uint8_t* p) {
   uint16_t h;

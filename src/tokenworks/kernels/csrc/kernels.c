@@ -11,6 +11,10 @@
 // output row), Q4 blocks or packed bfloat16; K and V live in the paged pool of
 // engine/kv_cache.py (float32 or bfloat16), read through each sequence's block table.
 //
+// Weights may also be a GGUF file's own quantised blocks, multiplied as stored with
+// activations quantised to 8 bits (block_products.h: `tw_block_linear`, and the same
+// products inside the decode step); `tw_stream_read` measures the memory they stream from.
+//
 // `tw_paged_attention` is decode attention alone; `tw_packed_linear` multiplies by packed
 // bfloat16 weights (AMX tiles or AVX-512 BF16 dot products); `tw_residual_norm`,
 // `tw_swiglu`, `tw_rope_attend` and `tw_rope_store` are what lies between torch's
@@ -28,3 +32,4 @@
 #include "between_products.h"
 #include "prefill_attention.h"
 #include "argmax.h"
+#include "stream_read.h"
