@@ -130,7 +130,7 @@ def test_a_type_not_executed_is_requantised_to_q8_0():
     # Q4_K's own quantiser is not in the gguf package; BF16 stands for any type the kernels
     # do not execute (the loader reads BF16 as floats, so this calls executable directly)
     raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType.BF16)
-    t = blocks.executable(int(gguf.GGMLQuantizationType.BF16), "x", (4, 256), raw)
+    t = blocks.executable(int(gguf.GGMLQuantizationType.BF16), (4, 256), raw)
     assert t.ggml_type == blocks.Q8_0
     assert np.allclose(t.dequantize().numpy(), w, atol=np.abs(w).max() / 100)
 

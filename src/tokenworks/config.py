@@ -330,11 +330,9 @@ class EngineConfig:
         if self.max_waiting < 0:
             raise ValueError("max_waiting must be >= 0 (0: refuse whatever finds no free slot)")
         if self.dense_from_rows is not None and (
-            self.quantization is None or self.dense_from_rows < 1
+            self.quantization not in ("int8", "int4") or self.dense_from_rows < 1
         ):
-            raise ValueError("dense_from_rows needs a quantization and must be >= 1")
-        if self.dense_from_rows is not None and self.quantization not in ("int8", "int4"):
-            raise ValueError("dense_from_rows goes with --quantization int8 or int4")
+            raise ValueError("dense_from_rows needs --quantization int8 or int4 and must be >= 1")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError("kv_cache_memory (GiB) must be > 0")
         if not 0 < self.kv_cache_fraction <= 1:

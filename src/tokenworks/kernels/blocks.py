@@ -59,16 +59,8 @@ class BlockTensor:
     shape: tuple[int, int]
     data: torch.Tensor
 
-    @property
-    def type_name(self) -> str:
-        return EXECUTED.get(self.ggml_type) or type_name(self.ggml_type)
-
     def numel(self) -> int:
         return self.shape[0] * self.shape[1]
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.numel()
 
     def rows(self, index) -> BlockTensor:
         """The rows `index` selects (a slice stays a view of the file; a list copies)."""
@@ -87,7 +79,7 @@ def from_array(ggml_type: int, shape: tuple[int, int], data: np.ndarray) -> Bloc
     return BlockTensor(ggml_type, shape, raw)
 
 
-def executable(ggml_type: int, name: str, shape: tuple[int, int], data: np.ndarray) -> BlockTensor:
+def executable(ggml_type: int, shape: tuple[int, int], data: np.ndarray) -> BlockTensor:
     """A stored tensor in a format the kernels execute: as stored where it is one, else
     re-quantised once to Q8_0 (with a log line naming the type)."""
     if ggml_type in EXECUTED:

@@ -218,7 +218,7 @@ def gguf_weights(
         if len(t.shape) >= 2 and t.ggml_type not in blocks.DENSE:
             rows = int(np.prod(t.shape[1:]))
             raw = mm[t.offset : t.offset + t.nbytes].reshape(rows, -1)
-            w = blocks.executable(t.ggml_type, t.name, (rows, t.shape[0]), raw)
+            w = blocks.executable(t.ggml_type, (rows, t.shape[0]), raw)
             if heads:
                 w = w.rows(torch.from_numpy(_unpermute(np.arange(rows)[:, None], heads).ravel()))
                 _release(mm, t.offset, t.nbytes)  # copied: the mapped pages are not needed

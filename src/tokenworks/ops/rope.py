@@ -10,7 +10,8 @@ import math
 import torch
 
 
-def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude scale for a context `factor` times the trained one."""
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
@@ -22,8 +23,8 @@ def attention_factor(spec) -> float:
     if rs.attention_factor is not None:
         return rs.attention_factor
     if rs.mscale and rs.mscale_all_dim:
-        return _yarn_mscale(rs.factor, rs.mscale) / _yarn_mscale(rs.factor, rs.mscale_all_dim)
-    return _yarn_mscale(rs.factor)
+        return yarn_mscale(rs.factor, rs.mscale) / yarn_mscale(rs.factor, rs.mscale_all_dim)
+    return yarn_mscale(rs.factor)
 
 
 def _yarn(spec, d: int) -> torch.Tensor:

@@ -382,6 +382,15 @@ INLINE __m128i scales_mins_k4(const uint8_t* s) {
   return _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
 }
 
+// A K super-block's 256 values (q, four runs of 64 unsigned values) times its activations
+// (int8), each pair of products times its run's int16 scales (s16), summed in int32 lanes.
+INLINE __m512i super_block_sum(const __m512i q[4], const __m512i s16[4], const int8_t* ab) {
+  __m512i isum = _mm512_setzero_si512();
+  for (int r = 0; r < 4; ++r)
+    isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[r], _mm512_loadu_si512(ab + 64 * r)), s16[r]);
+  return isum;
+}
+
 // Q4_K and Q5_K: per super-block of 256, four pairs of sub-blocks, each 64 values times
 // the activations (maddubs) times the sub-blocks' 6-bit scales (dpwssd), in int32 to the
 // block's end; the minimums times the activations' sums per 16 (madd), in a vector of
@@ -422,10 +431,7 @@ INLINE void dot_q45k(const int t, const uint8_t* row, int k, const tw_qact* a, i
       s16[p] = _mm512_permutexvar_epi16(_mm512_add_epi16(half, _mm512_set1_epi16((short)(2 * p))), sc16);
     }
     for (int b = 0; b < B; ++b) {
-      const int8_t* ab = a->q256 + (int64_t)b * ka + i * 256;
-      __m512i isum = _mm512_setzero_si512();
-      for (int p = 0; p < 4; ++p)
-        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[p], _mm512_loadu_si512(ab + 64 * p)), s16[p]);
+      const __m512i isum = super_block_sum(q, s16, a->q256 + (int64_t)b * ka + i * 256);
       const float da = a->d256[(int64_t)b * ((ka + 255) / 256) + i];
       acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * da), acc[b]);
       const __m256i bs = _mm256_loadu_si256((const __m256i*)(a->bs + (int64_t)b * (ka / 16) + i * 16));
@@ -468,10 +474,7 @@ INLINE void dot_q6k(const uint8_t* row, int k, const tw_qact* a, int B, int ka, 
     for (int r = 0; r < 4; ++r)
       s16[r] = _mm512_permutexvar_epi16(_mm512_add_epi16(lanes, _mm512_set1_epi16((short)(4 * r))), sc16);
     for (int b = 0; b < B; ++b) {
-      const int8_t* ab = a->q256 + (int64_t)b * ka + i * 256;
-      __m512i isum = _mm512_setzero_si512();
-      for (int r = 0; r < 4; ++r)
-        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(q[r], _mm512_loadu_si512(ab + 64 * r)), s16[r]);
+      const __m512i isum = super_block_sum(q, s16, a->q256 + (int64_t)b * ka + i * 256);
       const float dd = d * a->d256[(int64_t)b * ((ka + 255) / 256) + i];
       acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dd), acc[b]);
       const __m256i bs = _mm256_loadu_si256((const __m256i*)(a->bs + (int64_t)b * (ka / 16) + i * 16));

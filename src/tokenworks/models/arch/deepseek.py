@@ -5,12 +5,11 @@ shared experts, and the routed sum scaled by routed_scaling_factor."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from tokenworks.models.arch.family import Family
 from tokenworks.models.spec import MLASpec, MoESpec
+from tokenworks.ops.rope import yarn_mscale
 from tokenworks.shapes import dense_layers
 
 
@@ -42,9 +41,7 @@ def softmax_scale(cfg: dict) -> float:
     scale = (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]) ** -0.5
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if rope.get("rope_type", rope.get("type")) == "yarn" and rope.get("mscale_all_dim"):
-        factor = float(rope["factor"])
-        m = 0.1 * rope["mscale_all_dim"] * math.log(factor) + 1.0 if factor > 1 else 1.0
-        scale *= m * m
+        scale *= yarn_mscale(float(rope["factor"]), rope["mscale_all_dim"]) ** 2
     return scale
 
 
