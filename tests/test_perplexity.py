@@ -61,3 +61,17 @@ def test_the_command_writes_a_record(tmp_path, capsys):
     assert record["kind"] == "perplexity"
     assert record["model"]["quantization"] == "gguf"  # the default for a GGUF file
     assert record["results"]["perplexity"] == out["perplexity"]
+
+
+def test_bad_input_is_an_error_that_says_what_to_fix(tmp_path, capsys):
+    from tokenworks.cli import main
+
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xf6\xff\x00")
+    for argv, says in [
+        (["eval", "perplexity", str(tmp_path / "missing.txt")], "cannot read it"),
+        (["eval", "perplexity", str(binary)], "as UTF-8 text"),
+        (["eval", "perplexity", str(TEXT), "--context", "1"], "at least 2 tokens"),
+    ]:
+        assert main(argv + ["--out", str(tmp_path)]) == 2
+        assert says in capsys.readouterr().err

@@ -15,7 +15,12 @@ def run(args) -> dict:
     """The figures, printed (one JSON object with --json), and the record."""
     from tokenworks import LLM
 
-    text = Path(args.file).read_text(encoding="utf-8")
+    try:
+        text = Path(args.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{args.file}: cannot read it as UTF-8 text ({e})") from None
+    if args.context is not None and args.context < 2:
+        raise ValueError(f"--context {args.context}: a window needs at least 2 tokens")
     llm = LLM(args.model, **engine_kwargs(args) | {"warmup": False})
     ids = llm.tokenizer.encode(text)
     if args.max_tokens:
