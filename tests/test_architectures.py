@@ -492,9 +492,10 @@ def _llama_cpp_permute(w, n_head: int):
     )
 
 
-def _write_gguf(hf, directory, path):
+def _write_gguf(hf, directory, path, q8_0: bool = False):
     """hf's weights (as saved in directory) as a float32 GGUF under llama.cpp's names, with
-    the metadata it writes (Mixtral as a "llama" file with experts, Q/K rows permuted)."""
+    the metadata it writes (Mixtral as a "llama" file with experts, Q/K rows permuted);
+    q8_0: matrices whose rows are whole blocks in Q8_0, as a quantised file holds them."""
     import gguf
 
     from tokenworks.models import arch
@@ -543,7 +544,12 @@ def _write_gguf(hf, directory, path):
                     t = _llama_cpp_permute(t, cfg.num_key_value_heads)
                 tensors[f"blk.{i}.{theirs}"] = t
     for k, v in tensors.items():
-        w.add_tensor(k, np.ascontiguousarray(v, dtype=np.float32))
+        v = np.ascontiguousarray(v, dtype=np.float32)
+        if q8_0 and v.ndim >= 2 and v.shape[-1] % 32 == 0:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(k, gguf.quants.quantize(v, q8), raw_dtype=q8)
+        else:
+            w.add_tensor(k, v)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -570,6 +576,33 @@ def test_a_gguf_of_the_family_loads_as_its_hugging_face_directory_does(
             got = model(ids, torch.arange(24), AttentionMetadata.single(24))
         assert (got - want).abs().max().item() < 1e-4
     assert (tmp_path / "home" / "converted").is_dir()
+
+
+def test_a_quantised_moe_gguf_runs_its_experts_as_stored_on_the_c_forward(
+    new_family_dirs, tmp_path, monkeypatch
+):
+    """A Qwen3-MoE file with Q8_0 matrices: by default the experts stay the file's blocks
+    (no float copy), the C kernels run every batch, and the greedy tokens are the same
+    file's dequantised to float32 (8-bit activations flip at most a near-tie or two)."""
+    from tokenworks import LLM, SamplingParams
+
+    monkeypatch.setenv("TOKENWORKS_HOME", str(tmp_path / "home"))
+    hf, directory = new_family_dirs["qwen3-moe"]
+    path = tmp_path / "qwen3-moe-q8_0.gguf"
+    _write_gguf(hf, directory, path, q8_0=True)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    tokens = {}
+    for quantization, dtype in (("gguf", "bfloat16"), ("none", "float32")):
+        llm = LLM(str(path), dtype=dtype, loaded=_loaded(path), quantization=quantization)
+        if quantization == "gguf":
+            moe = llm.engine.model.moe_layers()[0]
+            assert moe.blocks is not None and moe.gate_up is None
+            assert llm.engine.c_kernels is not None
+        outs = llm.generate(PROMPTS, params, use_tqdm=False)
+        tokens[quantization] = [o.outputs[0].token_ids for o in outs]
+    pairs = zip(*tokens.values(), strict=True)
+    differ = sum(a != b for x, y in pairs for a, b in zip(x, y, strict=True))
+    assert differ <= 2, tokens
 
 
 @pytest.mark.parametrize(("name", "quantization"), [("deepseek-v3", "int8"), ("qwen3-moe", "int4")])

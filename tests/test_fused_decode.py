@@ -126,6 +126,62 @@ def test_float32_fused_step_equals_the_modules(variant, quantization, max_rows):
     assert (got - want).abs().max() < 1e-4 * max(1.0, want.abs().max().item())
 
 
+def _moe_weights(spec) -> dict:
+    """_weights with each layer's MLP a mixture: a router, experts and a gated shared one."""
+    w, m = _weights(spec), spec.moe
+    g = torch.Generator().manual_seed(8)
+    h = spec.hidden_size
+    for i in range(spec.n_layers):
+        p = f"model.layers.{i}.mlp."
+        for n in ("gate_proj", "up_proj", "down_proj"):
+            del w[p + n + ".weight"]
+        w[p + "gate.weight"] = torch.randn(m.n_experts, h, generator=g)
+        w[p + "shared_expert_gate.weight"] = torch.randn(1, h, generator=g) * 0.2
+        for x, inter in [(f"experts.{j}.", m.intermediate) for j in range(m.n_experts)] + [
+            ("shared_experts.", m.shared_intermediate)
+        ]:
+            w[p + x + "gate_proj.weight"] = torch.randn(inter, h, generator=g) * 0.2
+            w[p + x + "up_proj.weight"] = torch.randn(inter, h, generator=g) * 0.2
+            w[p + x + "down_proj.weight"] = torch.randn(h, inter, generator=g) * 0.2
+    return w
+
+
+@pytest.mark.parametrize("quantization", [None, "gguf"])
+def test_moe_layers_run_batched_with_their_experts_as_stored(quantization):
+    """A Qwen2-MoE-shaped model takes the C forward (its experts, routed in torch, between
+    the C calls: run_batched for every batch) and equals the modules, decode and prompt
+    chunks; a GGUF's quantised experts stay the file's blocks, never a float copy."""
+    from tokenworks.models.spec import MoESpec
+
+    moe = MoESpec(n_experts=4, top_k=2, intermediate=32, shared_intermediate=64, shared_gate=True)
+    spec = dataclasses.replace(toy_spec(), arch="qwen2_moe", moe=moe)
+    weights = _moe_weights(spec)
+    model = build_model(spec, _blocks(weights) if quantization else weights, torch.float32,
+                        quantization=quantization)  # fmt: skip
+    layer = model.moe_layers()[0]
+    assert (layer.blocks is not None) == (quantization == "gguf")
+    assert (layer.gate_up is None) == (quantization == "gguf")
+    pool = KVPool(spec.n_layers, 64, 4, spec.n_kv_heads, spec.head_dim, torch.float32)
+    g = torch.Generator().manual_seed(5)
+    for t in pool.k + pool.v:
+        t.copy_(torch.randn(t.shape, generator=g))
+    model.c_forward = LlamaForward.prepare(model, pool)
+    assert model.c_forward is not None and model.c_forward.max_rows == 0
+    ctx_lens = [0, 3, 17, 40, 9]
+    want = _decode_step(model, pool, ctx_lens, fused=False)
+    got = _decode_step(model, pool, ctx_lens, fused=True)
+    assert (got - want).abs().max() < 1e-4 * max(1.0, want.abs().max().item())
+    q_lens, ctx_lens = [5, 1, 3], [0, 7, 2]  # prompt chunks and a decode
+    tables = [[0, 1], [2, 3], [4, 5]]
+    ids = torch.randint(0, spec.vocab_size, (9,), generator=torch.Generator().manual_seed(1))
+    pos = torch.cat([torch.arange(c, c + n) for n, c in zip(q_lens, ctx_lens, strict=True)])
+    with torch.inference_mode():
+        want = model(ids, pos, AttentionMetadata.paged(q_lens, ctx_lens, tables, 4), pool)
+        batch = KernelBatch.build(q_lens, ctx_lens, tables, 4)
+        got, _ = model.c_forward.run(ids, pos, [batch])
+    assert (got - want).abs().max() < 1e-4 * max(1.0, want.abs().max().item())
+
+
 @pytest.mark.parametrize("variant", ["gqa", "head-dim-64", "amx-shapes"])
 @pytest.mark.parametrize("max_rows", [8, 0])
 def test_bfloat16_fused_step_is_at_least_as_close_to_float32_as_the_modules(

@@ -73,12 +73,14 @@ class CKernels:
                 tiles = amx_tiles and tiles_granted()
                 return cls(forward, block_size, tiles), ""
             arch = spec.arch if spec is not None else type(model).__name__
-            why = (
-                f"the C forward pass takes the Llama family, Qwen3 and Gemma 3 (no experts, "
-                f"latent attention or soft-capping; windows that give blocks back, or one "
-                f"window for every layer) with head_dim up to 256 and dense, int8, int4 or "
-                f"GGUF block layers; this {arch} model does not fit"
+            why = LlamaForward.declines(model, pool) or (
+                "a layer's weights are in a form it does not take (dense float32 or "
+                "bfloat16, int8 rows, int4 blocks or a GGUF's blocks)"
             )
+            why = f"the C forward pass declines this {arch} model: {why}"
+            if kernels == "auto" and why not in _warned:
+                _warned.add(why)  # once a reason, however many engines open
+                log.info("%s; torch's modules run it", why)
         if kernels == "c":
             raise KernelsUnavailableError(f"kernels='c': {why}")
         return None, why

@@ -87,6 +87,17 @@ class BlockEmbedding(nn.Module):
         return out.reshape(*ids.shape, self.embedding_dim)
 
 
+def stored(linear: nn.Linear, parts: list, bias=None) -> nn.Module:
+    """The layer for weights `parts` (stacked by rows): a BlockLinear where every part is a
+    GGUF BlockTensor, else `linear` with the parts copied in as floats."""
+    if all(isinstance(p, BlockTensor) for p in parts):
+        return BlockLinear(parts, None if bias is None else dense(bias))
+    linear.weight.copy_(torch.cat([dense(p) for p in parts], dim=0))
+    if bias is not None:
+        linear.bias.copy_(dense(bias))
+    return linear
+
+
 def dense(t):
     """A weight as float32: a BlockTensor dequantised, anything else as it is."""
     return t.dequantize(torch.float32) if isinstance(t, BlockTensor) else t

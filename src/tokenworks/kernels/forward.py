@@ -14,7 +14,10 @@ Then `run` takes a batch of the paged engine (kernels/batch.py) and returns its 
   products) runs `run_batched` when the weights are dense: the products through
   kernels/products.product, and C for what lies between them, three calls a layer.
 
-Int4/int8 models without a dense copy take the first way only.
+Int4/int8 models without a dense copy take the first way only; MoE models (Mixtral,
+Qwen2-MoE, Qwen3-MoE) the second only, their experts routed and run by models/moe.py
+between the C calls (a GGUF's quantised experts on the file's own blocks).
+What the pass has no code for, `declines` names in words.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from tokenworks.kernels.batch import KernelBatch, decode_only
 from tokenworks.kernels.block_linear import BlockEmbedding, BlockLinear
 from tokenworks.kernels.build import library
 from tokenworks.kernels.products import PACK_MAX, pack_weight, packed_bias, product, swiglu
+from tokenworks.models.moe import MoE
 from tokenworks.ops.linear import DenseForLargeBatches, Int4Linear, Int8Linear, MatvecLinear
 from tokenworks.ops.rope import cos_sin_table
 
@@ -131,7 +135,8 @@ def _geglu(gu: torch.Tensor) -> torch.Tensor:
     return (F.gelu(gate, approximate="tanh") * up).contiguous()
 
 
-ARCHS = ("llama", "qwen3", "gemma3")  # families the C forward pass runs
+# families the C forward pass runs (the MoE ones through run_batched, experts in torch)
+ARCHS = ("llama", "qwen3", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe")
 
 
 def group_windows(spec, layout) -> list[int | None] | None:
@@ -168,15 +173,48 @@ class LlamaForward:
         self.kv_dtype = ck.DTYPE_CODES[pool.k[0].dtype]
         # Bigger batches: torch's products on dense weights (or a BlockLinear's own: blocks
         # for a few rows, a dequantised tile for more), the rest in C (run_batched)
-        dense = [[_batched(getattr(layer, n)) for n in _MODULES] for layer in model.layers]
+        dense = [
+            [_batched(layer.qkv), _batched(layer.o_proj), layer.moe, None]
+            if layer.moe is not None
+            else [_batched(getattr(layer, n)) for n in _MODULES]
+            for layer in model.layers
+        ]
         head = _batched(model.lm_head)
-        found = [d for row in dense for d in row] + [head]
+        found = [d for row in dense for d in row if not isinstance(d, (MoE, type(None)))]
+        found += [head]
         act = model.norm.dtype  # the model's float dtype: the products' inputs and outputs
         ok = all(d is not None and (isinstance(d, BlockLinear) or d[0].dtype == act) for d in found)
         self.dense, self.dense_head = (dense, head) if ok else (None, None)
         self.act_dtype = act if ok else None
         self.embed = model.embed  # rows of the table, as the model looks them up
         self._packed = self._head = None  # run_batched's products, made on first use
+
+    @staticmethod
+    def declines(model: nn.Module, pool) -> str:
+        """Why the C forward pass cannot run model over pool, in words ("" where it can)."""
+        spec = getattr(model, "spec", None)
+        if spec is None or spec.arch not in ARCHS:
+            name = spec.arch if spec is not None else type(model).__name__
+            return f"it has no code for the {name} family (it runs {', '.join(ARCHS)})"
+        if spec.mla:
+            return "it has no code for latent attention (MLA)"
+        if spec.attn_softcap or spec.final_softcap:
+            return "it has no code for soft-capped scores"
+        if spec.mlp_act not in ck.ACTS:
+            return f"it has no code for the {spec.mlp_act} activation"
+        if group_windows(spec, pool.layout) is None:
+            return "the layers of a KV group attend over different windows"
+        if model.norm.device.type != "cpu":
+            return f"it runs on the CPU, not {model.norm.device.type}"
+        if pool.k[0].dtype not in (torch.float32, torch.bfloat16):
+            return f"it keeps the KV cache in float32 or bfloat16, not {pool.k[0].dtype}"
+        if spec.head_dim > 256 or spec.n_heads // spec.n_kv_heads * spec.head_dim > 2048:
+            return "its per-group buffers take head_dim up to 256, 2048 values a KV group"
+        embed = model.embed
+        floats = (torch.float32, torch.bfloat16)
+        if not isinstance(embed, BlockEmbedding) and embed.weight.dtype not in floats:
+            return f"it reads embeddings in float32 or bfloat16, not {embed.weight.dtype}"
+        return ""
 
     @classmethod
     def prepare(
@@ -192,29 +230,14 @@ class LlamaForward:
         runs on packed weights, else MAX_ROWS). packed: use the packed products where this
         CPU runs them; tiles: run prompt attention on AMX tiles where granted."""
         lib = library()
-        spec = getattr(model, "spec", None)
-        if lib is None or spec is None or spec.arch not in ARCHS:
+        if lib is None or cls.declines(model, pool):
             return None
-        if spec.moe or spec.mla or spec.attn_softcap or spec.final_softcap:
-            return None  # layers the C forward pass has no code for
-        if spec.mlp_act not in ck.ACTS:
-            return None
+        spec = model.spec
         windows = group_windows(spec, pool.layout)
-        if windows is None:
-            return None
-        if model.norm.device.type != "cpu" or pool.k[0].dtype not in (
-            torch.float32,
-            torch.bfloat16,
-        ):
-            return None
-        if spec.head_dim > 256 or spec.n_heads // spec.n_kv_heads * spec.head_dim > 2048:
-            return None  # the kernel's per-group buffers
         if isinstance(model.embed, BlockEmbedding):  # blocks: C dequantises the rows it reads
             embed, embed_code = model.embed.blocks, ck.BLOCKS + model.embed.table.ggml_type
         else:
             embed = model.embed.weight
-            if embed.dtype not in (torch.float32, torch.bfloat16):
-                return None
             embed_code = ck.DTYPE_CODES[embed.dtype]
         keep: list = []
         cos, sin = (_rope_table(model, n, spec, spec) for n in ("cos", "sin"))
@@ -233,7 +256,9 @@ class LlamaForward:
             layers = (ck.Layer * spec.n_layers)()
             for i, layer in enumerate(model.layers):
                 parts = [
-                    _linear(getattr(layer, n), keep, packs, silu and n == "gate_up")
+                    ck.Linear()  # an MoE layer's experts: run_batched runs them in torch
+                    if layer.moe is not None and n in ("gate_up", "down")
+                    else _linear(getattr(layer, n), keep, packs, silu and n == "gate_up")
                     for n in _MODULES
                 ]
                 if any(p is None for p in parts):
@@ -263,7 +288,7 @@ class LlamaForward:
         if dot is None:
             return None
         packs: dict = {}
-        amx = view(packs) if packed else None
+        amx = view(packs) if packed and not spec.moe else None
         if amx is not None:
             codes = [amx[1].head.dtype] + [getattr(x, f).dtype for x in amx[0] for f in _PRODUCTS]
             if not all(c in (ck.PACKED, ck.PACKED_GLU) for c in codes):
@@ -278,7 +303,9 @@ class LlamaForward:
             spec.norm_eps,
             spec.attn_scale or spec.head_dim**-0.5,
         )
-        if max_rows is None:
+        if spec.moe:
+            max_rows = 0  # the whole step in C has no router: every batch runs run_batched
+        elif max_rows is None:
             max_rows = PACK_MAX if amx is not None else MAX_ROWS
         return cls(lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles, windows)
 
@@ -420,7 +447,9 @@ class LlamaForward:
             packs = self.packs
             act = "gelu_tanh" if self.geglu else "silu"
             self._packed = [
-                [
+                [_product(row[0], packs), _product(row[1], packs), row[2], lambda x: x]
+                if isinstance(row[2], MoE)  # the experts, routed and summed, in one call
+                else [
                     _product(d, packs, act if name == "gate_up" else None)
                     for name, d in zip(_MODULES, row, strict=True)
                 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
 
@@ -20,6 +21,7 @@ from tokenworks.ops.linear import (
     tile_linears_,
 )
 
+log = logging.getLogger("tokenworks.models")
 MODULES = {"decoder": LlamaModel, "gpt2": GPT2Model}  # models/arch Family.module -> class
 _INITS = ("kaiming_uniform_", "uniform_", "normal_", "zeros_", "ones_")
 
@@ -64,7 +66,11 @@ def build_model(
             # The output layer is the most sensitive to rounding; GGUF files keep it at 8
             # bits or more (the default model: Q8_0), and so do we.
             model.lm_head = quantized_linear("int8", head, dense_from_rows)
-    for moe in model.moe_layers() if spec.moe else ():
+    moes = model.moe_layers() if spec.moe else []
+    if moe_strategy not in ("auto", "loop") and any(m.blocks is not None for m in moes):
+        log.info("moe_strategy %s: the file's quantised experts run the loop (--quantization "
+                 "none stacks them as floats for it)", moe_strategy)  # fmt: skip
+    for moe in moes:
         moe.strategy, moe.capacity_factor = moe_strategy, moe_capacity_factor
         if batch_invariant:
             moe.tile = 16  # the experts' products in fixed row tiles, as TiledLinear's

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenworks.kernels.block_linear import BlockEmbedding, BlockLinear, DenseView, dense
+from tokenworks.kernels.block_linear import BlockEmbedding, BlockLinear, DenseView, dense, stored
 from tokenworks.kernels.blocks import BlockTensor
 from tokenworks.models.mla import LatentAttention
 from tokenworks.models.moe import MoE, RoutingStats
@@ -26,17 +26,6 @@ from tokenworks.ops.rope import apply_rope, cos_sin_table
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
-
-
-def _product(linear: nn.Linear, parts: list, bias=None) -> nn.Module:
-    """The layer for weights `parts` (stacked by rows): a BlockLinear where every part is a
-    GGUF BlockTensor, else `linear` with the parts copied in as floats."""
-    if all(isinstance(p, BlockTensor) for p in parts):
-        return BlockLinear(parts, None if bias is None else dense(bias))
-    linear.weight.copy_(torch.cat([dense(p) for p in parts], dim=0))
-    if bias is not None:
-        linear.bias.copy_(dense(bias))
-    return linear
 
 
 class LlamaLayer(nn.Module):
@@ -79,8 +68,8 @@ class LlamaLayer(nn.Module):
             if self.spec.qkv_bias:
                 bias = torch.cat([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"], dim=0)
             qkv = [blocks[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
-            self.qkv = _product(self.qkv, qkv, bias)
-            self.o_proj = _product(self.o_proj, [blocks[p + "self_attn.o_proj.weight"]])
+            self.qkv = stored(self.qkv, qkv, bias)
+            self.o_proj = stored(self.o_proj, [blocks[p + "self_attn.o_proj.weight"]])
         if self.spec.qk_norm:
             self.q_norm.copy_(w[p + "self_attn.q_norm.weight"])
             self.k_norm.copy_(w[p + "self_attn.k_norm.weight"])
@@ -88,11 +77,11 @@ class LlamaLayer(nn.Module):
             self.attn_output_norm.copy_(w[p + "attn_output_norm.weight"])
             self.mlp_output_norm.copy_(w[p + "mlp_output_norm.weight"])
         if self.moe is not None:
-            self.moe.load(w, p)
+            self.moe.load(blocks, p)
         else:
             gate_up = [blocks[p + "mlp.gate_proj.weight"], blocks[p + "mlp.up_proj.weight"]]
-            self.gate_up = _product(self.gate_up, gate_up)
-            self.down = _product(self.down, [blocks[p + "mlp.down_proj.weight"]])
+            self.gate_up = stored(self.gate_up, gate_up)
+            self.down = stored(self.down, [blocks[p + "mlp.down_proj.weight"]])
 
     def forward(
         self,
@@ -188,7 +177,7 @@ class LlamaModel(nn.Module):
             elif self.spec.tie_embeddings:
                 self.lm_head.weight = self.embed.weight
             else:
-                self.lm_head = _product(self.lm_head, [w["lm_head.weight"]])
+                self.lm_head = stored(self.lm_head, [w["lm_head.weight"]])
 
     def forward(
         self,

@@ -20,6 +20,10 @@ With a capacity factor (GShard, Switch), an expert takes at most
 ceil(factor x tokens x top_k / n_experts) tokens a batch; the rest of its tokens skip it
 (their share of the layer is the residual alone). The drop depends on which other tokens
 share the batch: a token's output then depends on its neighbours. Off by default.
+
+Experts a GGUF file stores quantised stay as its blocks (`--quantization gguf`): each
+expert is a pair of BlockLinears, and every batch runs the loop (the grouped and dense
+products need the experts stacked as floats).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenworks.kernels.block_linear import BlockLinear, dense, stored
+from tokenworks.kernels.blocks import BlockTensor
 from tokenworks.models.spec import ModelSpec
 from tokenworks.ops.linear import rows_product
 
@@ -98,25 +104,36 @@ class MoE(nn.Module):
         self.capacity_factor: float | None = None
         self.tile: int | None = None  # batch-invariant mode: products over fixed row tiles
         self.stats: RoutingStats | None = None
+        # a GGUF's quantised experts as stored: (gate_up, down) BlockLinears per expert
+        self.blocks: nn.ModuleList | None = None
 
     def load(self, w: dict, p: str) -> None:
-        """Copy weights named p + "mlp.*" in (engine names: models/arch)."""
+        """Copy weights named p + "mlp.*" in (engine names: models/arch); experts stored as
+        GGUF BlockTensors are kept as they are (self.blocks)."""
         e = self.m.n_experts
-        self.router.copy_(w[p + "mlp.gate.weight"])
+        self.router.copy_(dense(w[p + "mlp.gate.weight"]))
         if self.score_bias is not None:
-            self.score_bias.copy_(w[p + "mlp.gate.e_score_correction_bias"])
-        for j in range(e):
-            x = f"{p}mlp.experts.{j}."
-            self.gate_up[j].copy_(torch.cat([w[x + "gate_proj.weight"], w[x + "up_proj.weight"]]))
-            self.down[j].copy_(w[x + "down_proj.weight"])
+            self.score_bias.copy_(dense(w[p + "mlp.gate.e_score_correction_bias"]))
+        experts = [f"{p}mlp.experts.{j}." for j in range(e)]
+        names = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+        if all(isinstance(w[x + n], BlockTensor) for x in experts for n in names):
+            self.gate_up = self.down = None  # never allocated: the blocks are the experts
+            self.blocks = nn.ModuleList(
+                nn.ModuleList(
+                    [BlockLinear([w[x + n] for n in names[:2]]), BlockLinear([w[x + names[2]]])]
+                )
+                for x in experts
+            )
+        else:
+            for j, x in enumerate(experts):
+                self.gate_up[j].copy_(torch.cat([dense(w[x + n]) for n in names[:2]]))
+                self.down[j].copy_(dense(w[x + names[2]]))
         if self.shared_gate_up is not None:
             x = p + "mlp.shared_experts."
-            self.shared_gate_up.weight.copy_(
-                torch.cat([w[x + "gate_proj.weight"], w[x + "up_proj.weight"]])
-            )
-            self.shared_down.weight.copy_(w[x + "down_proj.weight"])
+            self.shared_gate_up = stored(self.shared_gate_up, [w[x + n] for n in names[:2]])
+            self.shared_down = stored(self.shared_down, [w[x + names[2]]])
         if self.shared_gate is not None:
-            self.shared_gate.weight.copy_(w[p + "mlp.shared_expert_gate.weight"])
+            self.shared_gate.weight.copy_(dense(w[p + "mlp.shared_expert_gate.weight"]))
 
     # ------------------------------------------------------------------ routing
 
@@ -165,6 +182,8 @@ class MoE(nn.Module):
     def pick(self, counts: torch.Tensor) -> str:
         """The strategy for a batch routed as counts [E] (tokens per expert): see the
         module docstring; measured by `tokenworks bench moe`."""
+        if self.blocks is not None:
+            return "loop"  # the only one that runs on each expert's own weights
         if self.strategy != "auto":
             return self.strategy
         if self.tile is not None:
@@ -175,6 +194,10 @@ class MoE(nn.Module):
         return "grouped"
 
     def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
+        if self.blocks is not None:
+            gate_up, down = self.blocks[e]
+            gate, up = gate_up(x).chunk(2, dim=-1)
+            return down(F.silu(gate) * up)
         if x.shape[0] == 1 and self.tile is None and x.dtype == torch.bfloat16:
             # one row: torch.mv streams bfloat16 weights faster than a 1-row product
             gate, up = torch.mv(self.gate_up[e], x[0]).chunk(2)
