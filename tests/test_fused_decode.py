@@ -33,6 +33,11 @@ VARIANTS = {
     "amx-shapes": {"n_heads": 6, "n_kv_heads": 2, "head_dim": 64, "vocab_size": 320},
     # Qwen3's per-head Q/K norms
     "qwen3": {"arch": "qwen3", "qk_norm": True},
+    # Gemma 2's soft-capped attention scores and logits (and its sandwich norms, GeGLU)
+    "gemma2": {
+        "arch": "gemma2", "sandwich_norms": True, "mlp_act": "gelu_tanh", "embed_scale": True,
+        "attn_scale": 0.2, "attn_softcap": 2.0, "final_softcap": 1.5,
+    },
     # Gemma 3's layer: Q/K norms, the sublayers' outputs normed, GeGLU, a scaled embedding
     # and its own attention scale (its windows over grouped pools: test_gemma3.py)
     "gemma3": {
@@ -348,9 +353,10 @@ def test_greedy_requests_through_the_choices_give_the_tokens_of_the_logits(smol_
     assert seen[None] == {1}  # the choices, on AMX tiles or dot products
 
 
+@pytest.mark.parametrize("variant", ["sliding-window", "gemma2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prefill_and_mixed_batches_through_the_kernel_equal_the_modules(dtype):
-    spec = dataclasses.replace(toy_spec(), sliding_window=6)
+def test_prefill_and_mixed_batches_through_the_kernel_equal_the_modules(dtype, variant):
+    spec = dataclasses.replace(toy_spec(), **VARIANTS[variant] | {"sliding_window": 6})
     model, pool = _model_and_pool(spec, dtype)
     q_lens, ctx_lens = [5, 1, 3, 1], [0, 7, 2, 12]  # prefill chunks and decodes mixed
     tables = [[0, 1], [2, 3], [4, 5], [6, 7, 8, 9]]

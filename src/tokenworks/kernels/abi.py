@@ -44,6 +44,7 @@ class KV(ctypes.Structure):
         ("context_lens", c_ptr),
         ("block_size", ctypes.c_int),
         ("window", ctypes.c_int),
+        ("softcap", ctypes.c_float),
     ]
 
 
@@ -109,12 +110,15 @@ def ptr(t: torch.Tensor | None) -> int | None:
     return t.data_ptr()
 
 
-def kv_view(tables, lens, block_size, window, kv_dtype, k_pool=None, v_pool=None) -> KV:
+def kv_view(
+    tables, lens, block_size, window, kv_dtype, k_pool=None, v_pool=None, softcap=None
+) -> KV:
     """A KV struct over block tables [B, max_blocks] and context lengths [B] (int64,
-    contiguous: the caller keeps them alive during the call); pools may be set later."""
+    contiguous: the caller keeps them alive during the call); pools may be set later.
+    softcap: Gemma 2's cap on the attention scores (None: none)."""
     return KV(
         ptr(k_pool), ptr(v_pool), kv_dtype, ptr(tables), tables.shape[1], ptr(lens),
-        block_size, window or 0,
+        block_size, window or 0, softcap or 0.0,
     )  # fmt: skip
 
 

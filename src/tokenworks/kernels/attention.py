@@ -20,9 +20,10 @@ from tokenworks.ops.attention import chunk_attention
 
 
 def paged_decode_attention(
-    q, k_pool, v_pool, block_tables, context_lens, block_size, scale, window
+    q, k_pool, v_pool, block_tables, context_lens, block_size, scale, window, softcap=None
 ) -> torch.Tensor | None:
-    """q [B, H, D] -> [B, H, D], or None where the kernel cannot take these inputs."""
+    """q [B, H, D] -> [B, H, D], or None where the kernel cannot take these inputs;
+    softcap: Gemma 2's cap on the scores (None: none)."""
     lib = library()
     if lib is None or q.device.type != "cpu" or k_pool.dtype not in (torch.float32, torch.bfloat16):
         return None
@@ -31,7 +32,8 @@ def paged_decode_attention(
     out = torch.empty_like(qf)
     tables = block_tables.contiguous()
     lens = context_lens.contiguous()
-    kv = kv_view(tables, lens, block_size, window, DTYPE_CODES[k_pool.dtype], k_pool, v_pool)
+    code = DTYPE_CODES[k_pool.dtype]
+    kv = kv_view(tables, lens, block_size, window, code, k_pool, v_pool, softcap)
     lib.tw_paged_attention(
         ctypes.byref(kv), ptr(qf), ptr(out), b, n_heads, k_pool.shape[1], d, scale,
         torch.get_num_threads(),
@@ -96,25 +98,32 @@ def prefill_attention(
     return done == 0
 
 
-def attend(q, batch: KernelBatch, k_pool, v_pool, scale, window, amx=None) -> torch.Tensor:
+def attend(
+    q, batch: KernelBatch, k_pool, v_pool, scale, window, amx=None, softcap=None
+) -> torch.Tensor:
     """Attention of a mixed batch (its new K/V already in the pool): q [T, H, D] ->
     [T, H * D]. Decode rows through their block tables; prompt chunks (not sliding-window
-    ones) in one C call where it runs, else one torch attention call per chunk."""
+    or soft-capped ones) in one C call where it runs, else one torch attention call per
+    chunk."""
     n_heads, d = q.shape[1], q.shape[2]
     out = q.new_empty(q.shape[0], n_heads * d)
     if batch.decode_rows.numel():
         qd = q.index_select(0, batch.decode_rows)
         o = paged_decode_attention(
             qd, k_pool, v_pool, batch.block_tables, batch.context_lens, batch.block_size,
-            scale, window,
+            scale, window, softcap,
         )  # fmt: skip
         if o is None:
             raise RuntimeError("the C paged attention kernel cannot take these inputs")
         out[batch.decode_rows] = o.reshape(qd.shape[0], n_heads * d)
-    if window is None and prefill_attention(q, k_pool, v_pool, batch.chunks, scale, out, amx):
+    if (
+        window is None
+        and softcap is None
+        and prefill_attention(q, k_pool, v_pool, batch.chunks, scale, out, amx)
+    ):
         return out
     for start, n, index in batch.chunks:
         out[start : start + n] = chunk_attention(
-            q[start : start + n], k_pool, v_pool, index, scale, window
+            q[start : start + n], k_pool, v_pool, index, scale, window, softcap
         )
     return out

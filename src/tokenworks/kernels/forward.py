@@ -136,7 +136,7 @@ def _geglu(gu: torch.Tensor) -> torch.Tensor:
 
 
 # families the C forward pass runs (the MoE ones through run_batched, experts in torch)
-ARCHS = ("llama", "qwen3", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe")
+ARCHS = ("llama", "qwen3", "gemma2", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe")
 
 
 def group_windows(spec, layout) -> list[int | None] | None:
@@ -198,8 +198,6 @@ class LlamaForward:
             return f"it has no code for the {name} family (it runs {', '.join(ARCHS)})"
         if spec.mla:
             return "it has no code for latent attention (MLA)"
-        if spec.attn_softcap or spec.final_softcap:
-            return "it has no code for soft-capped scores"
         if spec.mlp_act not in ck.ACTS:
             return f"it has no code for the {spec.mlp_act} activation"
         if group_windows(spec, pool.layout) is None:
@@ -346,7 +344,14 @@ class LlamaForward:
         for g, (batch, window) in enumerate(zip(batches, self.windows, strict=True)):
             tables = batch.block_tables.contiguous()
             lens = batch.context_lens.contiguous()
-            kvs[g] = ck.kv_view(tables, lens, batch.block_size, window, self.kv_dtype)
+            kvs[g] = ck.kv_view(
+                tables,
+                lens,
+                batch.block_size,
+                window,
+                self.kv_dtype,
+                softcap=self.spec.attn_softcap,
+            )
             alive += [tables, lens]
         return kvs, alive  # the tensors must outlive the call
 
@@ -362,12 +367,21 @@ class LlamaForward:
         n = input_ids.shape[0]
         if not self._whole_step(batches[0].query_lens):
             logits = self.run_batched(input_ids, positions, batches, logits_rows, float_logits)
-            return logits, None
+            return self._final_softcap(logits), None
         logits, choices = self._run_whole_step(input_ids, positions, batches, greedy)
+        logits = self._final_softcap(logits)
         if logits_rows is not None and logits_rows.numel() != n:
             logits = None if logits is None else logits.index_select(0, logits_rows)
             choices = None if choices is None else choices.index_select(0, logits_rows)
         return logits, choices
+
+    def _final_softcap(self, logits: torch.Tensor | None) -> torch.Tensor | None:
+        """Gemma 2's logits -> cap * tanh(logits / cap); the argmax the greedy step kept in
+        C needs none (tanh keeps the order)."""
+        cap = self.spec.final_softcap
+        if cap is None or logits is None:
+            return logits
+        return torch.tanh(logits / cap) * cap
 
     def _run_whole_step(self, input_ids, positions, batches, greedy=False) -> tuple:
         b = input_ids.shape[0]
@@ -415,8 +429,9 @@ class LlamaForward:
         q = qkv[:, : s.q_size].view(-1, s.n_heads, s.head_dim)
         window = self.windows[self.group_of[layer]]
         out = attend(
-            q, batch, self.pool.k[j], self.pool.v[j], self.dims.attn_scale, window, self.tiles
-        )
+            q, batch, self.pool.k[j], self.pool.v[j], self.dims.attn_scale, window, self.tiles,
+            self.spec.attn_softcap,
+        )  # fmt: skip
         return out.contiguous()
 
     def _rope(self, layer: int) -> tuple:

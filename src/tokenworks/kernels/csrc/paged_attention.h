@@ -12,6 +12,7 @@ typedef struct {
   const int64_t* context_lens;  // [B]: keys each query attends to, its own included
   int block_size;
   int window;  // 0: none; else attend to the last `window` keys only
+  float softcap;  // > 0: scores -> softcap * tanh(scores / softcap) (Gemma 2); 0: none
 } tw_kv;
 
 #if defined(__AVX512F__)
@@ -328,6 +329,9 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
         row_to_f32(kv->k_pool, kv->kv_dtype, slots[l] * kv_heads + h, D, row);
         for (int g = 0; g < G; ++g) scores[g * n + l] = dot_f32(qs + g * D, row, D);
       }
+    if (kv->softcap > 0.f)
+      for (int64_t i = 0; i < (int64_t)G * n; ++i)
+        scores[i] = kv->softcap * tanhf(scores[i] / kv->softcap);
     for (int g = 0; g < G; ++g) softmax(scores + g * n, n);
 #if defined(__AVX512F__)
     if (D == 64 && G <= 4) {
