@@ -180,17 +180,25 @@ def test_the_c_forward_takes_gemma_3_and_gives_the_modules_tokens(gemma3_loaded,
     """Gemma 3 on the C kernels (its four norms, GeGLU, the scaled embedding, Q/K norms and
     the windowed layers' own RoPE base and block tables): a prompt past the window in
     256-token chunks, then decoding, gives the torch modules' tokens, on the dequantised
-    weights and on the file's blocks."""
+    weights and on the file's blocks. On the blocks the activations round to 8 bits, where a
+    last-bit difference between C's norm and torch's can flip a rounding: there the tokens
+    may part at a near-tie (torch scores C's token within 0.5 of its own), nowhere else."""
     from tokenworks import LLM, SamplingParams
 
     prompt = [2] + torch.randint(
         3, 262144, (700,), generator=torch.Generator().manual_seed(3)
     ).tolist()
-    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=5)
     got = {}
     for kernels in ("c", "torch"):
         llm = LLM("gemma3-270m", dtype="float32", quantization=quantization, kernels=kernels,
                   loaded=gemma3_loaded, warmup=False, max_num_batched_tokens=256)  # fmt: skip
         assert (llm.engine.c_kernels is not None) == (kernels == "c")
-        got[kernels] = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
-    assert got["c"] == got["torch"]
+        got[kernels] = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    c, ref = got["c"].token_ids, got["torch"].token_ids
+    if quantization == "none" or c == ref:
+        assert c == ref
+        return
+    part = next(i for i, (a, b) in enumerate(zip(c, ref, strict=True)) if a != b)
+    scores = {t: lp for t, _, lp in got["torch"].logprobs[part].top}
+    assert c[part] in scores and scores[ref[part]] - scores[c[part]] < 0.5, (part, c, ref)
