@@ -8,6 +8,8 @@ AVX-512 VNNI path and on the plain C path CPUs without it take.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tokenworks.kernels import abi as ck
 from tokenworks.kernels import blocks
 from tokenworks.kernels.block_linear import BlockLinear
 from tokenworks.kernels.build import library
@@ -91,21 +94,36 @@ def test_products_within_the_activation_bound(portable, t, rows, out, blocks_per
     assert (err <= activation_bound(x64, w64, span)).all(), err.max()
 
 
-def test_a_build_without_avx512_vnni_takes_the_portable_path():
-    """Built for a CPU without AVX-512 VNNI, the kernels run the plain C products, and they
-    give the vector path's results (the same integer sums, up to float32 rounding)."""
+@pytest.mark.parametrize(
+    ("flags", "isa"), [(("-mno-avx512f",), "AVX2"), (("-mno-avx512f", "-mno-avx2"), "plain C")]
+)
+def test_builds_for_cpus_without_avx512_vnni_take_their_own_path(flags, isa):
+    """Built for a CPU without AVX-512 (AVX2 products) or without AVX2 either (plain C), the
+    kernels give this build's products (the same integer sums, up to float32 rounding) and
+    dequantise to the same weights."""
     from tokenworks.kernels.build import variant
 
-    plain = variant("-mno-avx512vnni")
-    assert plain.tw_blocks_use_portable(0) == 1  # nothing else is built in it
+    if isa == "AVX2" and "avx2" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("this CPU has no AVX2 to run an AVX2 build on")
+    built = variant(*flags)
+    assert blocks.vector_isa(built) == isa
+    if isa == "plain C":
+        assert built.tw_blocks_use_portable(0) == 1  # nothing else is built in it
     x = torch.randn(5, 512, generator=torch.Generator().manual_seed(0))
     for t in TYPES:
         keep: list = []
-        w = blocks.from_array(t, (24, 512), random_blocks(t, 24, 512, t))
+        raw = random_blocks(t, 24, 512, t)
+        w = blocks.from_array(t, (24, 512), raw)
         linear = blocks.c_linear([w], None, keep)
-        fast = blocks.block_linear(x, linear, torch.float32)
-        slow = blocks.block_linear(x, linear, torch.float32, lib=plain)
-        assert torch.allclose(fast, slow, rtol=1e-4, atol=1e-3 * fast.abs().max().item()), t
+        here = blocks.block_linear(x, linear, torch.float32)
+        there = blocks.block_linear(x, linear, torch.float32, lib=built)
+        assert torch.allclose(here, there, rtol=1e-4, atol=1e-3 * here.abs().max().item()), t
+        for dtype in (torch.float32, torch.bfloat16):
+            out = torch.empty(24, 512, dtype=dtype)
+            data = w.data.contiguous()
+            code = ck.DTYPE_CODES[dtype]
+            built.tw_block_dequantize(ck.ptr(data), t, 24, 512, ck.ptr(out), code, 1)
+            assert torch.equal(out, w.dequantize(dtype)), (t, dtype)
 
 
 def test_parts_of_different_types_write_their_own_columns():

@@ -54,6 +54,16 @@ def kernel_paths() -> list[dict]:
         }
     ]
     need_c = "the C kernels are not built" if lib is None else ""
+    from tokenworks.kernels import blocks
+
+    isa = blocks.vector_isa()
+    paths.append(
+        {
+            "path": f"GGUF block products in integers ({isa or 'AVX-512 VNNI, AVX2 or plain C'})",
+            "active": isa not in (None, "plain C"),
+            "why_not": need_c or "the CPU has neither AVX-512 VNNI nor AVX2: plain C",
+        }
+    )
     packed_why = need_c or ("" if products.packed_built() else "the CPU has no AVX-512 BF16")
     paths.append(
         {

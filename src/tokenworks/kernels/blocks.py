@@ -3,7 +3,8 @@
 `BlockTensor` is a matrix of a GGUF file kept as rows of quantised blocks (a view of the
 memory-mapped file where no change was needed). The C kernels (csrc/block_products.h)
 multiply by it without widening it: the activations are quantised 32 at a time to 8 bits
-and each block pair multiplies in integers (AVX-512 VNNI where the CPU has it). Types the
+and each block pair multiplies in integers: AVX-512 VNNI where the CPU has it, else AVX2
+(maddubs sums the products in pairs in int16, madd those in int32), else plain C. Types the
 kernels do not execute are re-quantised to Q8_0 once, at load.
 """
 
@@ -113,6 +114,15 @@ def dequantize(t: BlockTensor, dtype: torch.dtype = torch.float32) -> torch.Tens
 
     arr = gguf.quants.dequantize(t.data.numpy(), t.ggml_type).reshape(rows, cols)
     return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).to(dtype)  # any dtype
+
+
+def vector_isa(lib=None) -> str | None:
+    """Which products on the blocks this build runs: "AVX-512 VNNI", "AVX2" or "plain C"
+    (None without the C kernels); lib: another build than the default."""
+    lib = lib or library()
+    if lib is None:
+        return None
+    return {512: "AVX-512 VNNI", 256: "AVX2", 0: "plain C"}[lib.tw_blocks_isa()]
 
 
 def use_portable(on: bool) -> bool:

@@ -194,17 +194,36 @@ static inline tw_qact qact_row(const tw_qact* a, int b, int k) {
 
 int tw_blocks_portable = 0;  // the plain C path even where the vector one is built (tests)
 
+// Two vector paths: AVX-512 VNNI (TW_BLOCKS_VECTOR) where the CPU has it, else AVX2
+// (TW_BLOCKS_AVX2: maddubs and madd, u8 x s8 into int16 pairs, then int32), else plain C.
+// TW_BLOCKS_256 marks what both vector paths share (the 32 values of a group in a vector).
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__) && \
     defined(__AVX512DQ__)
 #define TW_BLOCKS_VECTOR 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define TW_BLOCKS_AVX2 1
+#endif
+#if defined(TW_BLOCKS_VECTOR) || defined(TW_BLOCKS_AVX2)
+#define TW_BLOCKS_256 1
 #endif
 
 int tw_blocks_use_portable(int on) {
   tw_blocks_portable = on;
-#if defined(TW_BLOCKS_VECTOR)
+#if defined(TW_BLOCKS_256)
   return on;
 #else
   return 1;  // the only path built here
+#endif
+}
+
+// Which block products this build runs: 512 (AVX-512 VNNI), 256 (AVX2) or 0 (plain C).
+int tw_blocks_isa(void) {
+#if defined(TW_BLOCKS_VECTOR)
+  return 512;
+#elif defined(TW_BLOCKS_AVX2)
+  return 256;
+#else
+  return 0;
 #endif
 }
 
@@ -223,6 +242,15 @@ static void quantize_spans(const float* x, int n, int span, int8_t* q, float* d,
       for (; l < span; l += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xs + l)));
       amax = _mm512_reduce_max_ps(m);
     }
+#elif defined(TW_BLOCKS_AVX2)
+    if (!tw_blocks_portable) {
+      const __m256 sign = _mm256_set1_ps(-0.f);
+      __m256 m = _mm256_setzero_ps();
+      for (; l < span; l += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(xs + l)));
+      __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+      amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    }
 #endif
     for (; l < span; ++l) amax = fmaxf(amax, fabsf(xs[l]));
     const float dd = amax / 127.f, id = amax > 0.f ? 127.f / amax : 0.f;
@@ -236,6 +264,21 @@ static void quantize_spans(const float* x, int n, int span, int8_t* q, float* d,
         const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xs + 16 * c), _mm512_set1_ps(id)));
         _mm_storeu_si128((__m128i*)(qs + 16 * c), _mm512_cvtepi32_epi8(v));
         sum = _mm512_reduce_add_epi32(v);
+        l = 16;
+      }
+#elif defined(TW_BLOCKS_AVX2)
+      if (!tw_blocks_portable) {  // round to nearest even (the default rounding), as nearbyintf
+        const __m256 sc = _mm256_set1_ps(id);
+        const __m256i v0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + 16 * c), sc));
+        const __m256i v1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xs + 16 * c + 8), sc));
+        // int32 -> int16 -> int8 (the packs work within 128-bit halves: put them back in order)
+        const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(v0, v1), 0xD8);
+        const __m128i b8 = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        _mm_storeu_si128((__m128i*)(qs + 16 * c), b8);
+        const __m256i s8 = _mm256_add_epi32(v0, v1);
+        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+        sum = _mm_cvtsi128_si32(_mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1)));
         l = 16;
       }
 #endif
@@ -280,7 +323,7 @@ static void block_dot_portable(int t, const uint8_t* row, int k, const tw_qact* 
   }
 }
 
-#if defined(TW_BLOCKS_VECTOR)
+#if defined(TW_BLOCKS_256)
 #define INLINE static inline __attribute__((always_inline))
 
 static inline float hsum256(__m256 v) {
@@ -290,7 +333,20 @@ static inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// The 32 values of group g of a 32-element format in a vector (group_values, in AVX-512).
+// Byte i all ones where bit i of m is set, else zero.
+INLINE __m256i bytes_of_bits(uint32_t m) {
+#if defined(TW_BLOCKS_VECTOR)
+  return _mm256_movm_epi8(m);
+#else  // byte i takes byte i / 8 of m, then tests its bit i % 8
+  const __m256i which = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)m), which);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+#endif
+}
+
+// The 32 values of group g of a 32-element format in a vector (group_values, in AVX2).
 INLINE __m256i group32(const int t, const uint8_t* b) {
   const __m256i low4 = _mm256_set1_epi8(0xF);
   if (t == GG_Q8_0)
@@ -301,7 +357,7 @@ INLINE __m256i group32(const int t, const uint8_t* b) {
   if (t == GG_Q5_0 || t == GG_Q5_1) {
     uint32_t qh;
     memcpy(&qh, b + lead - 4, 4);
-    q = _mm256_or_si256(q, _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(0x10)));
+    q = _mm256_or_si256(q, _mm256_and_si256(bytes_of_bits(qh), _mm256_set1_epi8(0x10)));
   }
   return q;
 }
@@ -319,6 +375,52 @@ INLINE __m256 halves8(const uint8_t* p, int stride) {
   return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)h));
 }
 
+// Q4_K and Q5_K's 12 bytes of 6-bit scales and minimums, unpacked at once: bytes 0-7 of
+// the result are the eight sub-blocks' scales, bytes 8-15 their minimums.
+INLINE __m128i scales_mins_k4(const uint8_t* s) {
+  uint32_t u[3];
+  memcpy(u, s, 12);
+  const uint32_t sc_lo = u[0] & 0x3f3f3f3f, m_lo = u[1] & 0x3f3f3f3f;
+  const uint32_t sc_hi = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+  const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+  return _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
+}
+
+// The 32 values of group g of any executed format in a vector (group_values, in AVX2).
+static inline __m256i group_any(int t, const uint8_t* row, int g) {
+  if (t < GG_Q4_K) {
+    switch (t) {
+      case GG_Q4_0: return group32(GG_Q4_0, row + (int64_t)g * 18);
+      case GG_Q4_1: return group32(GG_Q4_1, row + (int64_t)g * 20);
+      case GG_Q5_0: return group32(GG_Q5_0, row + (int64_t)g * 22);
+      case GG_Q5_1: return group32(GG_Q5_1, row + (int64_t)g * 24);
+      default: return group32(GG_Q8_0, row + (int64_t)g * 34);
+    }
+  }
+  const __m256i low4 = _mm256_set1_epi8(0xF);
+  const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
+  const int j = g % 8;
+  if (t == GG_Q6_K) {
+    const int n = j / 4, part = j % 4;
+    const __m256i ql = _mm256_loadu_si256((const __m256i*)(sb + 64 * n + (part & 1) * 32));
+    const __m256i qh = _mm256_loadu_si256((const __m256i*)(sb + 128 + 32 * n));
+    const __m256i lo = _mm256_and_si256(part < 2 ? ql : _mm256_srli_epi16(ql, 4), low4);
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * part)),
+                                        _mm256_set1_epi8(3));
+    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+  }
+  const __m256i v = _mm256_loadu_si256((const __m256i*)(sb + (t == GG_Q4_K ? 16 : 48) + 32 * (j / 2)));
+  __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, low4);
+  if (t == GG_Q5_K) {
+    const __m256i qh = _mm256_loadu_si256((const __m256i*)(sb + 16));
+    const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+    q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
+  }
+  return q;
+}
+#endif
+
+#if defined(TW_BLOCKS_VECTOR)
 // A 32-element format, eight groups (256 values) at a time: their scales and offsets as
 // vectors of eight, each pair of groups one dpbusd, its two groups' scales spread over the
 // lanes by a permute; the offsets times the activations' sums in a vector of their own.
@@ -369,17 +471,6 @@ INLINE void dot32(const int t, const uint8_t* row, int k, const tw_qact* a, int 
     }
   }
   for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) + hsum256(offs[b]) + off[b];
-}
-
-// Q4_K and Q5_K's 12 bytes of 6-bit scales and minimums, unpacked at once: bytes 0-7 of
-// the result are the eight sub-blocks' scales, bytes 8-15 their minimums.
-INLINE __m128i scales_mins_k4(const uint8_t* s) {
-  uint32_t u[3];
-  memcpy(u, s, 12);
-  const uint32_t sc_lo = u[0] & 0x3f3f3f3f, m_lo = u[1] & 0x3f3f3f3f;
-  const uint32_t sc_hi = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
-  const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
-  return _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
 }
 
 // A K super-block's 256 values (q, four runs of 64 unsigned values) times its activations
@@ -484,7 +575,154 @@ INLINE void dot_q6k(const uint8_t* row, int k, const tw_qact* a, int B, int ka, 
   }
   for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) - hsum256(offs[b]);
 }
+#endif
 
+#if defined(TW_BLOCKS_AVX2)
+// 32 weight values (u8; Q8_0: its signed bytes) times 32 activations (s8), summed in
+// fours: int32 lanes 0-3 hold the first 16 values' sums, 4-7 the last 16's. maddubs sums
+// pairs into int16: 4 or 6 bits times 127 stays in range, and Q8_0 multiplies |w| by the
+// activation with w's sign (128 x 127 x 2 < 2^15).
+INLINE __m256i dot32_i32(const int t, __m256i q, __m256i a) {
+  const __m256i pairs = t == GG_Q8_0 ? _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(a, q))
+                                     : _mm256_maddubs_epi16(q, a);
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+// A group's values as dot32_i32 takes them: Q8_0's signed bytes as stored (no offset).
+INLINE __m256i group32s(const int t, const uint8_t* b) {
+  return t == GG_Q8_0 ? _mm256_loadu_si256((const __m256i*)(b + 2)) : group32(t, b);
+}
+
+// Eight vectors of int32 lanes -> one: lane j the sum of vector j's eight lanes.
+INLINE __m256i sum8x8(const __m256i p[8]) {
+  const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+  const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// A 32-element format, eight groups (256 values) at a time: each group's integer sum in a
+// lane of one vector, times the eight groups' scales at once; the offsets times the
+// activations' sums in a vector of their own. A tail of fewer than eight goes one by one.
+INLINE void dot32(const int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
+                  float* out) {
+  const int groups = k / 32, bb = block_bytes(t);
+  const int has_min = t == GG_Q4_1 || t == GG_Q5_1;
+  const float zp = t == GG_Q4_0 ? 8.f : t == GG_Q5_0 ? 16.f : 0.f;  // Q8_0: signed, none
+  __m256 acc[BLOCK_MAX_ROWS], offs[BLOCK_MAX_ROWS];
+  float off[BLOCK_MAX_ROWS];
+  for (int b = 0; b < B; ++b) acc[b] = offs[b] = _mm256_setzero_ps(), off[b] = 0.f;
+  int g = 0;
+  for (; g + 8 <= groups; g += 8) {
+    const uint8_t* b0 = row + (int64_t)g * bb;
+    const __m256 d = halves8(b0, bb);
+    const __m256 o = has_min ? halves8(b0 + 2, bb) : _mm256_mul_ps(d, _mm256_set1_ps(-zp));
+    __m256i q[8];
+    for (int j = 0; j < 8; ++j) q[j] = group32s(t, b0 + j * bb);
+    for (int b = 0; b < B; ++b) {
+      const int8_t* ab = a->q32 + (int64_t)b * ka + g * 32;
+      __m256i p[8];
+      for (int j = 0; j < 8; ++j) p[j] = dot32_i32(t, q[j], _mm256_loadu_si256((const __m256i*)(ab + 32 * j)));
+      const float* da = a->d32 + (int64_t)b * (ka / 32) + g;
+      acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum8x8(p)), _mm256_mul_ps(d, _mm256_loadu_ps(da)), acc[b]);
+      if (t != GG_Q8_0)
+        offs[b] = _mm256_fmadd_ps(o, _mm256_loadu_ps(a->s32 + (int64_t)b * (ka / 32) + g), offs[b]);
+    }
+  }
+  for (; g < groups; ++g) {
+    const uint8_t* b0 = row + (int64_t)g * bb;
+    const __m256i q = group32s(t, b0);
+    const float d0 = half_to_f32(b0), o0 = t == GG_Q8_0 ? 0.f : offset32(t, b0, d0);
+    for (int b = 0; b < B; ++b) {
+      const int8_t* ab = a->q32 + (int64_t)b * ka + g * 32;
+      const __m256i p = dot32_i32(t, q, _mm256_loadu_si256((const __m256i*)ab));
+      const float da = a->d32[(int64_t)b * (ka / 32) + g];
+      acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d0 * da), acc[b]);
+      off[b] += o0 * a->s32[(int64_t)b * (ka / 32) + g];
+    }
+  }
+  for (int b = 0; b < B; ++b) out[b] = hsum256(acc[b]) + hsum256(offs[b]) + off[b];
+}
+
+// Q4_K and Q5_K: per super-block, eight sub-blocks of 32 values, each times the
+// activations (maddubs) times its 6-bit scale (madd), in int32 to the block's end; the
+// minimums times the activations' sums per 16 (madd), in a vector of their own.
+INLINE void dot_q45k(const int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
+                     float* out) {
+  const int nsb = k / 256, bb = block_bytes(t);
+  const __m256i low4 = _mm256_set1_epi8(0xF);
+  const __m128i twice = _mm_set_epi8(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
+  __m256 acc[BLOCK_MAX_ROWS], mins[BLOCK_MAX_ROWS];
+  for (int b = 0; b < B; ++b) acc[b] = mins[b] = _mm256_setzero_ps();
+  for (int i = 0; i < nsb; ++i) {
+    const uint8_t* sb = row + (int64_t)i * bb;
+    const float d = half_to_f32(sb), dmin = half_to_f32(sb + 2);
+    const __m128i scm = scales_mins_k4(sb + 4);
+    uint8_t sc[16];
+    _mm_storeu_si128((__m128i*)sc, scm);
+    const __m256i m16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(scm, twice));
+    const uint8_t* qs = sb + (t == GG_Q4_K ? 16 : 48);
+    const __m256i qh = t == GG_Q5_K ? _mm256_loadu_si256((const __m256i*)(sb + 16)) : _mm256_setzero_si256();
+    __m256i q[8];
+    for (int j = 0; j < 8; ++j) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(qs + 32 * (j / 2)));
+      q[j] = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, low4);
+      if (t == GG_Q5_K) {
+        const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+        q[j] = _mm256_or_si256(q[j], _mm256_slli_epi16(bit, 4));
+      }
+    }
+    for (int b = 0; b < B; ++b) {
+      const int8_t* ab = a->q256 + (int64_t)b * ka + i * 256;
+      __m256i isum = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        const __m256i pairs = _mm256_maddubs_epi16(q[j], _mm256_loadu_si256((const __m256i*)(ab + 32 * j)));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, _mm256_set1_epi16(sc[j])));
+      }
+      const float da = a->d256[(int64_t)b * ((ka + 255) / 256) + i];
+      acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * da), acc[b]);
+      const __m256i bs = _mm256_loadu_si256((const __m256i*)(a->bs + (int64_t)b * (ka / 16) + i * 16));
+      mins[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)),
+                                _mm256_set1_ps(dmin * da), mins[b]);
+    }
+  }
+  for (int b = 0; b < B; ++b) out[b] = hsum256(acc[b]) - hsum256(mins[b]);
+}
+
+// Q6_K: per super-block, eight runs of 32 values (6 bits: 4 from ql, 2 from qh), each 16
+// with its own signed 8-bit scale; values are q - 32, the 32 taken off through the sums.
+INLINE void dot_q6k(const uint8_t* row, int k, const tw_qact* a, int B, int ka, float* out) {
+  const int nsb = k / 256;
+  __m256 acc[BLOCK_MAX_ROWS], offs[BLOCK_MAX_ROWS];
+  for (int b = 0; b < B; ++b) acc[b] = offs[b] = _mm256_setzero_ps();
+  for (int i = 0; i < nsb; ++i) {
+    const uint8_t* sb = row + (int64_t)i * 210;
+    const float d = half_to_f32(sb + 208);
+    const int8_t* sc = (const int8_t*)(sb + 192);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)sc));
+    __m256i q[8], s16[8];
+    for (int j = 0; j < 8; ++j) {
+      q[j] = group_any(GG_Q6_K, sb, j);
+      s16[j] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+    }
+    for (int b = 0; b < B; ++b) {
+      const int8_t* ab = a->q256 + (int64_t)b * ka + i * 256;
+      __m256i isum = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        const __m256i pairs = _mm256_maddubs_epi16(q[j], _mm256_loadu_si256((const __m256i*)(ab + 32 * j)));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(pairs, s16[j]));
+      }
+      const float dd = d * a->d256[(int64_t)b * ((ka + 255) / 256) + i];
+      acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dd), acc[b]);
+      const __m256i bs = _mm256_loadu_si256((const __m256i*)(a->bs + (int64_t)b * (ka / 16) + i * 16));
+      offs[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, sc16)),
+                                _mm256_set1_ps(32.f * dd), offs[b]);
+    }
+  }
+  for (int b = 0; b < B; ++b) out[b] = hsum256(acc[b]) - hsum256(offs[b]);
+}
+#endif
+
+#if defined(TW_BLOCKS_256)
 // Each kernel once for every row count up to BLOCK_MAX_ROWS: with the count a constant,
 // the rows' accumulators live in registers rather than on the stack.
 #define ROWS_SWITCH(call)                                  \
@@ -521,39 +759,6 @@ KERNEL(dot_q6kn, CALL_Q6_K)
 #endif
 
 #if defined(TW_BLOCKS_VECTOR)
-// The 32 values of group g of any executed format in a vector (group_values, in AVX-512).
-static inline __m256i group_any(int t, const uint8_t* row, int g) {
-  if (t < GG_Q4_K) {
-    switch (t) {
-      case GG_Q4_0: return group32(GG_Q4_0, row + (int64_t)g * 18);
-      case GG_Q4_1: return group32(GG_Q4_1, row + (int64_t)g * 20);
-      case GG_Q5_0: return group32(GG_Q5_0, row + (int64_t)g * 22);
-      case GG_Q5_1: return group32(GG_Q5_1, row + (int64_t)g * 24);
-      default: return group32(GG_Q8_0, row + (int64_t)g * 34);
-    }
-  }
-  const __m256i low4 = _mm256_set1_epi8(0xF);
-  const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
-  const int j = g % 8;
-  if (t == GG_Q6_K) {
-    const int n = j / 4, part = j % 4;
-    const __m256i ql = _mm256_loadu_si256((const __m256i*)(sb + 64 * n + (part & 1) * 32));
-    const __m256i qh = _mm256_loadu_si256((const __m256i*)(sb + 128 + 32 * n));
-    const __m256i lo = _mm256_and_si256(part < 2 ? ql : _mm256_srli_epi16(ql, 4), low4);
-    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * part)),
-                                        _mm256_set1_epi8(3));
-    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-  }
-  const __m256i v = _mm256_loadu_si256((const __m256i*)(sb + (t == GG_Q4_K ? 16 : 48) + 32 * (j / 2)));
-  __m256i q = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, low4);
-  if (t == GG_Q5_K) {
-    const __m256i qh = _mm256_loadu_si256((const __m256i*)(sb + 16));
-    const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
-    q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
-  }
-  return q;
-}
-
 // One row of k weights to float32 or bfloat16 (out_dtype), 16 at a time.
 static void block_row_vector(int t, const uint8_t* row, int k, void* out, int out_dtype) {
   for (int g = 0; g < k / 32; ++g) {
@@ -571,12 +776,31 @@ static void block_row_vector(int t, const uint8_t* row, int k, void* out, int ou
   }
 }
 #endif
+#if defined(TW_BLOCKS_AVX2)
+// One row of k weights to float32 or bfloat16 (out_dtype), 8 at a time.
+static void block_row_vector(int t, const uint8_t* row, int k, void* out, int out_dtype) {
+  for (int g = 0; g < k / 32; ++g) {
+    uint8_t q[32];
+    _mm256_storeu_si256((__m256i*)q, group_any(t, row, g));
+    float sw[2], bw[2];
+    group_params(t, row, g, sw, bw);
+    for (int e = 0; e < 4; ++e) {
+      const __m256i q8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(q + 8 * e)));
+      const __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q8), _mm256_set1_ps(sw[e / 2]),
+                                       _mm256_set1_ps(bw[e / 2]));
+      const int64_t at = (int64_t)g * 32 + 8 * e;
+      if (out_dtype == TW_F32) _mm256_storeu_ps((float*)out + at, v);
+      else _mm_storeu_si128((__m128i*)((uint16_t*)out + at), bf16x8(v));
+    }
+  }
+}
+#endif
 
 typedef void (*tw_block_dot)(const uint8_t* row, int k, const tw_qact* a, int B, int ka, float* out);
 
 // The vector product of type t where it is built (and not switched off), else NULL.
 static tw_block_dot vector_dot(int t) {
-#if defined(TW_BLOCKS_VECTOR)
+#if defined(TW_BLOCKS_256)
   if (tw_blocks_portable) return NULL;
   switch (t) {
     case GG_Q4_0: return dot_q4_0;
@@ -711,7 +935,7 @@ void tw_block_dequantize(const void* w, int t, int64_t rows, int k, void* out, i
     float* tmp = out_dtype == TW_F32 ? NULL : (float*)malloc(sizeof(float) * (size_t)k);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-#if defined(TW_BLOCKS_VECTOR) && defined(__AVX512BF16__)
+#if (defined(TW_BLOCKS_VECTOR) && defined(__AVX512BF16__)) || defined(TW_BLOCKS_AVX2)
       if (!tw_blocks_portable) {
         void* dst = out_dtype == TW_F32 ? (void*)((float*)out + r * k) : (void*)((uint16_t*)out + r * k);
         block_row_vector(t, (const uint8_t*)w + r * rb, k, dst, out_dtype);

@@ -43,6 +43,18 @@ static inline uint16_t f32_to_bf16(float f) {  // round to nearest even, as torc
   return (uint16_t)(v.u >> 16);
 }
 
+#if defined(__AVX2__)
+// Eight floats to bfloat16, rounded to nearest even as f32_to_bf16 (NaNs stay NaNs).
+static inline __m128i bf16x8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40)), nan);
+  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+#endif
+
 // One row of n values, any supported dtype, to float32.
 static inline void row_to_f32(const void* base, int dtype, int64_t row, int n, float* out) {
   if (dtype == TW_F32) {
@@ -70,6 +82,8 @@ static inline void row_from_f32(void* base, int dtype, int64_t row, int n, const
 #if defined(__AVX512BF16__)
   for (; i + 16 <= n; i += 16)  // round to nearest even, as f32_to_bf16
     _mm256_storeu_si256((__m256i*)(r + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(in + i)));
+#elif defined(__AVX2__)
+  for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i*)(r + i), bf16x8(_mm256_loadu_ps(in + i)));
 #endif
   for (; i < n; ++i) r[i] = f32_to_bf16(in[i]);
 }
