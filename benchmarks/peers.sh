@@ -21,7 +21,8 @@ CMAKE_ARGS="$GGML_CPU" "$PEERS/llamacpp/bin/pip" install --no-cache-dir llama-cp
 # from the sources vendored in the
 # same llama-cpp-python sdist (~20 min on 2 cores), so both peers are one llama.cpp version.
 LCPP_SRC=$(mktemp -d)
-"$PEERS/llamacpp/bin/pip" download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$LCPP_SRC"
+"$PEERS/llamacpp/bin/pip" download --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36 \
+  -d "$LCPP_SRC"  # only this package from source: its build tools come as wheels
 tar xzf "$LCPP_SRC"/llama_cpp_python-*.tar.gz -C "$LCPP_SRC"
 (cd "$LCPP_SRC"/llama_cpp_python-*/vendor/llama.cpp &&
   cmake -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \

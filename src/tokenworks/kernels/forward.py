@@ -34,7 +34,6 @@ from tokenworks.kernels.batch import KernelBatch, decode_only
 from tokenworks.kernels.block_linear import BlockEmbedding, BlockLinear
 from tokenworks.kernels.build import library
 from tokenworks.kernels.products import PACK_MAX, pack_weight, packed_bias, product, swiglu
-from tokenworks.models.moe import MoE
 from tokenworks.ops.linear import DenseForLargeBatches, Int4Linear, Int8Linear, MatvecLinear
 from tokenworks.ops.rope import cos_sin_table
 
@@ -173,15 +172,16 @@ class LlamaForward:
         self.kv_dtype = ck.DTYPE_CODES[pool.k[0].dtype]
         # Bigger batches: torch's products on dense weights (or a BlockLinear's own: blocks
         # for a few rows, a dequantised tile for more), the rest in C (run_batched)
+        # an MoE layer's MLP is its module (models/moe.py), called between the C calls
+        self.moes = [layer.moe for layer in model.layers]
+        mlps = [(None, None) if m is not None else ("gate_up", "down") for m in self.moes]
         dense = [
-            [_batched(layer.qkv), _batched(layer.o_proj), layer.moe, None]
-            if layer.moe is not None
-            else [_batched(getattr(layer, n)) for n in _MODULES]
-            for layer in model.layers
+            [_batched(getattr(layer, n)) if n else None for n in ("qkv", "o_proj", *mlp)]
+            for layer, mlp in zip(model.layers, mlps, strict=True)
         ]
         head = _batched(model.lm_head)
-        found = [d for row in dense for d in row if not isinstance(d, (MoE, type(None)))]
-        found += [head]
+        kept = [row if m is None else row[:2] for row, m in zip(dense, self.moes, strict=True)]
+        found = [head] + [d for row in kept for d in row]
         act = model.norm.dtype  # the model's float dtype: the products' inputs and outputs
         ok = all(d is not None and (isinstance(d, BlockLinear) or d[0].dtype == act) for d in found)
         self.dense, self.dense_head = (dense, head) if ok else (None, None)
@@ -462,13 +462,13 @@ class LlamaForward:
             packs = self.packs
             act = "gelu_tanh" if self.geglu else "silu"
             self._packed = [
-                [_product(row[0], packs), _product(row[1], packs), row[2], lambda x: x]
-                if isinstance(row[2], MoE)  # the experts, routed and summed, in one call
+                [_product(row[0], packs), _product(row[1], packs), moe, lambda x: x]
+                if moe is not None  # the experts, routed and summed, in one call
                 else [
                     _product(d, packs, act if name == "gate_up" else None)
                     for name, d in zip(_MODULES, row, strict=True)
                 ]
-                for row in self.dense
+                for row, moe in zip(self.dense, self.moes, strict=True)
             ]
             self._head = _product(self.dense_head, packs)
         return self._packed

@@ -326,13 +326,6 @@ static void block_dot_portable(int t, const uint8_t* row, int k, const tw_qact* 
 #if defined(TW_BLOCKS_256)
 #define INLINE static inline __attribute__((always_inline))
 
-static inline float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // Byte i all ones where bit i of m is set, else zero.
 INLINE __m256i bytes_of_bits(uint32_t m) {
 #if defined(TW_BLOCKS_VECTOR)
@@ -470,7 +463,7 @@ INLINE void dot32(const int t, const uint8_t* row, int k, const tw_qact* a, int 
       off[b] += o0 * a->s32[(int64_t)b * (ka / 32) + g];
     }
   }
-  for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) + hsum256(offs[b]) + off[b];
+  for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) + hsum8(offs[b]) + off[b];
 }
 
 // A K super-block's 256 values (q, four runs of 64 unsigned values) times its activations
@@ -530,7 +523,7 @@ INLINE void dot_q45k(const int t, const uint8_t* row, int k, const tw_qact* a, i
                                 _mm256_set1_ps(dmin * da), mins[b]);
     }
   }
-  for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) - hsum256(mins[b]);
+  for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) - hsum8(mins[b]);
 }
 
 // Q6_K: per super-block, four runs of 64 values (6 bits: 4 from ql, 2 from qh), each 16 of
@@ -573,7 +566,7 @@ INLINE void dot_q6k(const uint8_t* row, int k, const tw_qact* a, int B, int ka, 
                                 _mm256_set1_ps(32.f * dd), offs[b]);
     }
   }
-  for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) - hsum256(offs[b]);
+  for (int b = 0; b < B; ++b) out[b] = _mm512_reduce_add_ps(acc[b]) - hsum8(offs[b]);
 }
 #endif
 
@@ -640,7 +633,7 @@ INLINE void dot32(const int t, const uint8_t* row, int k, const tw_qact* a, int 
       off[b] += o0 * a->s32[(int64_t)b * (ka / 32) + g];
     }
   }
-  for (int b = 0; b < B; ++b) out[b] = hsum256(acc[b]) + hsum256(offs[b]) + off[b];
+  for (int b = 0; b < B; ++b) out[b] = hsum8(acc[b]) + hsum8(offs[b]) + off[b];
 }
 
 // Q4_K and Q5_K: per super-block, eight sub-blocks of 32 values, each times the
@@ -685,7 +678,7 @@ INLINE void dot_q45k(const int t, const uint8_t* row, int k, const tw_qact* a, i
                                 _mm256_set1_ps(dmin * da), mins[b]);
     }
   }
-  for (int b = 0; b < B; ++b) out[b] = hsum256(acc[b]) - hsum256(mins[b]);
+  for (int b = 0; b < B; ++b) out[b] = hsum8(acc[b]) - hsum8(mins[b]);
 }
 
 // Q6_K: per super-block, eight runs of 32 values (6 bits: 4 from ql, 2 from qh), each 16
@@ -718,7 +711,7 @@ INLINE void dot_q6k(const uint8_t* row, int k, const tw_qact* a, int B, int ka, 
                                 _mm256_set1_ps(32.f * dd), offs[b]);
     }
   }
-  for (int b = 0; b < B; ++b) out[b] = hsum256(acc[b]) - hsum256(offs[b]);
+  for (int b = 0; b < B; ++b) out[b] = hsum8(acc[b]) - hsum8(offs[b]);
 }
 #endif
 

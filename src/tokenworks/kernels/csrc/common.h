@@ -44,6 +44,13 @@ static inline uint16_t f32_to_bf16(float f) {  // round to nearest even, as torc
 }
 
 #if defined(__AVX2__)
+// The sum of eight floats.
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
 // Eight floats to bfloat16, rounded to nearest even as f32_to_bf16 (NaNs stay NaNs).
 static inline __m128i bf16x8(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);

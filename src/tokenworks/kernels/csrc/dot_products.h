@@ -27,6 +27,17 @@ static inline float dot_bf16(const uint16_t* w, const float* x, const uint16_t* 
                             (__m512bh)_mm512_loadu_si512(w + i));
     return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
   }
+#elif defined(__AVX2__) && defined(__FMA__)
+  if (k % 16 == 0) {  // bfloat16 is float32's top half: widen by a shift, then float FMAs
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (int i = 0; i < k; i += 16) {
+      const __m256i w0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(w + i)));
+      const __m256i w1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(w + i + 8)));
+      a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)), _mm256_loadu_ps(x + i), a0);
+      a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)), _mm256_loadu_ps(x + i + 8), a1);
+    }
+    return hsum8(_mm256_add_ps(a0, a1));
+  }
 #endif
   (void)xb;
   float s = 0.f;
@@ -46,6 +57,18 @@ static inline float dot_i8(const int8_t* w, const float* x, int k) {
       a1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + i + 16), a1);
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+  }
+#elif defined(__AVX2__) && defined(__FMA__)
+  if (k % 16 == 0) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (int i = 0; i < k; i += 16) {
+      const __m128i q = _mm_loadu_si128((const __m128i*)(w + i));
+      const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+      const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+      a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i), a0);
+      a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i + 8), a1);
+    }
+    return hsum8(_mm256_add_ps(a0, a1));
   }
 #endif
   float s = 0.f;
