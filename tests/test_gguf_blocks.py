@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenworks.kernels import abi as ck
-from tokenworks.kernels import blocks
+from tokenworks.kernels import block_linear, blocks
 from tokenworks.kernels.block_linear import BlockLinear
 from tokenworks.kernels.build import library
 
@@ -126,7 +126,7 @@ def test_builds_for_cpus_without_avx512_vnni_take_their_own_path(flags, isa):
             assert torch.equal(out, w.dequantize(dtype)), (t, dtype)
 
 
-def test_parts_of_different_types_write_their_own_columns():
+def test_parts_of_different_types_write_their_own_columns(monkeypatch):
     """A fused QKV whose V is Q6_K and Q/K Q4_K (as Q4_K_M files store them)."""
     q = blocks.from_array(12, (8, 256), random_blocks(12, 8, 256, 1))
     k = blocks.from_array(12, (4, 256), random_blocks(12, 4, 256, 2))
@@ -137,9 +137,18 @@ def test_parts_of_different_types_write_their_own_columns():
     y = fused(x)
     parts = [BlockLinear([p])(x) for p in (q, k, v)]
     assert torch.allclose(y, torch.cat(parts, dim=1) + bias, atol=1e-5)
-    big = torch.randn(60, 256)  # more rows than BLOCK_ROWS: a dequantised tile, torch's product
+    # more rows than BLOCK_ROWS: a dequantised tile and torch's product where bfloat16 is
+    # native, else the blocks again
+    big = torch.randn(60, 256)
+    w64 = fused.dequantized(torch.float32).double().numpy()
     dense = big @ fused.dequantized(torch.float32).T + bias
-    assert torch.allclose(fused(big), dense, atol=1e-4)
+    for native in (True, False):
+        monkeypatch.setattr(block_linear, "packed_built", lambda native=native: native)
+        if native:
+            assert torch.allclose(fused(big), dense, atol=1e-4)
+        else:
+            bound = activation_bound(big.double().numpy(), w64, 256)
+            assert (np.abs((fused(big) - dense).double().numpy()) <= bound).all()
 
 
 def test_a_type_not_executed_is_requantised_to_q8_0():
