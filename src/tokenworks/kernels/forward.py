@@ -305,7 +305,10 @@ class LlamaForward:
             max_rows = 0  # the whole step in C has no router: every batch runs run_batched
         elif max_rows is None:
             max_rows = PACK_MAX if amx is not None else MAX_ROWS
-        return cls(lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles, windows)
+        forward = cls(lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles, windows)
+        if spec.moe and forward.dense is None:
+            return None  # run_batched is an MoE model's only way, and it needs every product
+        return forward
 
     def accepts(self, query_lens: list[int]) -> bool:
         """Which batches run here (asked before one is laid out): a decode-only batch of up
