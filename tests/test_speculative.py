@@ -187,7 +187,7 @@ def smol_reference(smol_llm):
 def test_greedy_output_is_unchanged_by_speculation(method, smol_loaded, smol_reference):
     solo_ref, batch_ref = smol_reference
     greedy = [i for i, (_, p) in enumerate(prompts_16()) if p.temperature == 0]
-    for k in range(1, 9):
+    for k in (1, 2, 3, 5, 8):  # one token, a few, an odd count, the most: each rejects apart
         spec = {"method": method, "num_speculative_tokens": k, "adaptive": False}
         if method == "draft_model":  # the target's own weights in bfloat16: no download
             spec |= {"model": "smollm2-135m", "dtype": "bfloat16"}
