@@ -41,7 +41,7 @@ def kernel_paths() -> list[dict]:
     """Each kernel path: whether it runs here, and why not where it does not."""
     import torch
 
-    from tokenworks.kernels import attention, build, products
+    from tokenworks.kernels import attention, blocks, build, products
 
     flags = cpu()["features"]
     lib = build.library()
@@ -54,8 +54,6 @@ def kernel_paths() -> list[dict]:
         }
     ]
     need_c = "the C kernels are not built" if lib is None else ""
-    from tokenworks.kernels import blocks
-
     isa = blocks.vector_isa()
     paths.append(
         {
