@@ -29,7 +29,7 @@ from tokenworks.bench.client import run_in_process  # noqa: E402
 from tokenworks.bench.metrics import compute  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.workload import build_requests  # noqa: E402
-from tokenworks.engine.async_engine import AsyncEngine  # noqa: E402
+from tokenworks.engine.core_client import CoreClient  # noqa: E402
 
 
 def main() -> None:
@@ -61,7 +61,7 @@ def main() -> None:
         "ignore_eos": True,
     }
     requests = build_requests(manifest, llm.engine.spec.vocab_size)
-    front = AsyncEngine(llm.engine)
+    front = CoreClient(engine=llm.engine)
     front.start()
     points = []
     try:

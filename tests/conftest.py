@@ -129,13 +129,10 @@ def start_server(loaded, names=("smollm2-135m",), api_keys=(), limits=None, stat
 
 
 def engine_idle(srv) -> bool:
-    """Does the server's engine hold no request and no KV block (either kind of server)?"""
+    """Does the server's engine hold no request and no KV block (as its cores last said)?"""
     front = srv.state.engine
     for core in getattr(front, "replicas", [front]):
-        if hasattr(core, "gauges"):  # a core process: as its last step reported
-            if core.gauges is None or not core.gauges.idle or core._streams:
-                return False
-        elif srv.engine.requests or srv.engine.blocks.usage:
+        if core._streams or (core.gauges is not None and not core.gauges.idle):
             return False
     return True
 

@@ -18,8 +18,8 @@ pytest.importorskip("msgspec")
 from tokenworks import LLM  # noqa: E402
 from tokenworks.config import EngineConfig  # noqa: E402
 from tokenworks.engine.admission import PromptTooLongError  # noqa: E402
-from tokenworks.engine.async_engine import RequestFailedError  # noqa: E402
-from tokenworks.engine.core_client import CoreClient, EngineCoreDiedError  # noqa: E402
+from tokenworks.engine.core_client import CoreClient  # noqa: E402
+from tokenworks.engine.messages import EngineCoreDiedError, RequestFailedError  # noqa: E402
 from tokenworks.engine.request import SamplingParams  # noqa: E402
 
 CONFIG = EngineConfig(model="toy", warmup=False, max_num_seqs=8)
@@ -132,16 +132,18 @@ def test_a_refusal_is_raised_by_name_and_the_core_carries_on(client):
 def test_a_command_the_core_cannot_read_is_refused_by_its_id(client):
     import msgspec
 
-    from tokenworks.engine.async_engine import _Stream
+    from tokenworks.engine.detokenizer import RequestText
+    from tokenworks.engine.streams import Stream, next_item
 
     async def run():
-        stream = _Stream("bad-1", asyncio.get_running_loop(), asyncio.Queue(), {})
+        text = RequestText(GREEDY, client.engine.tokenizer, [])
+        stream = Stream("bad-1", asyncio.get_running_loop(), asyncio.Queue(), text)
         client._streams["bad-1"] = stream
         bad = {"type": "AddRequest", "request_id": "bad-1", "prompt_token_ids": "x", "params": {}}
         with client._lock:
             client._commands.send(msgspec.msgpack.encode(bad))
-        with pytest.raises(ValueError, match="invalid"):
-            await client._accepted(stream, None)
+        refused = await next_item(stream.queue, None)
+        assert isinstance(refused, ValueError) and "invalid" in str(refused)
         return await _collect(client, PROMPTS[0])
 
     assert len(asyncio.run(run())) == GREEDY.max_tokens
@@ -233,7 +235,7 @@ def test_the_server_serves_through_a_core_process_and_says_when_it_died():
 
 
 def test_a_reader_that_falls_behind_is_cancelled_as_in_process():
-    from tokenworks.engine.async_engine import ReaderTooSlowError
+    from tokenworks.engine.messages import ReaderTooSlowError
 
     c = CoreClient(CONFIG, startup_timeout_s=120, max_backlog=5)
     c.start()

@@ -13,8 +13,8 @@ import pytest
 from conftest import tokens_through
 
 from tokenworks.config import EngineConfig
-from tokenworks.engine.async_engine import RequestFailedError
 from tokenworks.engine.core_client import CoreClient
+from tokenworks.engine.messages import RequestFailedError
 from tokenworks.engine.ray_cores import RayNotInstalledError
 from tokenworks.engine.replicas import ReplicaRouter
 from tokenworks.engine.request import SamplingParams

@@ -54,10 +54,8 @@ def tiny_core_server(smol_loaded):
 
 
 def _running_waiting(srv) -> tuple[int, int]:
-    front = srv.state.engine
-    if hasattr(front, "gauges"):
-        return (front.gauges.running, front.gauges.waiting) if front.gauges else (0, 0)
-    return len(srv.engine.scheduler.running), len(srv.engine.scheduler.waiting)
+    gauges = srv.state.engine.gauges
+    return (gauges.running, gauges.waiting) if gauges else (0, 0)
 
 
 @pytest.mark.parametrize(

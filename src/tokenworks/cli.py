@@ -437,6 +437,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="cancel a request that has not finished after S seconds (504)",
     )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM or SIGINT: refuse new requests (503), give those in flight up to S "
+        "seconds to finish, end the rest with an error, stop and exit 0 (a second signal "
+        "exits at once)",
+    )
     add_limit_arguments(p)
     p.add_argument("--log-level", default="info")
     p.set_defaults(fn=cmd_serve)

@@ -177,7 +177,7 @@ async def run_in_process(
     progress: bool = True,
     ramp_to: float | None = None,
 ) -> tuple[list[RequestResult], float]:
-    """The same load, timed the same way, straight into an AsyncEngine (no HTTP): what the
+    """The same load, timed the same way, straight into an engine front (no HTTP): what the
     server's transport costs is the difference between this and run_load."""
     from tokenworks import SamplingParams
 

@@ -1,14 +1,19 @@
-"""The engine core: an LLMEngine in a process of its own, stepping back to back.
+"""The engine core: the one loop that drives an LLMEngine, stepping back to back.
 
-`python -m tokenworks.engine.core --config JSON --commands ADDR --outputs ADDR` loads the
-model, says Ready on the outputs socket, then loops: take every command waiting (add,
-abort, shutdown), run one step, send every request's update of that step in one message.
-Idle, it waits on the commands socket. The API process (engine/core_client.py) owns both
-sockets; the core connects to them and exits when its parent is gone.
+It says Ready on its outputs socket, then loops: take every command waiting (add, abort,
+stop, shutdown), run one step, send every request's update of that step in one message.
+Idle, it waits on the commands socket. Its client (engine/core_client.py) owns both
+sockets; the core runs where the client put it:
 
-Keeping the forward pass out of the API process gives it an interpreter of its own: the
-event loop, JSON, SSE and detokenisation no longer take turns with the step (vLLM's
-EngineCore has the same shape).
+- in a process of its own (`python -m tokenworks.engine.core --config JSON --commands ADDR
+  --outputs ADDR`, the server's default), exiting when its parent is gone: the event loop,
+  JSON, SSE and detokenisation no longer take turns with the step (vLLM's EngineCore has
+  the same shape);
+- in a Ray actor (engine/ray_cores.py), over TCP;
+- in a thread of the client's process (CoreThread), over in-process sockets, on an engine
+  the caller already built (tests, benchmarks, notebooks).
+
+Whatever raises in a step fails the requests it touched, once, and the loop goes on.
 """
 
 from __future__ import annotations
@@ -18,8 +23,11 @@ import dataclasses
 import logging
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -27,17 +35,70 @@ import zmq
 
 from tokenworks.config import EngineConfig
 from tokenworks.engine import core_messages as m
-from tokenworks.engine.async_engine import (
-    EngineGauges,
-    by_request,
-    request_metrics,
-    request_update,
-)
 from tokenworks.engine.engine import LLMEngine
+from tokenworks.engine.messages import CompletionDelta, EngineGauges, RequestMetrics, RequestUpdate
+from tokenworks.engine.sequence import Sequence
 
 log = logging.getLogger("tokenworks.engine")
 
-IDLE_POLL_MS = 500  # how often an idle core looks for its parent
+IDLE_POLL_MS = 500  # how often an idle core looks whether it should still run
+
+
+def gauges_of(engine: LLMEngine) -> EngineGauges:
+    """The engine's gauges as /metrics shows them."""
+    prefix, spec = engine.blocks.prefix, engine.speculator
+    return EngineGauges(
+        len(engine.scheduler.running),
+        len(engine.scheduler.waiting),
+        engine.blocks.usage,
+        prefix.queried_tokens if prefix is not None else None,
+        prefix.hit_tokens if prefix is not None else None,
+        spec.metrics if spec is not None else None,
+        engine.totals["generation_tokens"],
+    )
+
+
+def request_metrics(head: Sequence, t_first: float | None, now: float) -> RequestMetrics:
+    """A finished request's timings, from its first sequence."""
+    t_submit = head.arrival_time
+    return RequestMetrics(
+        head.request_id,
+        [str(s.finish_reason) for s in head.group],
+        len(head.prompt_ids),
+        sum(len(s.output_ids) for s in head.group),
+        head.scheduled_time - t_submit if head.scheduled_time is not None else None,
+        t_first - t_submit if t_first is not None else None,
+        now - t_submit,
+    )
+
+
+def by_request(sampled: list[Sequence]) -> dict[str, list[Sequence]]:
+    """A step's sampled sequences, grouped by request (n > 1 gives several)."""
+    out: dict[str, list[Sequence]] = {}
+    for seq in sampled:
+        out.setdefault(seq.request_id, []).append(seq)
+    return out
+
+
+def request_update(head: Sequence, seqs: list[Sequence], emitted: dict[int, int]) -> RequestUpdate:
+    """What a step gave one request (head: its first sequence; seqs: those of its
+    completions the step sampled), past the tokens `emitted` says each completion already
+    handed out (updated here). Token ids alone: the client holds the text."""
+    deltas = []
+    for s in seqs:
+        k = emitted.get(s.index, 0)
+        emitted[s.index] = len(s.output_ids)
+        logprobs = s.logprobs[k:] if s.logprobs is not None else None
+        deltas.append(
+            CompletionDelta(s.index, "", s.output_ids[k:], logprobs, s.finish_reason, s.stop_reason)
+        )
+    return RequestUpdate(
+        head.request_id,
+        deltas,
+        head.group_finished,
+        len(head.prompt_ids),
+        head.num_cached_prompt_tokens,
+    )
 
 
 @dataclass
@@ -50,10 +111,17 @@ class _Sent:
 
 
 class EngineCore:
-    def __init__(self, engine: LLMEngine, commands: zmq.Socket, outputs: zmq.Socket):
+    def __init__(
+        self,
+        engine: LLMEngine,
+        commands: zmq.Socket,
+        outputs: zmq.Socket,
+        keep_running: Callable[[], bool],
+    ):
+        """keep_running: False once nobody reads the outputs (the client's process is gone)."""
         self.engine, self.commands, self.outputs = engine, commands, outputs
+        self.keep_running = keep_running
         self.sent: dict[str, _Sent] = {}  # the requests in flight
-        self.parent = os.getppid()
 
     def ready(self) -> m.Ready:
         e, adm = self.engine, self.engine.admission
@@ -75,8 +143,8 @@ class EngineCore:
                 if not self.apply_commands():
                     return
                 if not self.engine.has_unfinished():  # e.g. an abort freed blocks while idle
-                    self.send(m.Outputs([], EngineGauges.of(self.engine)))
-            if os.getppid() != self.parent:  # the API process is gone: nobody reads us
+                    self.send(m.Outputs([], gauges_of(self.engine)))
+            if not self.keep_running():
                 return
             if self.engine.has_unfinished():
                 self.step()
@@ -121,31 +189,46 @@ class EngineCore:
 
     def stop_sequence(self, command: m.StopSequence) -> None:
         """A stop string ended a completion; where that ends its request, its timings go
-        out (the API process already ended its stream)."""
+        out (the client already ended its stream)."""
         head = self.engine.requests.get(command.request_id)
         done = self.engine.stop_sequence(
             command.request_id, command.index, command.stop, command.keep
         )
         sent = self.sent.pop(command.request_id, None) if done else None
         if sent is not None:
-            metrics = request_metrics(head, head.arrival_time, sent.first, time.monotonic())
-            self.send(m.Outputs([], EngineGauges.of(self.engine), finished=[metrics]))
+            metrics = request_metrics(head, sent.first, time.monotonic())
+            self.send(m.Outputs([], gauges_of(self.engine), finished=[metrics]))
+
+    def fail(self, request_ids: list[str], message: str) -> None:
+        """End these requests in the engine and tell the client, once."""
+        for request_id in request_ids:
+            self.sent.pop(request_id, None)
+            self.engine.abort_request(request_id)
+            self.send(m.Failed(request_id, message))
 
     def step(self) -> None:
         engine = self.engine
         try:
             sampled = engine.step()
-        except Exception as e:  # the engine aborted the requests this step touched
-            log.exception("a forward pass failed; failing the requests it touched")
-            for request_id in [r for r in self.sent if r not in engine.requests]:
-                del self.sent[request_id]
-                self.send(m.Failed(request_id, f"the engine failed while running it: {e}"))
+        except Exception as e:  # LLMEngine aborted the requests the forward pass touched
+            log.exception("a step failed; failing the requests it touched")
+            touched = [r for r in self.sent if r not in engine.requests]
+            if not touched:  # it raised before touching one (scheduling, proposing): rather
+                touched = list(self.sent)  # than fail the same way every step, end them all
+            self.fail(touched, f"the engine failed while running this request: {e}")
             return
         for request_id, why in engine.take_failures().items():
-            self.sent.pop(request_id, None)
-            self.send(m.Failed(request_id, f"the engine failed for this request: {why}"))
+            self.fail([request_id], f"the engine failed for this request: {why}")
+        try:
+            self.send(self.outputs_of(sampled))
+        except Exception as e:  # a bug in reporting fails what it reports, not the loop
+            log.exception("reporting a step failed")
+            self.fail([s.request_id for s in sampled if s.request_id in self.sent], str(e))
+
+    def outputs_of(self, sampled: list[Sequence]) -> m.Outputs:
         now = time.monotonic()
-        out = m.Outputs([], EngineGauges.of(engine), engine.stats[-1].preemptions)
+        engine = self.engine
+        out = m.Outputs([], gauges_of(engine), engine.stats[-1].preemptions)
         for request_id, seqs in by_request(sampled).items():
             sent = self.sent.get(request_id)
             if sent is None:  # aborted meanwhile
@@ -159,27 +242,82 @@ class EngineCore:
             sent.last = now
             if update.finished:
                 del self.sent[request_id]
-                out.finished.append(request_metrics(head, head.arrival_time, sent.first, now))
+                out.finished.append(request_metrics(head, sent.first, now))
             out.updates.append(update)
-        self.send(out)
+        return out
 
 
-def serve_core(config: EngineConfig, commands_address: str, outputs_address: str) -> None:
-    """Load the engine, connect to the API process's two sockets and run until shut down
-    (or until that process is gone). A core process's main, and a Ray actor's run."""
-    # the API process detokenises (engine/detokenizer.py): this process only steps
-    config = dataclasses.replace(config, detokenize=False)
-    context = zmq.Context()
+def _connect(context: zmq.Context, commands_address: str, outputs_address: str):
     commands = context.socket(zmq.PULL)
     commands.connect(commands_address)
     outputs = context.socket(zmq.PUSH)
     outputs.connect(outputs_address)
+    return commands, outputs
+
+
+def _close(commands: zmq.Socket, outputs: zmq.Socket) -> None:
+    outputs.close(linger=1000)
+    commands.close(linger=0)
+
+
+def serve_core(config: EngineConfig, commands_address: str, outputs_address: str) -> None:
+    """Load the engine, connect to the client's two sockets and run until shut down (or
+    until the client's process is gone). A core process's main, and a Ray actor's run."""
+    # the client detokenises (engine/detokenizer.py): the core only steps
+    config = dataclasses.replace(config, detokenize=False)
+    parent = os.getppid()
+    context = zmq.Context()
+    commands, outputs = _connect(context, commands_address, outputs_address)
     try:
-        EngineCore(LLMEngine(config), commands, outputs).run()
+        EngineCore(LLMEngine(config), commands, outputs, lambda: os.getppid() == parent).run()
     finally:
-        outputs.close(linger=1000)
-        commands.close(linger=0)
+        _close(commands, outputs)
         context.term()
+
+
+class CoreThread:
+    """An engine core in a thread of the client's process, on an engine already built,
+    with a process's face (poll, wait, kill) for the client."""
+
+    def __init__(self, engine: LLMEngine, context: zmq.Context, commands: str, outputs: str):
+        self.engine, self.context = engine, context
+        self.addresses = commands, outputs
+        self.code: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-core", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        engine = self.engine
+        detokenize = engine.config.detokenize  # the client holds the text, as over a process
+        engine.config = dataclasses.replace(engine.config, detokenize=False)
+        commands, outputs = _connect(self.context, *self.addresses)
+        try:
+            EngineCore(engine, commands, outputs, lambda: not self._stop.is_set()).run()
+            self.code = 0
+        except BaseException:
+            log.exception("the engine core thread failed")
+            self.code = 1
+        finally:
+            engine.config = dataclasses.replace(engine.config, detokenize=detokenize)
+            _close(commands, outputs)
+
+    @property
+    def pid(self) -> int:
+        return os.getpid()
+
+    def poll(self) -> int | None:
+        return None if self._thread.is_alive() else (self.code if self.code is not None else 1)
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise subprocess.TimeoutExpired("engine core thread", timeout)
+        return self.poll()
+
+    def kill(self) -> None:
+        """Stop after the step in progress (a thread cannot be stopped mid-step)."""
+        self._stop.set()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commands", required=True, help="ZeroMQ address to take commands from")
     p.add_argument("--outputs", required=True, help="ZeroMQ address to send outputs to")
     args = p.parse_args(argv)
-    # Ctrl-C reaches the terminal's whole process group: the server stops this core itself
+    # the client starts this process in a process group of its own, so a signal to the
+    # server's group reaches the server alone and it stops the core when it is done; a
+    # stray Ctrl-C from a terminal that still reaches it is left to the server too
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s[core]: %(message)s")
     serve_core(msgspec.json.decode(args.config, type=EngineConfig), args.commands, args.outputs)

@@ -1,19 +1,26 @@
-"""CoreClient: AsyncEngine's interface over an engine core in its own process (engine/core.py).
+"""CoreClient: the one front of an engine core (engine/core.py), wherever the core runs.
 
-start() binds two ZeroMQ sockets on private ipc paths, starts `python -m
-tokenworks.engine.core` (or, with backend="ray", binds them on TCP and starts the core in a
-Ray actor: engine/ray_cores.py) and waits for its Ready; `engine` then holds what the API process
-needs of the model (EngineView: tokenizer, context, admission). submit() sends a request
-and returns its stream once the core accepted it (or raises what the core's add_request
-raised); abort() cancels one. A thread reads the core's outputs and hands each update to
-its stream's event loop, and watches the process: if the core dies, every request in
-flight fails with RequestFailedError within a poll (100 ms) and is_running turns False.
+start() binds two ZeroMQ sockets and starts the core: `python -m tokenworks.engine.core` in
+a process of its own (backend "mp", on private ipc paths), a Ray actor (backend "ray", over
+TCP: engine/ray_cores.py), or a thread of this process over in-process sockets (backend
+"thread", on an engine already built or built here). It waits for the core's Ready; `engine`
+then holds what the API process needs of the model (EngineView: tokenizer, context,
+admission; the LLMEngine itself in a thread). submit() sends a request and returns its
+stream once the core accepted it (or raises what the core's add_request raised); abort()
+cancels one.
+
+A thread reads the core's outputs, turns their token ids into text and finds stop strings
+(engine/detokenizer.py: one place for every backend), and hands each update to its
+stream's event loop; it also watches the core: if it dies, every request in flight fails
+with RequestFailedError within a poll (100 ms) and is_running turns False.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -27,27 +34,28 @@ import zmq
 from tokenworks.config import EngineConfig
 from tokenworks.engine import core_messages as m
 from tokenworks.engine.admission import Admission, PromptTooLongError, RequestTooLargeError
-from tokenworks.engine.async_engine import (
-    EngineFront,
+from tokenworks.engine.detokenizer import RequestText
+from tokenworks.engine.front import EngineFront
+from tokenworks.engine.kv_groups import KVGroup, KVLayout
+from tokenworks.engine.messages import (
+    EngineCoreDiedError,
     EngineNotRunningError,
     RequestFailedError,
-    RequestStream,
-    _Stream,
-    backlog_verdict,
-    too_slow,
 )
-from tokenworks.engine.detokenizer import RequestText
-from tokenworks.engine.kv_groups import KVGroup, KVLayout
 from tokenworks.engine.request import SamplingError, SamplingParams
 from tokenworks.engine.scheduler import QueueFullError
+from tokenworks.engine.streams import RequestStream, Stream, backlog_verdict, next_item, too_slow
 from tokenworks.engine.structured import StructuredOutputError
 from tokenworks.models.spec import ModelSpec
 from tokenworks.tokenizer import TokenizerWrapper
 
 log = logging.getLogger("tokenworks.engine")
 
-POLL_MS = 100  # how often the reader looks at the core process between outputs
-BACKENDS = ("mp", "ray")  # where cores run: local processes, or Ray actors
+POLL_MS = 100  # how often the reader looks at the core between outputs
+SEND_TIMEOUT_MS = 2000  # a command the core does not take in this long: the core is gone
+# where cores run: a thread of this process, local processes, or Ray actors
+BACKENDS = ("thread", "mp", "ray")
+_threads = itertools.count()  # names of in-process socket pairs
 
 # what the core's add_request may raise, raised again here by name
 REFUSALS = {
@@ -57,10 +65,6 @@ REFUSALS = {
         StructuredOutputError,
     )
 }  # fmt: skip
-
-
-class EngineCoreDiedError(RuntimeError):
-    """The engine core process exited."""
 
 
 @dataclass
@@ -95,17 +99,24 @@ class EngineView:
 class CoreClient(EngineFront):
     def __init__(
         self,
-        config: EngineConfig,
+        config: EngineConfig | None = None,
         startup_timeout_s: float = 600.0,
-        observer=None,  # as AsyncEngine's (serve/metrics.py), called in the reader thread
-        max_backlog: int | None = None,  # as AsyncEngine's: how far a reader may fall behind
+        observer=None,  # serve/metrics.py's, called in the reader thread
+        max_backlog: int | None = None,  # how far a stream's reader may fall behind
         max_stall_s: float | None = None,
         restart: bool = False,  # start a new core when one dies
         on_death=None,  # called (in the reader thread) with why, when a core died for good
-        backend: str = "mp",  # mp: a child process; ray: a Ray actor (engine/ray_cores.py)
+        backend: str = "mp",  # thread, mp (a child process) or ray (engine/ray_cores.py)
+        engine=None,  # an LLMEngine already built, to run in a thread (backend "thread")
     ):
+        if engine is not None:
+            backend, config = "thread", engine.config
         if backend not in BACKENDS:
             raise ValueError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+        if config is None:
+            raise ValueError("give the EngineConfig of the core to start, or its engine")
+        if restart and backend == "thread":
+            raise ValueError("restart needs a core of its own (backend mp or ray)")
         self.backend = backend
         self.config = config
         self.startup_timeout_s = startup_timeout_s
@@ -115,10 +126,10 @@ class CoreClient(EngineFront):
         self.restarts = 0
         self.gauges = None  # the core's EngineGauges as of its last step
         self.ready: m.Ready | None = None
-        self.engine: EngineView | None = None  # after start()
-        self.process = None  # a subprocess.Popen, or a ray_cores.RayCore
+        self.engine = engine  # after start(): an EngineView, or the LLMEngine in a thread
+        self.process = None  # a subprocess.Popen, a ray_cores.RayCore or a core.CoreThread
         self.died: str | None = None  # why the core is gone, once it is
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, Stream] = {}
         # requests a stop string ended here: their finish reasons and tokens, until the
         # core's timings for them arrive (engine/detokenizer.py's RequestText.outcome)
         self._outcomes: dict[str, tuple[list[str], int]] = {}
@@ -131,8 +142,10 @@ class CoreClient(EngineFront):
     def start(self) -> None:
         if self.process is not None:
             return
+        self._stopping = False
         self._context = zmq.Context()
         self._commands = self._context.socket(zmq.PUSH)
+        self._commands.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
         self._outputs = self._context.socket(zmq.PULL)
         self._dir = None
         if self.backend == "ray":  # over TCP: the actor may run on another node
@@ -141,6 +154,10 @@ class CoreClient(EngineFront):
             host = ray_cores.connect()
             self._commands.bind(f"tcp://{host}:*")
             self._outputs.bind(f"tcp://{host}:*")
+        elif self.backend == "thread":
+            name = f"inproc://tokenworks-core-{os.getpid()}-{next(_threads)}"
+            self._commands.bind(f"{name}-commands")
+            self._outputs.bind(f"{name}-outputs")
         else:  # on private ipc paths
             self._dir = tempfile.TemporaryDirectory(prefix="tokenworks-core-")
             self._commands.bind(f"ipc://{self._dir.name}/commands")
@@ -149,11 +166,20 @@ class CoreClient(EngineFront):
         outputs = self._outputs.getsockopt_string(zmq.LAST_ENDPOINT)
         if self.backend == "ray":
             self.process = ray_cores.RayCore(self.config, commands, outputs)
+        elif self.backend == "thread":
+            from tokenworks.engine.core import CoreThread
+            from tokenworks.engine.engine import LLMEngine
+
+            if self.engine is None:
+                self.engine = LLMEngine(self.config)
+            self.process = CoreThread(self.engine, self._context, commands, outputs)
         else:
             config = msgspec.json.encode(self.config).decode()
             argv = [sys.executable, "-m", "tokenworks.engine.core", "--commands", commands,
                     "--outputs", outputs, "--config", config]  # fmt: skip
-            self.process = subprocess.Popen(argv)
+            # a group of its own: a signal to the server's group reaches the server, which
+            # then stops its core itself once its requests are done
+            self.process = subprocess.Popen(argv, start_new_session=True)
         self.ready = self._wait_ready()
         log.info("engine core %d: %s", self.ready.pid, self.ready.describe)
         if self.engine is None:  # (a restarted core serves the same model)
@@ -181,20 +207,24 @@ class CoreClient(EngineFront):
         raise EngineCoreDiedError(f"the engine core was not ready in {self.startup_timeout_s} s")
 
     def shutdown(self) -> None:
+        """Stop the core (it finishes the step in progress); requests still in flight fail
+        with EngineNotRunningError. Never waits on a core that is gone."""
         if self.process is None:
             return
         self._stopping = True
-        with self._lock:
-            if self.died is None:
-                self._commands.send(m.encode(m.Shutdown()))
+        self._send(m.Shutdown())
         try:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
+            log.error("the engine core did not stop in 30 s; killing it")
             self.process.kill()
-            self.process.wait()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
         if self._reader is not None:
             self._reader.join(timeout=5)
-        self._fail_all("the server is shutting down")
+        self.fail_all("the server is shutting down")
         self._close()
         self.process = None
 
@@ -214,17 +244,25 @@ class CoreClient(EngineFront):
     # ------------------------------------------------------------------ the async side
 
     def configure(self, observer=None, max_backlog=None, max_stall_s=None) -> None:
-        """The server's metrics observer and stream limits (as AsyncEngine takes them)."""
         self.observer, self.max_backlog, self.max_stall_s = observer, max_backlog, max_stall_s
 
     def holds(self, request_id: str) -> bool:
         """Is this request in flight here?"""
         return request_id in self._streams
 
+    def in_flight(self) -> int:
+        return len(self._streams)
+
     def _send(self, message) -> None:
+        """Send a command; one the core does not take (it is gone) is dropped: the reader
+        finds the core dead and fails its requests."""
         with self._lock:
-            if self.died is None:
+            if self.died is not None or self._context.closed:
+                return
+            try:
                 self._commands.send(m.encode(message))
+            except zmq.Again:
+                log.error("the engine core took no command for %d ms", SEND_TIMEOUT_MS)
 
     async def submit(
         self,
@@ -235,21 +273,26 @@ class CoreClient(EngineFront):
         cache_salt: str | None = None,
         deadline: float | None = None,
     ) -> RequestStream:
-        """As AsyncEngine.submit: the stream once the core accepted the request."""
-        if not self.is_running:
+        if not self.is_running or self._stopping:
             raise EngineNotRunningError(
-                f"the engine core is not running ({self.died or 'not started'})"
+                f"the engine core is not running ({self.died or 'not started or stopping'})"
             )
         request_id = request_id or self.new_request_id()
-        stream = _Stream(request_id, asyncio.get_running_loop(), asyncio.Queue(), {})
-        stream.text = RequestText(params, self.engine.tokenizer, prompt_token_ids)
+        text = RequestText(params, self.engine.tokenizer, prompt_token_ids)
+        stream = Stream(request_id, asyncio.get_running_loop(), asyncio.Queue(), text)
         with self._lock:
             self._streams[request_id] = stream
         self._send(m.AddRequest(request_id, list(prompt_token_ids), params, priority, cache_salt))
-        return await self._accepted(stream, deadline)
+        try:
+            accepted = await next_item(stream.queue, deadline)
+        except BaseException:
+            self.abort(request_id)
+            raise
+        if isinstance(accepted, BaseException):
+            raise accepted
+        return RequestStream(self.abort, stream, deadline)
 
     def abort(self, request_id: str) -> None:
-        """Cancel a request (returns at once; the core applies it before its next step)."""
         with self._lock:
             gone = self._streams.pop(request_id, None) is None
         if not gone:
@@ -262,7 +305,7 @@ class CoreClient(EngineFront):
             if not self._outputs.poll(POLL_MS):
                 code = self.process.poll()
                 if code is not None and not self._stopping:
-                    self._died(f"the engine core process exited with code {code}")
+                    self._died(f"the engine core exited with code {code}")
                     return
                 continue
             try:
@@ -270,13 +313,16 @@ class CoreClient(EngineFront):
             except msgspec.DecodeError as e:
                 log.error("an output the API process cannot read was dropped: %s", e)
                 continue
-            self._deliver(message)
+            try:
+                self._deliver(message)
+            except Exception:  # a bug in delivering must not stop the reader
+                log.exception("delivering the core's outputs failed")
 
     def _died(self, why: str) -> None:
         """Fail every request in flight, then start a new core or report the death."""
         self.died = why
         log.error("%s; failing every request in flight", why)
-        self._fail_all(why)
+        self._fail(why, RequestFailedError)
         if self.restart and not self._stopping:
             self.restarts += 1
             log.warning("starting a new engine core (restart %d)", self.restarts)
@@ -293,35 +339,7 @@ class CoreClient(EngineFront):
 
     def _deliver(self, message) -> None:
         if isinstance(message, m.Outputs):
-            self.gauges = message.gauges
-            ready = []
-            for tokens in message.updates:
-                with self._lock:
-                    stream = self._streams.get(tokens.request_id)
-                if stream is None:
-                    continue
-                update, stops = stream.text.apply(tokens)
-                for stop in stops:
-                    self._send(m.StopSequence(tokens.request_id, stop.index, stop.stop, stop.keep))
-                if update is None:
-                    continue
-                if update.finished:
-                    with self._lock:
-                        self._streams.pop(update.request_id, None)
-                    if stream.text.stopped:
-                        self._outcomes[update.request_id] = stream.text.outcome()
-                ready.append((stream, update))
-            self._observe(message)  # counted before a reader can see its request end
-            now = time.monotonic()
-            for stream, update in ready:
-                stream.pushed += sum(len(d.token_ids) for d in update.deltas)
-                if not stream.push(update):
-                    self.abort(update.request_id)  # its reader's loop is gone
-                elif not update.finished:
-                    why = backlog_verdict(stream, now, self.max_backlog, self.max_stall_s)
-                    if why is not None:
-                        self.abort(update.request_id)
-                        stream.push(too_slow(stream, why))
+            self._deliver_outputs(message)
             return
         with self._lock:
             keep = isinstance(message, m.Accepted)
@@ -335,6 +353,37 @@ class CoreClient(EngineFront):
             stream.push(REFUSALS.get(message.error, ValueError)(message.message))
         elif isinstance(message, m.Failed):
             stream.push(RequestFailedError(message.message))
+
+    def _deliver_outputs(self, message: m.Outputs) -> None:
+        self.gauges = message.gauges
+        ready = []
+        for tokens in message.updates:
+            with self._lock:
+                stream = self._streams.get(tokens.request_id)
+            if stream is None:
+                continue
+            update, stops = stream.text.apply(tokens)
+            for stop in stops:
+                self._send(m.StopSequence(tokens.request_id, stop.index, stop.stop, stop.keep))
+            if update is None:
+                continue
+            if update.finished:
+                with self._lock:
+                    self._streams.pop(update.request_id, None)
+                if stream.text.stopped:
+                    self._outcomes[update.request_id] = stream.text.outcome()
+            ready.append((stream, update))
+        self._observe(message)  # counted before a reader can see its request end
+        now = time.monotonic()
+        for stream, update in ready:
+            stream.pushed += sum(len(d.token_ids) for d in update.deltas)
+            if not stream.push(update):
+                self.abort(update.request_id)  # its reader's loop is gone
+            elif not update.finished:
+                why = backlog_verdict(stream, now, self.max_backlog, self.max_stall_s)
+                if why is not None:
+                    self.abort(update.request_id)
+                    stream.push(too_slow(stream, why))
 
     def _observe(self, out: m.Outputs) -> None:
         for finished in out.finished:  # the text's outcome, where the text ended it here
@@ -352,9 +401,15 @@ class CoreClient(EngineFront):
         except Exception:  # a bug in reporting must not stop the outputs
             log.exception("reporting a step failed")
 
-    def _fail_all(self, why: str) -> None:
+    def fail_all(self, why: str) -> None:
+        """End every request in flight with EngineNotRunningError(why) (a shutdown)."""
+        self._fail(why, EngineNotRunningError)
+
+    def _fail(self, why: str, error: type[Exception]) -> None:
         with self._lock:
             streams, self._streams = list(self._streams.values()), {}
         self._outcomes.clear()
         for stream in streams:
-            stream.push(RequestFailedError(why))
+            if not self._stopping and self.died is None:
+                self._send(m.Abort(stream.request_id))
+            stream.push(error(why))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from tokenworks.engine.async_engine import EngineGauges, RequestMetrics, RequestUpdate
+from tokenworks.engine.messages import EngineGauges, RequestMetrics, RequestUpdate
 from tokenworks.engine.request import SamplingParams
 
 # ------------------------------------------------------------------ API -> core

@@ -1,9 +1,8 @@
-"""Text for the updates of an engine that sends token ids alone (EngineConfig.detokenize off:
-the server's engine core process, engine/core.py).
+"""Text for the updates of an engine core, which sends token ids alone (engine/core.py).
 
 The core checks stop tokens, lengths and grammars, which need no text; here, in the API
-process, each completion's tokens become text through the same SequenceOutput the
-in-process engine runs (incremental detokenisation, stop strings trimmed as the request
+process, each completion's tokens become text through the same SequenceOutput an
+offline engine runs (incremental detokenisation, stop strings trimmed as the request
 asks, a possible stop string held back from the stream, logprobs with their token text).
 A stop string ends its completion here at once: the update says so, the tokens sampled
 past it are dropped, and `stops` tells the caller which completions the core must stop
@@ -15,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from tokenworks.engine.async_engine import CompletionDelta, RequestUpdate
+from tokenworks.engine.messages import CompletionDelta, RequestUpdate
 from tokenworks.engine.output import SequenceOutput
 from tokenworks.engine.request import FinishReason, SamplingParams
 

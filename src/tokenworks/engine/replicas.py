@@ -18,8 +18,8 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 
-from tokenworks.engine.async_engine import EngineFront
 from tokenworks.engine.core_client import CoreClient
+from tokenworks.engine.front import EngineFront
 from tokenworks.engine.prefix_cache import prefix_hashes
 from tokenworks.engine.request import SamplingParams
 from tokenworks.engine.scheduler import QueueFullError
@@ -57,6 +57,13 @@ class ReplicaRouter(EngineFront):
     @property
     def is_running(self) -> bool:
         return all(r.is_running for r in self.replicas)
+
+    def in_flight(self) -> int:
+        return sum(r.in_flight() for r in self.replicas)
+
+    def fail_all(self, why: str) -> None:
+        for r in self.replicas:
+            r.fail_all(why)
 
     @property
     def engine(self):
@@ -115,7 +122,7 @@ class ReplicaRouter(EngineFront):
         cache_salt: str | None = None,
         deadline: float | None = None,
     ):
-        """As AsyncEngine.submit, on the replica the policy picks; where that one's queue
+        """As EngineFront.submit, on the replica the policy picks; where that one's queue
         is full, on the others from the least loaded (QueueFullError once all are)."""
         first = self.pick(prompt_token_ids, params, cache_salt)
         request_id = request_id or self.new_request_id()

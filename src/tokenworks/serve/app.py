@@ -22,7 +22,7 @@ from tokenworks.serve import anthropic, openai
 from tokenworks.serve.api_times import APITimesMiddleware
 from tokenworks.serve.common import ServerState, render_chat
 from tokenworks.serve.errors import APIError, is_anthropic_path
-from tokenworks.serve.guards import BodyLimit, CatchAll, KeyGuard
+from tokenworks.serve.guards import BodyLimit, CatchAll, Drain, KeyGuard
 from tokenworks.serve.protocol import DetokenizeRequest, TokenizeRequest
 
 
@@ -45,6 +45,7 @@ _ERRORS = {
     413: "the body is over --max-body-mb",
     429: "the waiting queue is full (OpenAI routes); retry after Retry-After seconds",
     500: "the engine failed for this request alone; the server carries on",
+    503: "the server is shutting down, or its engine is not running",
     504: "the request did not finish before its deadline or --request-timeout",
     529: "the waiting queue is full (Anthropic routes); retry after Retry-After seconds",
 }
@@ -101,12 +102,15 @@ def build_app(state: ServerState) -> FastAPI:
         open_paths = ("/health",) if state.metrics_require_key else ("/health", "/metrics")
         app.add_middleware(KeyGuard, keys=state.api_keys, open_paths=open_paths)
     app.add_middleware(CatchAll)
+    app.add_middleware(Drain, state=state)
     app.add_middleware(APITimesMiddleware, report=state.metrics.on_api_times)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
 
     @app.get("/health")
     async def health():
+        if state.draining:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
         if not state.engine.is_running:
             return JSONResponse({"status": "engine stopped"}, status_code=503)
         return {"status": "ok"}

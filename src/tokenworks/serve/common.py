@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from tokenworks.engine.async_engine import (
-    AsyncEngine,
+from tokenworks.engine.front import EngineFront
+from tokenworks.engine.messages import (
     DeadlineExceededError,
     EngineNotRunningError,
     ReaderTooSlowError,
@@ -32,7 +32,7 @@ from tokenworks.tokenizer.chat import ChatTemplateError
 
 @dataclass
 class ServerState:
-    engine: AsyncEngine
+    engine: EngineFront
     model_names: list[str]  # the first is the name /v1/models reports
     metrics: ServerMetrics
     request_timeout: float | None = None  # seconds; a request's own deadline may be shorter
@@ -46,6 +46,8 @@ class ServerState:
     api_keys: tuple[str, ...] = ()
     metrics_require_key: bool = False
     tenant_salts: bool = True
+    draining: bool = False  # shutting down: new requests get 503 (serve/guards.py's Drain)
+    active: int = 0  # HTTP requests in flight, streams until their last event
 
     @property
     def tokenizer(self):
@@ -165,6 +167,8 @@ def stream_error(e: BaseException) -> APIError:
         return APIError(504, str(e), code="deadline_exceeded")
     if isinstance(e, RequestFailedError):
         return APIError(500, str(e), code="engine_failure")
+    if isinstance(e, EngineNotRunningError):
+        return APIError(503, str(e), code="engine_unavailable")
     if isinstance(e, ReaderTooSlowError):
         return APIError(408, str(e), code="reader_too_slow")
     return APIError(500, f"internal error: {e}")

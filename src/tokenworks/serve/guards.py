@@ -1,6 +1,7 @@
 """The ASGI guards around the app, each with one job: refuse oversize bodies (413), demand
-an API key (401), and turn an exception no handler caught into a 500 that leaves the
-connection open. They answer in the protocol's error shape (serve/errors.py)."""
+an API key (401), turn an exception no handler caught into a 500 that leaves the
+connection open, and count the requests in flight, refusing new ones (503) once the server
+is shutting down. They answer in the protocol's error shape (serve/errors.py)."""
 
 from __future__ import annotations
 
@@ -83,6 +84,32 @@ class CatchAll:
                 return
             err = APIError(500, f"internal error ({type(e).__name__}); the server carries on")
             await err.response(is_anthropic_path(scope.get("path", "")))(scope, receive, send)
+
+
+class Drain:
+    """Count the requests in flight (a stream until its last event) in `state.active`, and
+    once `state.draining` (the server got SIGTERM or SIGINT), answer new ones 503: a load
+    balancer sends them elsewhere while those in flight finish. /health and /metrics pass:
+    /health says 503 itself."""
+
+    OPEN = ("/health", "/metrics")
+
+    def __init__(self, app, state):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("path") in self.OPEN:
+            return await self.app(scope, receive, send)
+        if self.state.draining:
+            err = APIError(503, "the server is shutting down; send the request elsewhere")
+            return await err.response(is_anthropic_path(scope.get("path", "")))(
+                scope, receive, send
+            )
+        self.state.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.active -= 1
 
 
 class KeyGuard:

@@ -1,24 +1,32 @@
-"""`tokenworks serve`: start the engine (a core process, several behind a router, or a thread
-of this process), serve HTTP with uvicorn."""
+"""`tokenworks serve`: start the engine cores (a process of its own, several behind a router,
+or a thread of this process), serve HTTP with uvicorn, stop cleanly on a signal."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 import socket
 import threading
 import time
 
+import uvicorn
+
 from tokenworks.config import EngineConfig
-from tokenworks.engine.async_engine import AsyncEngine
+from tokenworks.engine.core_client import CoreClient
 from tokenworks.engine.engine import LLMEngine
+from tokenworks.engine.replicas import ReplicaRouter
 from tokenworks.serve.app import build_app
 from tokenworks.serve.common import ServerState
 from tokenworks.serve.limits import ServerLimits, limits_from_args
 from tokenworks.serve.metrics import ServerMetrics
 
+log = logging.getLogger("tokenworks.serve")
+
 
 def make_state(
-    engine,  # an LLMEngine (run in a thread of this process) or a started CoreClient
+    engine,  # a front (CoreClient, ReplicaRouter), or an LLMEngine to run in a thread here
     names: list[str],
     request_timeout: float | None = None,
     limits: ServerLimits | None = None,
@@ -28,16 +36,8 @@ def make_state(
 ) -> ServerState:
     metrics = ServerMetrics(names[0])
     limits = limits or ServerLimits()
-    if isinstance(engine, LLMEngine):
-        front = AsyncEngine(
-            engine,
-            observer=metrics,
-            max_backlog=limits.max_stream_backlog,
-            max_stall_s=limits.max_stream_stall_s,
-        )
-    else:  # engine cores in their own processes (engine/core_client.py, replicas.py)
-        front = engine
-        front.configure(metrics, limits.max_stream_backlog, limits.max_stream_stall_s)
+    front = CoreClient(engine=engine) if isinstance(engine, LLMEngine) else engine
+    front.configure(metrics, limits.max_stream_backlog, limits.max_stream_stall_s)
     return ServerState(
         front,
         names,
@@ -52,41 +52,37 @@ def make_state(
 
 def run_server(args, engine_kwargs: dict) -> int:
     """Serve until stopped; the exit status: 1 when the engine core died for good."""
-    import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     config = EngineConfig(model=args.model, **engine_kwargs)
     replicas = args.data_parallel_size
     if replicas < 1:
         raise SystemExit(f"--data-parallel-size {replicas}: give 1 or more")
+    if args.shutdown_timeout < 0:
+        raise SystemExit(f"--shutdown-timeout {args.shutdown_timeout}: give 0 or more seconds")
     in_process = not args.engine_process
-    backend = args.distributed_executor_backend
-    if in_process and (args.restart_engine or replicas > 1 or backend != "mp"):
+    backend = "thread" if in_process else args.distributed_executor_backend
+    if in_process and (args.restart_engine or replicas > 1 or backend != "thread"):
         raise SystemExit(
             "--restart-engine, --data-parallel-size and --distributed-executor-backend run "
             "engine cores of their own: leave out --no-engine-process"
         )
-    server: uvicorn.Server | None = None
-    if in_process:
-        engine = LLMEngine(config)
-    else:
-        from tokenworks.engine.core_client import CoreClient
-        from tokenworks.engine.replicas import ReplicaRouter
+    server: GracefulServer | None = None
 
-        def stop(why: str) -> None:  # a core is gone: stop serving, exit non-zero
-            logging.getLogger("tokenworks.serve").error("stopping the server: %s", why)
-            if server is not None:
-                server.should_exit = True
+    def stop(why: str) -> None:  # a core is gone: stop serving, exit non-zero
+        log.error("stopping the server: %s", why)
+        if server is not None:
+            server.should_exit = True
 
-        from tokenworks.engine.ray_cores import RayNotInstalledError
+    from tokenworks.engine.ray_cores import RayNotInstalledError
 
-        cores = [CoreClient(config, restart=args.restart_engine, on_death=stop, backend=backend)
-                 for _ in range(replicas)]  # fmt: skip
-        engine = cores[0] if replicas == 1 else ReplicaRouter(cores, args.router)
-        try:
-            engine.start()
-        except RayNotInstalledError as e:
-            raise SystemExit(str(e)) from None
+    cores = [CoreClient(config, restart=args.restart_engine, on_death=stop, backend=backend)
+             for _ in range(replicas)]  # fmt: skip
+    engine = cores[0] if replicas == 1 else ReplicaRouter(cores, args.router)
+    try:
+        engine.start()
+    except RayNotInstalledError as e:
+        raise SystemExit(str(e)) from None
     names = [args.model, *args.served_model_name]
     state = make_state(
         engine,
@@ -99,21 +95,86 @@ def run_server(args, engine_kwargs: dict) -> int:
     )
     app = build_app(state)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
-        logging.getLogger("tokenworks.serve").warning(
-            "serving on %s without --api-key: anyone who can reach it can use it", args.host
-        )
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level)
-    )
+        log.warning("serving on %s without --api-key: anyone who can reach it can use it",
+                    args.host)  # fmt: skip
+    server = GracefulServer(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                       timeout_graceful_shutdown=ENDING_S),
+        state, args.shutdown_timeout,
+    )  # fmt: skip
     if not _died(engine):  # (a core that died before now stops us here)
         server.run()
-    return 1 if _died(engine) else 0
+    engine.shutdown()  # (the app's lifespan did, unless a second signal cut it short)
+    return 1 if _died(engine) and not server.signalled else 0
 
 
 def _died(front) -> bool:
     """Has an engine core of this front died for good?"""
     cores = getattr(front, "replicas", [front])
-    return any(getattr(c, "died", None) for c in cores)
+    return any(c.died for c in cores)
+
+
+ENDING_S = 5.0  # after the drain, how long the streams it ended get to send their last event
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, stopping as a supervisor expects on SIGTERM or SIGINT (to its pid
+    or its whole process group): refuse new requests with 503 (and /health), let those in
+    flight finish for up to `shutdown_timeout` seconds, end the rest with an error event,
+    stop the engine cores, exit 0. A second signal exits at once."""
+
+    def __init__(self, config, state: ServerState, shutdown_timeout: float):
+        super().__init__(config)
+        self.state, self.shutdown_timeout = state, shutdown_timeout
+        self.signalled = False
+        self._drain_until: float | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        # as uvicorn's, without raising the signal again afterwards: the server has shut
+        # down as asked, and says so with status 0 rather than dying by the signal
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig, frame) -> None:
+        name = signal.Signals(sig).name
+        if self.signalled:
+            log.warning("%s again: exiting now", name)
+            for core in getattr(self.state.engine, "replicas", [self.state.engine]):
+                if core.process is not None:
+                    core.process.kill()
+            os._exit(0)
+        self.signalled = True
+        self.state.draining = True
+        self._drain_until = time.monotonic() + self.shutdown_timeout
+        log.info(
+            "%s: refusing new requests; %d in flight get up to %g s to finish (%s again "
+            "exits at once)", name, self.state.active, self.shutdown_timeout, name,
+        )  # fmt: skip
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drain_until is not None and not self.should_exit:
+            if self.state.active == 0:
+                self.should_exit = True
+            elif time.monotonic() >= self._drain_until:
+                log.warning(
+                    "%d requests still in flight after %g s: ending them",
+                    self.state.active, self.shutdown_timeout,
+                )  # fmt: skip
+                self.state.engine.fail_all(
+                    f"the server is shutting down: the request did not finish within "
+                    f"--shutdown-timeout {self.shutdown_timeout:g} s"
+                )
+                self.should_exit = True
+        return await super().on_tick(counter)
 
 
 class ServerThread:
@@ -124,8 +185,6 @@ class ServerThread:
     """
 
     def __init__(self, app, host: str = "127.0.0.1", port: int | None = None):
-        import uvicorn
-
         self.host = host
         self.port = port or _free_port(host)
         config = uvicorn.Config(app, host=host, port=self.port, log_level="warning")

@@ -10,9 +10,7 @@ computed and trims the blocks written for the rejected ones.
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -20,55 +18,7 @@ from tokenworks.config import SpeculativeConfig
 from tokenworks.engine.sampler import NO_HISTORY, SampleResult
 from tokenworks.engine.speculative.acceptance import verify
 from tokenworks.engine.speculative.controller import Controller
-
-
-@dataclass
-class SpeculativeMetrics:
-    """Running totals (vLLM's spec_decode counters, and the time spent each side)."""
-
-    num_drafts: int = 0  # sequences' proposals verified
-    num_draft_tokens: int = 0  # proposed tokens verified
-    num_accepted_tokens: int = 0
-    num_emitted_tokens: int = 0  # tokens verify steps produced (accepted + the target's)
-    num_rejections: int = 0  # proposals cut short by a rejected guess
-    accepted_per_pos: list[int] = field(default_factory=list)  # passes of the j-th guess
-    draft_seconds: float = 0.0  # proposing (the drafter's passes, or the n-gram lookups)
-    verify_seconds: float = 0.0  # steps that verified proposals, less their proposing
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
-
-    @property
-    def mean_accepted_length(self) -> float | None:
-        """Tokens emitted per verified proposal (accepted guesses plus the target's own)."""
-        return self.num_emitted_tokens / self.num_drafts if self.num_drafts else None
-
-    def since(self, earlier: SpeculativeMetrics) -> SpeculativeMetrics:
-        """What was counted after `earlier` (a copy taken then)."""
-        counts = {
-            f.name: getattr(self, f.name) - getattr(earlier, f.name)
-            for f in dataclasses.fields(self)
-            if f.name != "accepted_per_pos"
-        }
-        per_pos = [
-            a - b for a, b in zip(self.accepted_per_pos, earlier.accepted_per_pos, strict=True)
-        ]
-        return SpeculativeMetrics(**counts, accepted_per_pos=per_pos)
-
-    def to_dict(self) -> dict:
-        return {
-            "num_drafts": self.num_drafts,
-            "num_draft_tokens": self.num_draft_tokens,
-            "num_accepted_tokens": self.num_accepted_tokens,
-            "num_emitted_tokens": self.num_emitted_tokens,
-            "num_rejections": self.num_rejections,
-            "accepted_per_pos": list(self.accepted_per_pos),
-            "acceptance_rate": self.acceptance_rate,
-            "mean_accepted_length": self.mean_accepted_length,
-            "draft_seconds": self.draft_seconds,
-            "verify_seconds": self.verify_seconds,
-        }
+from tokenworks.engine.speculative.metrics import SpeculativeMetrics
 
 
 class Speculator:

@@ -1,4 +1,6 @@
-"""The engine thread and its asyncio front, on the toy model (no HTTP, no real weights)."""
+"""The engine front (CoreClient) over its core, on the toy model (no HTTP, no real weights):
+the core in a thread of this process and in a process of its own run the same tests; the
+faults injected into the engine need it in this process."""
 
 from __future__ import annotations
 
@@ -10,24 +12,23 @@ from conftest import POISON_SEED
 
 from tokenworks import SamplingParams
 from tokenworks.config import EngineConfig
-from tokenworks.engine.async_engine import (
-    AsyncEngine,
+from tokenworks.engine.core_client import CoreClient
+from tokenworks.engine.engine import LLMEngine
+from tokenworks.engine.messages import (
     DeadlineExceededError,
+    EngineNotRunningError,
+    ReaderTooSlowError,
     RequestFailedError,
 )
-from tokenworks.engine.engine import LLMEngine
 from tokenworks.engine.scheduler import QueueFullError
 
 
 class Recorder:
     def __init__(self):
-        self.steps, self.finished, self.gaps, self.states = 0, [], [], 0
+        self.steps, self.finished, self.gaps = 0, [], []
 
-    def on_step(self, stats, engine):
+    def on_step(self, preemptions, gauges):
         self.steps += 1
-
-    def on_state(self, engine):
-        self.states += 1
 
     def on_inter_token(self, seconds):
         self.gaps.append(seconds)
@@ -36,18 +37,40 @@ class Recorder:
         self.finished.append(m)
 
 
-@pytest.fixture
-def front(toy_llm):
-    engine = LLMEngine(
-        EngineConfig(model="toy", dtype="float32", max_num_seqs=2, max_waiting=3),
-        toy_llm.engine.loaded,
-    )
-    recorder = Recorder()
-    front = AsyncEngine(engine, observer=recorder)
-    front.recorder = recorder
+SMALL = EngineConfig(model="toy", dtype="float32", max_num_seqs=2, max_waiting=3)
+
+
+def toy_front(toy_llm, backend: str, config: EngineConfig = SMALL, **kw) -> CoreClient:
+    """A started front over a toy core: in a thread (on the shared weights) or a process."""
+    if backend == "thread":
+        front = CoreClient(engine=LLMEngine(config, toy_llm.engine.loaded), **kw)
+    else:
+        front = CoreClient(config, backend=backend, startup_timeout_s=120, **kw)
     front.start()
+    return front
+
+
+@pytest.fixture(params=["thread", "mp"])
+def front(toy_llm, request):
+    recorder = Recorder()
+    front = toy_front(toy_llm, request.param, observer=recorder)
+    front.recorder = recorder
     yield front
     front.shutdown()
+
+
+@pytest.fixture
+def thread_front(toy_llm):
+    front = toy_front(toy_llm, "thread")
+    yield front
+    front.shutdown()
+
+
+def wait_idle(front: CoreClient) -> None:
+    t0 = time.monotonic()
+    while not (front.gauges is not None and front.gauges.idle) and time.monotonic() - t0 < 10:
+        time.sleep(0.01)
+    assert front.gauges.idle
 
 
 def greedy(n: int, **kw) -> SamplingParams:
@@ -83,8 +106,6 @@ def test_streams_equal_the_offline_result(front, toy_llm):
 
 
 def test_cancel_frees_blocks_and_others_carry_on(front):
-    engine = front.engine
-
     async def main():
         long = await front.submit(greedy(10_000), [1, 2, 3])
         short = front.generate(greedy(8), [4, 5])
@@ -95,23 +116,18 @@ def test_cancel_frees_blocks_and_others_carry_on(front):
         return tokens
 
     assert len(asyncio.run(main())) == 8
-    t0 = time.monotonic()
-    while engine.requests and time.monotonic() - t0 < 10:
-        time.sleep(0.01)
-    assert not engine.requests and engine.blocks.usage == 0
-    engine.blocks.check()
-    assert front.recorder.states > 0  # gauges refreshed after the abort
+    wait_idle(front)  # the abort freed its blocks, and the gauges say so
+    if front.backend == "thread":
+        front.engine.blocks.check()
 
 
-def test_refusals_deadlines_and_failures(front):
-    engine = front.engine
-
+def test_refusals_and_deadlines(front):
     async def main():
         with pytest.raises(ValueError, match="vocabulary"):
             await front.submit(greedy(4), [10**9])
         # two running, three waiting, the sixth is refused
         streams = [await front.submit(greedy(10_000), [i + 1]) for i in range(2)]
-        while len(engine.scheduler.running) < 2:
+        while front.gauges is None or front.gauges.running < 2:
             await asyncio.sleep(0.01)
         streams += [await front.submit(greedy(10_000), [i + 1]) for i in range(3)]
         with pytest.raises(QueueFullError):
@@ -121,25 +137,61 @@ def test_refusals_deadlines_and_failures(front):
         with pytest.raises(DeadlineExceededError):
             async for _ in front.generate(greedy(10_000), [7], deadline=time.monotonic() + 0.2):
                 pass
-        real = engine.runner.run
-
-        def broken(*a, **kw):
-            engine.runner.run = real
-            raise RuntimeError("injected")
-
-        engine.runner.run = broken
-        with pytest.raises(RequestFailedError, match="injected"):
-            async for _ in front.generate(greedy(4), [8]):
-                pass
         return [
             t async for u in front.generate(greedy(3), [9]) for d in u.deltas for t in d.token_ids
         ]
 
     assert len(asyncio.run(main())) == 3
-    assert front.errors == 1
-    t0 = time.monotonic()
-    while engine.requests and time.monotonic() - t0 < 10:
-        time.sleep(0.01)
+    wait_idle(front)
+
+
+def test_shutdown_ends_the_streams_in_flight(front):
+    """shutdown() with requests in flight: each stream ends with EngineNotRunningError, and
+    later submits are refused the same way."""
+
+    async def main():
+        streams = [await front.submit(greedy(10_000), [i + 1]) for i in range(2)]
+        await asyncio.to_thread(front.shutdown)
+        for s in streams:
+            with pytest.raises(EngineNotRunningError, match="shutting down"):
+                async for _ in s:
+                    pass
+        with pytest.raises(EngineNotRunningError):
+            await front.submit(greedy(4), [1])
+
+    asyncio.run(main())
+    assert not front.is_running
+
+
+@pytest.mark.parametrize("fault", ["forward", "schedule"])
+def test_a_step_that_raises_fails_its_requests_once_and_the_loop_goes_on(thread_front, fault):
+    """A forward pass that raises fails the requests it ran; scheduling that raises (before
+    any request is touched) fails every request in flight; either way once, and the next
+    request is served."""
+    engine = thread_front.engine
+    target, name = (engine.runner, "run") if fault == "forward" else (engine.scheduler, "schedule")
+    real = getattr(target, name)
+
+    def broken(*a, **kw):
+        setattr(target, name, real)
+        raise RuntimeError("injected")
+
+    async def main():
+        streams = [await thread_front.submit(greedy(10_000), [p]) for p in (3, 8)]
+        setattr(target, name, broken)
+        for stream in streams:
+            with pytest.raises(RequestFailedError, match="injected"):
+                async for _ in stream:
+                    pass
+        return [
+            t
+            async for u in thread_front.generate(greedy(3), [9])
+            for d in u.deltas
+            for t in d.token_ids
+        ]
+
+    assert len(asyncio.run(main())) == 3
+    wait_idle(thread_front)
     engine.blocks.check()
 
 
@@ -147,13 +199,9 @@ def test_a_reader_that_falls_behind_is_cut_off_and_its_blocks_freed(toy_llm):
     """A stream nobody reads holds at most max_backlog undelivered tokens: then its
     request is cancelled (blocks back in the pool) and the stream ends with the reason,
     while a stream read as it comes finishes."""
-    from tokenworks.engine.async_engine import ReaderTooSlowError
-
-    engine = LLMEngine(
-        EngineConfig(model="toy", dtype="float32", max_num_seqs=4), toy_llm.engine.loaded
-    )
-    front = AsyncEngine(engine, max_backlog=8)
-    front.start()
+    config = EngineConfig(model="toy", dtype="float32", max_num_seqs=4)
+    front = toy_front(toy_llm, "thread", config, max_backlog=8)
+    engine = front.engine
 
     async def main():
         ignored = await front.submit(greedy(400), [5, 6, 7])
@@ -179,11 +227,9 @@ def test_a_reader_that_falls_behind_is_cut_off_and_its_blocks_freed(toy_llm):
 def test_a_request_whose_sampling_raises_fails_alone(toy_llm, poisoned_sampling):
     """Sampling that raises for one request (here: an injected fault for POISON_SEED) fails
     that request only; the other requests of the same steps run to the end."""
-    engine = LLMEngine(
-        EngineConfig(model="toy", dtype="float32", max_num_seqs=9), toy_llm.engine.loaded
-    )
-    front = AsyncEngine(engine)
-    front.start()
+    config = EngineConfig(model="toy", dtype="float32", max_num_seqs=9)
+    front = toy_front(toy_llm, "thread", config)
+    engine = front.engine
 
     async def one(seed, prompt):
         params = SamplingParams(max_tokens=20, temperature=0.8, seed=seed, ignore_eos=True)
@@ -207,7 +253,8 @@ def test_a_request_whose_sampling_raises_fails_alone(toy_llm, poisoned_sampling)
         front.shutdown()
     assert "injected sampling fault" in got[3]
     assert got[:3] + got[4:] == [20] * 8
-    assert front.errors == 1 and not engine.requests and engine.blocks.usage == 0
+    wait_idle(front)
+    assert not engine.requests and engine.blocks.usage == 0
 
 
 def test_max_waiting_zero_takes_bursts_into_free_slots(toy_llm):

@@ -1,0 +1,80 @@
+"""EngineFront: what the server, the benchmarks and the router ask of an engine, wherever
+its core runs (engine/core_client.py's CoreClient; engine/replicas.py's ReplicaRouter
+over several)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from tokenworks.engine.request import SamplingParams
+from tokenworks.engine.streams import RequestStream
+
+
+class EngineFront(Protocol):
+    # what the API process holds of the model: its spec, tokenizer, max_model_len and
+    # admission (the LLMEngine itself where the core runs in this process)
+    engine: Any
+
+    def start(self) -> None:
+        """Start the core(s) and wait until they take requests."""
+
+    def shutdown(self) -> None:
+        """Stop the core(s); requests still in flight fail with EngineNotRunningError."""
+
+    def configure(self, observer=None, max_backlog=None, max_stall_s=None) -> None:
+        """The server's metrics observer (serve/metrics.py) and how far a stream's reader
+        may fall behind (tokens, seconds) before its request is cancelled."""
+
+    @property
+    def is_running(self) -> bool: ...
+
+    def in_flight(self) -> int:
+        """Requests submitted and not yet ended."""
+
+    def fail_all(self, why: str) -> None:
+        """End every request in flight with EngineNotRunningError(why)."""
+
+    async def submit(
+        self,
+        params: SamplingParams,
+        prompt_token_ids: list[int],
+        request_id: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        deadline: float | None = None,
+    ) -> RequestStream:
+        """Queue a request; once the engine has accepted it, return its stream of updates.
+
+        Raises what LLMEngine.add_request raises (ValueError subclasses for bad input,
+        QueueFullError when the queue is full). The stream raises DeadlineExceededError
+        when `deadline` (a time.monotonic() value) passes first, and RequestFailedError when
+        the engine fails while running the request. Leaving the stream early (break,
+        cancellation, aclose) cancels the request.
+        """
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request; returns at once (applied before the core's next step)."""
+
+    def new_request_id(self, prefix: str = "req") -> str:
+        self._next_id = getattr(self, "_next_id", 0) + 1
+        return f"{prefix}-{self._next_id}-{time.monotonic_ns() % 10**9}"
+
+    async def generate(
+        self,
+        params: SamplingParams,
+        prompt_token_ids: list[int],
+        request_id: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        deadline: float | None = None,
+    ):
+        """submit() and stream in one: `async for update in front.generate(...)`."""
+        stream = await self.submit(
+            params, prompt_token_ids, request_id, priority, cache_salt, deadline
+        )
+        try:
+            async for update in stream:
+                yield update
+        finally:
+            await stream.aclose()

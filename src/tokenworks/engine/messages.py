@@ -1,0 +1,100 @@
+"""What an engine core hands its client: each step's updates, finished requests' timings,
+the engine's gauges, and the errors a request's stream may end with.
+
+Plain dataclasses with no engine behind them: the API process reads them without
+importing the engine (engine/core.py builds them, engine/core_client.py delivers them,
+engine/core_messages.py carries them between processes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenworks.engine.request import TokenLogprob
+from tokenworks.engine.speculative.metrics import SpeculativeMetrics
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed while running this request (the engine itself carries on)."""
+
+
+class EngineNotRunningError(RuntimeError):
+    """The engine is not running (not started, shutting down, or its core died)."""
+
+
+class RequestCancelledError(RuntimeError):
+    """abort() ended the request (its stream ends with this, if anyone still reads it)."""
+
+
+class DeadlineExceededError(TimeoutError):
+    """The request did not finish before its deadline; it was cancelled."""
+
+
+class ReaderTooSlowError(RuntimeError):
+    """The stream's reader fell too far behind (max_backlog tokens undelivered, or none
+    taken for max_stall_s while some waited): the request was cancelled and its blocks
+    freed, so one slow client never grows the server's memory without end."""
+
+
+class EngineCoreDiedError(RuntimeError):
+    """The engine core exited (or never became ready)."""
+
+
+@dataclass
+class CompletionDelta:
+    """What one step added to one completion of a request."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None
+    finish_reason: str | None
+    stop_reason: str | int | None
+
+
+@dataclass
+class RequestUpdate:
+    request_id: str
+    deltas: list[CompletionDelta]
+    finished: bool
+    prompt_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class RequestMetrics:
+    """Timings of one finished request, in seconds, for the serving metrics."""
+
+    request_id: str
+    finish_reasons: list[str]
+    prompt_tokens: int
+    generation_tokens: int
+    queue_time: float | None  # arrival -> first scheduled
+    ttft: float | None  # arrival -> first token out
+    e2e: float  # arrival -> finished
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first."""
+        if self.ttft is None or self.generation_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.generation_tokens - 1)
+
+
+@dataclass
+class EngineGauges:
+    """The engine as /metrics shows it, taken where the engine runs and sent with every
+    step (engine/core.py's gauges_of)."""
+
+    running: int
+    waiting: int
+    kv_usage: float
+    prefix_queried: int | None = None  # the prefix cache's running counts (None: no cache)
+    prefix_hits: int | None = None
+    speculation: SpeculativeMetrics | None = None  # the speculator's running totals
+    generation_tokens: int = 0  # tokens sampled since the engine started
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running or waiting, and no KV block held."""
+        return self.running == 0 and self.waiting == 0 and self.kv_usage == 0
