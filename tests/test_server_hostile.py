@@ -77,6 +77,14 @@ BAD = [
      _chat(tools=[{"type": "function", "function": {"name": "f", "description": "d" * 5000}}]),
      400, "tools"),
     ("/v1/completions", {"model": MODEL, "prompt": ["a"] * 5, "max_tokens": 1}, 400, "prompt"),
+    # text that is not text: a lone UTF-16 surrogate is valid JSON but cannot be encoded
+    ("/v1/completions", {"model": MODEL, "prompt": "a\ud800", "max_tokens": 1}, 400, "prompt"),
+    ("/v1/chat/completions", _chat(messages=[{"role": "user", "content": "\udfff"}]), 400,
+     "messages"),
+    ("/v1/chat/completions", _chat(stop=["ok", "\ud800"]), 400, "stop"),
+    ("/v1/messages", {"model": MODEL, "max_tokens": 4,
+                      "messages": [{"role": "user", "content": "\ud83d"}]}, 400, None),
+    ("/tokenize", {"prompt": "\udc80"}, 400, "prompt"),
 ]  # fmt: skip
 
 
@@ -100,6 +108,8 @@ def test_bad_bodies_get_a_4xx_naming_the_field_on_a_connection_that_stays(guarde
         assert got == status, (path, body, err)
         if field is not None:
             assert err["error"]["param"].split(".")[0] == field, (path, err)
+        if "surrogate" in err["error"]["message"]:  # the field, down to the string
+            assert "content" in err["error"]["message"] or field in err["error"]["message"]
         assert conn.sock is sock, f"{path} closed the connection"
     got, ok = _post(conn, "/v1/chat/completions", _chat(temperature=1e-45))  # greedy
     assert got == 200 and ok["choices"][0]["finish_reason"] == "length"

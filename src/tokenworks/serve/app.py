@@ -23,7 +23,7 @@ from tokenworks.serve.api_times import APITimesMiddleware
 from tokenworks.serve.common import ServerState, render_chat
 from tokenworks.serve.errors import APIError, is_anthropic_path
 from tokenworks.serve.guards import BodyLimit, CatchAll, Drain, KeyGuard
-from tokenworks.serve.protocol import DetokenizeRequest, TokenizeRequest
+from tokenworks.serve.protocol import DetokenizeRequest, NotTextError, TokenizeRequest
 
 
 def _field(loc) -> str:
@@ -80,7 +80,10 @@ def build_app(state: ServerState) -> FastAPI:
     async def invalid(request: Request, e: RequestValidationError):
         errors = e.errors()
         first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
-        if first.get("type") == "json_invalid":
+        not_text = (first.get("ctx") or {}).get("error")
+        if isinstance(not_text, NotTextError):
+            err = APIError(400, str(not_text), param=not_text.field)
+        elif first.get("type") == "json_invalid":
             err = APIError(400, f"the body is not valid JSON: {first.get('msg')}", "body")
         else:
             field = _field(first.get("loc", ()))

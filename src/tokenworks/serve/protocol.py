@@ -7,15 +7,64 @@ as vLLM and the OpenAI API do.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tokenworks.engine.request import MAX_SEED
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class NotTextError(ValueError):
+    """A string of the body holds a lone UTF-16 surrogate: valid JSON ("\\ud800"), but not
+    text, so no tokenizer or stop-string matcher can take it."""
+
+    def __init__(self, field: str):
+        self.field = field
+        super().__init__(
+            f"{field}: holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its "
+            "pair), which is not text; send valid Unicode"
+        )
+
+
+def surrogate_field(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first string (or key) in a JSON value holding a lone
+    surrogate, or None."""
+    if isinstance(value, str):
+        return (path or "body") if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            here = f"{path}.{key}" if path else str(key)
+            if isinstance(key, str) and _SURROGATE.search(key):
+                return path or "body"
+            found = surrogate_field(item, here)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = surrogate_field(item, f"{path}.{i}" if path else str(i))
+            if found is not None:
+                return found
+    return None
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+class _Request(_Body):
+    """A whole request body: refused with a 400 naming the field if any string in it is
+    not text."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        field = surrogate_field(data)
+        if field is not None:
+            raise NotTextError(field)
+        return data
 
 
 class StreamOptions(_Body):
@@ -32,7 +81,7 @@ class StructuredOutputs(_Body):
     grammar: str | None = None
 
 
-class _SamplingFields(_Body):
+class _SamplingFields(_Request):
     """Fields both OpenAI endpoints share (standard ones, then vLLM-style extensions)."""
 
     model: str
@@ -90,7 +139,7 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class AnthropicMessagesRequest(_Body):
+class AnthropicMessagesRequest(_Request):
     model: str
     max_tokens: int = Field(ge=1)
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -110,7 +159,7 @@ class AnthropicMessagesRequest(_Body):
     deadline: float | None = Field(default=None, gt=0)
 
 
-class TokenizeRequest(_Body):
+class TokenizeRequest(_Request):
     model: str | None = None
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
@@ -118,6 +167,6 @@ class TokenizeRequest(_Body):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(_Body):
+class DetokenizeRequest(_Request):
     model: str | None = None
     tokens: list[int]
