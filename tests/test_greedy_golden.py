@@ -4,8 +4,8 @@ The record (tests/data/greedy_golden.json) holds, per dtype and per product path
 tokens each prompt gets alone and all of them batched together. bfloat16 results depend on
 the order of the float32 sums, so each path has its own entry: "tiles" (AMX), "vector"
 (the packed products as AVX-512 BF16 dot products on a CPU with tiles, whose prompt
-attention still runs on tiles), "vector-only" (a CPU without AMX) and "none"; a path
-with no entry yet is skipped, and
+attention still runs on tiles), "vector-only" (AVX-512 BF16 without AMX) and "none" (no
+AVX-512 BF16: torch's products, as on an AVX2 CPU); a path with no entry yet is skipped, and
 `python tests/test_greedy_golden.py` adds entries for the paths this CPU runs (it never
 replaces one).
 """
