@@ -22,7 +22,7 @@ from tokenworks.bench.workload import latency_prompt
 from tokenworks.config import EngineConfig
 from tokenworks.engine.engine import LLMEngine
 from tokenworks.engine.request import SamplingParams
-from tokenworks.models.loader import LoadedModel
+from tokenworks.models.loaded import LoadedModel
 from tokenworks.models.toy import byte_tokenizer, toy_spec, toy_weights
 
 

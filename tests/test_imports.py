@@ -102,3 +102,88 @@ def test_the_planners_and_shapes_import_without_torch():
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# the asyncio side of engine/: what the API process runs to talk to a core
+FRONTS = {"core_client", "front", "replicas", "streams"}
+
+
+def test_nothing_under_engine_but_its_fronts_imports_asyncio_or_a_front():
+    """The core and the engine it drives run without an event loop; only the fronts
+    (engine/core_client.py and what it is made of) speak asyncio."""
+    bad = []
+    for path in (SRC / "engine").rglob("*.py"):
+        if path.stem in FRONTS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            bad += [(path.name, n) for n in names if n == "asyncio"]
+            bad += [(path.name, n) for n in names if n.split(".")[-1] in FRONTS]
+    assert not bad, f"engine modules importing asyncio fronts: {sorted(bad)}"
+
+
+def _module_imports() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """module -> tokenworks modules it imports at its top, and inside functions (imports
+    under `if TYPE_CHECKING` run in no process and are left out)."""
+    root = SRC.parent
+
+    def name(path: Path) -> str:
+        parts = path.relative_to(root).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    modules = {name(p): p for p in SRC.rglob("*.py")}
+    top: dict[str, set[str]] = {}
+    inner: dict[str, set[str]] = {}
+
+    def targets(node) -> list[str]:
+        if isinstance(node, ast.Import):
+            found = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        else:
+            return []
+        return [f for f in found if f in modules]
+
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text())
+        top[module] = {t for node in tree.body for t in targets(node)}
+        type_only = {
+            id(n)
+            for node in tree.body
+            if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+            for n in ast.walk(node)
+        }
+        inner[module] = {
+            t
+            for node in ast.walk(tree)
+            if id(node) not in type_only
+            for t in targets(node)
+            if t not in top[module]
+        }
+    return top, inner
+
+
+def test_no_import_circle_is_hidden_inside_a_function():
+    """An import inside a function that the imported module could not make at its top
+    (it imports the importer, at its top, directly or not) is a circle: split the module."""
+    top, inner = _module_imports()
+
+    def reaches(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for target in top.get(todo.pop(), ()):
+                parts = target.split(".")  # importing a.b.c runs a.b's __init__ too
+                for k in range(2, len(parts) + 1):
+                    module = ".".join(parts[:k])
+                    if module in top and module not in seen:
+                        seen.add(module)
+                        todo.append(module)
+        return seen
+
+    circles = sorted((m, t) for m, targets in inner.items() for t in targets if m in reaches(t))
+    assert not circles, f"imports inside functions that close a circle: {circles}"

@@ -1,5 +1,5 @@
 """Loading the default model costs about its file's size in memory, and keeps no copy of
-its weights on disk (models/loader.gguf_weights, models/converted.py).
+its weights on disk (models/gguf_file.gguf_weights, models/converted.py).
 
 Measured in a fresh process: its resident set once the model's metadata and tokenizer
 have been read (what a process that only tokenises holds), then its peak while the engine

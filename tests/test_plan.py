@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from tokenworks.plan import batching, cost, queueing, speculative
-from tokenworks.plan.hardware import get_hardware
 from tokenworks.plan.kv import kv_bytes, kv_bytes_per_token
+from tokenworks.plan.machines import get_hardware
 from tokenworks.plan.memory import fit
 from tokenworks.plan.models import MODELS, from_hf_config, get_model
 from tokenworks.plan.quant import parse_scheme, weight_bytes

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tokenworks.models import catalogue, load
-from tokenworks.models.loader import ModelLoadError
+from tokenworks.models.loaded import ModelLoadError
 
 
 def test_an_unknown_model_name_lists_the_choices():

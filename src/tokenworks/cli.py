@@ -770,7 +770,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     logging.getLogger("tokenworks").setLevel(logging.INFO)
     from tokenworks.models.catalogue import ChecksumError, ModelNotFoundError
-    from tokenworks.models.loader import ModelLoadError
+    from tokenworks.models.loaded import ModelLoadError
 
     try:
         return args.fn(args)

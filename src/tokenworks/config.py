@@ -33,9 +33,7 @@ RENAMED = {
 }
 
 
-def default_dtype(device: str) -> str:
-    """The fast dtype for the device: bfloat16 on CPU and CUDA (float32 is always available)."""
-    return "bfloat16"
+DEFAULT_DTYPE = "bfloat16"  # the fast dtype on CPU and CUDA alike (float32 always runs)
 
 
 def option(help: str, flag: str | None = None, group: str = "model and kernels", **argparse_kw):
@@ -375,7 +373,7 @@ class EngineConfig:
 
     @property
     def resolved_dtype(self) -> str:
-        return default_dtype(self.device) if self.dtype == "auto" else self.dtype
+        return DEFAULT_DTYPE if self.dtype == "auto" else self.dtype
 
     @property
     def torch_dtype(self) -> torch.dtype:

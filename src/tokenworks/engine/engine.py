@@ -35,7 +35,7 @@ from tokenworks.engine.sequence import Sequence
 from tokenworks.engine.speculative import open_speculator
 from tokenworks.engine.structured import GrammarCompiler
 from tokenworks.models import build_model, load
-from tokenworks.models.loader import LoadedModel
+from tokenworks.models.loaded import LoadedModel
 from tokenworks.models.moe import routing_summary
 from tokenworks.shapes import kv_bytes_per_token
 from tokenworks.tokenizer import TokenizerWrapper

@@ -27,7 +27,6 @@ import time
 from dataclasses import dataclass, field
 
 from tokenworks.config import EngineConfig
-from tokenworks.engine.admission import RequestTooLargeError  # noqa: F401 (its old home)
 from tokenworks.engine.kv_cache import BlockManager
 from tokenworks.engine.sequence import Sequence, SequenceStatus
 

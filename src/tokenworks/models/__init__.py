@@ -11,7 +11,8 @@ from tokenworks.kernels.block_linear import DenseView
 from tokenworks.models.arch import family
 from tokenworks.models.gpt2 import GPT2Model
 from tokenworks.models.llama import LlamaModel
-from tokenworks.models.loader import LoadedModel, ModelLoadError, load
+from tokenworks.models.loaded import LoadedModel, ModelLoadError
+from tokenworks.models.loader import load
 from tokenworks.models.spec import ModelSpec
 from tokenworks.ops.linear import (
     QUANTIZED_LINEARS,

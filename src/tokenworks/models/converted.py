@@ -6,7 +6,7 @@ The gguf package builds a numpy view for every metadata string (the default mode
 tokenizer holds 98,000 of them): seconds before the first token of every `generate`. The
 index holds what that reading gives (the spec, the tokenizer's fields, the chat template)
 and where each tensor lies in the file, as JSON; a later load reads it and maps the file's
-tensors as they are stored (models/loader.gguf_weights). No copy of the weights is kept.
+tensors as they are stored (models/gguf_file.gguf_weights). No copy of the weights is kept.
 TOKENWORKS_NO_CONVERTED=1 reads the GGUF every time.
 """
 
@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from tokenworks.models.catalogue import home
+from tokenworks.models.gguf_file import GGUFIndex, StoredTensor, gguf_weights
+from tokenworks.models.loaded import LoadedModel
 from tokenworks.models.spec import MLASpec, ModelSpec, MoESpec, RopeScaling
 
 log = logging.getLogger(__name__)
@@ -51,8 +53,6 @@ def load_converted(
 ):
     """The LoadedModel of a kept index, or None where there is none (or it is stale);
     weights=False maps no tensor but RoPE's frequencies (`weights` is empty)."""
-    from tokenworks.models.loader import GGUFIndex, LoadedModel, StoredTensor, gguf_weights
-
     d = _dir(key)
     try:
         meta = json.loads((d / "meta.json").read_text())

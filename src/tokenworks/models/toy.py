@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from tokenworks.models.loader import LoadedModel
+from tokenworks.models.loaded import LoadedModel
 from tokenworks.models.spec import ModelSpec
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -128,7 +128,7 @@ def cmd_kv(args) -> int:
 
 
 def cmd_fit(args) -> int:
-    from tokenworks.plan.hardware import get_hardware
+    from tokenworks.plan.machines import get_hardware
     from tokenworks.plan.memory import fit
     from tokenworks.plan.models import get_model
     from tokenworks.plan.quant import parse_scheme
@@ -169,7 +169,7 @@ def cmd_fit(args) -> int:
 
 
 def cmd_roofline(args) -> int:
-    from tokenworks.plan.hardware import get_hardware
+    from tokenworks.plan.machines import get_hardware
     from tokenworks.plan.models import get_model
     from tokenworks.plan.quant import parse_scheme
     from tokenworks.plan.roofline import decode, prefill, ridge_batch

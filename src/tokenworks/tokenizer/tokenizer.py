@@ -140,9 +140,6 @@ class TokenizerWrapper:
     def token_to_str(self, token_id: int) -> str:
         return self.tk.id_to_token(token_id) or ""
 
-    def id_of(self, token: str) -> int | None:
-        return self.tk.token_to_id(token)
-
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True, **kwargs
     ) -> str:

@@ -10,7 +10,7 @@ from tokenworks.engine.speculative.draft import DraftModelProposer
 from tokenworks.engine.speculative.ngram import NgramProposer
 from tokenworks.engine.speculative.speculator import Speculator
 from tokenworks.models import build_model, load
-from tokenworks.models.loader import LoadedModel
+from tokenworks.models.loaded import LoadedModel
 from tokenworks.tokenizer import TokenizerWrapper
 
 

@@ -11,22 +11,21 @@ family is one module here plus its tests.
 
 from __future__ import annotations
 
+from tokenworks.models.arch import (
+    deepseek,
+    deepseek_v2,
+    gemma,
+    gpt2,
+    llama,
+    mixtral,
+    qwen2_moe,
+    qwen3,
+    qwen3_moe,
+)
 from tokenworks.models.arch.family import Family, UnknownArchitectureError
 
 
 def _families() -> dict[str, Family]:
-    from tokenworks.models.arch import (
-        deepseek,
-        deepseek_v2,
-        gemma,
-        gpt2,
-        llama,
-        mixtral,
-        qwen2_moe,
-        qwen3,
-        qwen3_moe,
-    )
-
     modules = (llama, gpt2, qwen3, gemma, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek)
     # a module declares FAMILY, or FAMILIES where one file holds close relatives
     found = [f for m in modules for f in getattr(m, "FAMILIES", (getattr(m, "FAMILY", None),))]

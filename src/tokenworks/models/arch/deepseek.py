@@ -47,7 +47,7 @@ def softmax_scale(cfg: dict) -> float:
 
 def latent_spec(cfg: dict) -> MLASpec:
     """The latent attention numbers of a DeepSeek config.json (its RoPE scaling, YaRN in
-    real checkpoints, is read with every family's: models/loader.rope_scaling)."""
+    real checkpoints, is read with every family's: models/hf_dir.rope_scaling)."""
     return MLASpec(
         kv_lora_rank=cfg["kv_lora_rank"],
         qk_nope_head_dim=cfg["qk_nope_head_dim"],

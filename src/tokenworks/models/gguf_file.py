@@ -1,0 +1,251 @@
+"""A GGUF file read with the `gguf` package: its spec, tokenizer fields and chat template,
+and its tensors memory-mapped as stored (quantised matrices kept as the file's blocks,
+llama.cpp's Q/K row interleaving undone) under Hugging Face names."""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from tokenworks.models import arch as arch_registry
+from tokenworks.models.loaded import LoadedModel, ModelLoadError
+from tokenworks.models.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+def _field(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row interleaving so rotate-half RoPE applies (see MODELS.md)."""
+    rows, dim = w.shape
+    return w.reshape(n_head, rows // n_head // 2, 2, dim).swapaxes(1, 2).reshape(rows, dim)
+
+
+_GGUF_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def _hf_name(gguf_name: str, fam, path: Path, arch: str) -> str:
+    """A GGUF weight's Hugging Face name (blk.N.* through the family's table)."""
+    name = _GGUF_NAMES.get(gguf_name)
+    if name is not None:
+        return name
+    m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
+    if not m or m.group(2) not in fam.gguf_block:
+        raise ModelLoadError(f"{path}: unexpected tensor {gguf_name} for {arch}")
+    return f"model.layers.{m.group(1)}.{fam.gguf_block[m.group(2)]}"
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """Where a tensor lies in a GGUF file: its type, shape (ggml's order: the row first)
+    and its bytes' absolute offset."""
+
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def _stored_tensors(reader, path: Path) -> list[StoredTensor]:
+    import gguf
+
+    out = []
+    for t in reader.tensors:
+        expected = (
+            int(np.prod(t.shape))
+            * gguf.GGML_QUANT_SIZES[t.tensor_type][1]
+            // (gguf.GGML_QUANT_SIZES[t.tensor_type][0])
+        )
+        if t.data.nbytes != expected or t.data_offset + expected > path.stat().st_size:
+            raise ModelLoadError(f"{path}: tensor {t.name} is truncated; download the file again")
+        shape = tuple(int(d) for d in t.shape)
+        out.append(StoredTensor(t.name, int(t.tensor_type), shape, int(t.data_offset), expected))
+    return out
+
+
+def _dense_array(mm: np.ndarray, t: StoredTensor) -> np.ndarray:
+    """An F32 / F16 / BF16 tensor's values as float32 [torch order]."""
+    import gguf
+
+    raw = mm[t.offset : t.offset + t.nbytes]
+    shape = tuple(reversed(t.shape))
+    if t.ggml_type == gguf.GGMLQuantizationType.F32:
+        return np.array(raw.view(np.float32).reshape(shape))
+    if t.ggml_type == gguf.GGMLQuantizationType.F16:
+        return raw.view(np.float16).reshape(shape).astype(np.float32)
+    if t.ggml_type == gguf.GGMLQuantizationType.BF16:
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return gguf.quants.dequantize(np.asarray(raw), t.ggml_type).reshape(shape).astype(np.float32)
+
+
+def _release(mm: np.memmap, offset: int, nbytes: int) -> None:
+    """Drop the mapped pages wholly inside [offset, offset + nbytes) from this process
+    (clean file pages: read again from the file should they be touched), so a tensor that
+    was copied does not count twice in the resident set."""
+    page = mmap.PAGESIZE
+    start, stop = -(-offset // page) * page, (offset + nbytes) // page * page
+    if stop > start and hasattr(mm._mmap, "madvise"):
+        mm._mmap.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
+
+def gguf_weights(
+    path: Path, tensors: list[StoredTensor], arch: str, n_heads: int, n_kv: int,
+    names_only: bool = False,
+) -> tuple[dict, np.ndarray | None]:  # fmt: skip
+    """The weights under Hugging Face names, read from the memory-mapped file: matrices of
+    quantised types as BlockTensors (views of the file, executed as stored; llama's Q and K
+    rows reordered, a copy), the rest as float32 tensors; and RoPE's frequencies, if the file
+    has them. names_only: the names with None for every weight (no matrix is touched)."""
+    from tokenworks.kernels import blocks
+
+    fam = arch_registry.for_gguf_arch(arch)
+    mm = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: pages shared, never written
+    weights: dict = {}
+    rope_freqs = None
+    bar = tqdm(tensors, desc=f"map {path.name}", unit="tensor", leave=False, disable=names_only)
+    for t in bar:
+        if t.name == "rope_freqs.weight":
+            rope_freqs = _dense_array(mm, t)
+            continue
+        name = _hf_name(t.name, fam, path, arch)
+        experts = "{e}" in name  # one 3-D tensor holds every expert's matrix: [E, out, in]
+        n_exp = t.shape[2] if experts else 1
+        if names_only:
+            weights.update({name.format(e=e): None for e in range(n_exp)})
+            continue
+        heads = None
+        if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_q.bias")):
+            heads = n_heads
+        elif arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias")):
+            heads = n_kv
+        if len(t.shape) >= 2 and t.ggml_type not in blocks.DENSE:
+            rows = int(np.prod(t.shape[1:]))
+            raw = mm[t.offset : t.offset + t.nbytes].reshape(rows, -1)
+            w = blocks.executable(t.ggml_type, (rows, t.shape[0]), raw)
+            if heads:
+                w = w.rows(torch.from_numpy(_unpermute(np.arange(rows)[:, None], heads).ravel()))
+                _release(mm, t.offset, t.nbytes)  # copied: the mapped pages are not needed
+            if experts:
+                per = rows // n_exp
+                for e in range(n_exp):
+                    weights[name.format(e=e)] = w.rows(slice(e * per, (e + 1) * per))
+                continue
+            weights[name] = w
+            continue
+        arr = _dense_array(mm, t)
+        if heads:
+            arr = _unpermute(arr if arr.ndim == 2 else arr[:, None], heads).reshape(arr.shape)
+        if experts:
+            for e, part in enumerate(arr):
+                weights[name.format(e=e)] = torch.from_numpy(np.array(part, dtype=np.float32))
+            continue
+        weights[name] = torch.from_numpy(np.array(arr, dtype=np.float32))  # owned, writable
+    return weights, rope_freqs
+
+
+def load_gguf(path: Path, model_id: str | None = None, weights: bool = True) -> LoadedModel:
+    """A GGUF file's spec, tokenizer and weights as stored (gguf_weights); weights=False
+    skips the weights (only their names are read)."""
+    import gguf
+
+    path = Path(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # the gguf package raises ValueError/IndexError/struct errors
+        raise ModelLoadError(
+            f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); it may be truncated "
+            "or corrupt: download it again"
+        ) from e
+    arch = _field(reader, "general.architecture")
+    try:
+        fam = arch_registry.for_gguf_arch(arch)
+    except arch_registry.UnknownArchitectureError as e:
+        raise ModelLoadError(f"{path}: {e}") from None
+    n_heads = int(_field(reader, f"{arch}.attention.head_count"))
+    n_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_heads))
+    hidden = int(_field(reader, f"{arch}.embedding_length"))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = int(_field(reader, f"{arch}.vocab_size", len(tokens.data) if tokens else 0))
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    eot = _field(reader, "tokenizer.ggml.eot_token_id")
+    eos_ids = tuple(sorted({int(x) for x in (eos, eot) if x is not None}))
+
+    stored = _stored_tensors(reader, path)
+    names, rope_freqs = gguf_weights(path, stored, arch, n_heads, n_kv, names_only=True)
+    kw = dict(
+        arch=fam.name,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        n_layers=int(_field(reader, f"{arch}.block_count")),
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=int(
+            _field(reader, f"{arch}.attention.key_length")
+            or _field(reader, f"{arch}.rope.dimension_count", hidden // n_heads)
+        ),
+        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length", 0)),
+        max_position=int(_field(reader, f"{arch}.context_length")),
+        norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        tie_embeddings="lm_head.weight" not in names,
+        qkv_bias="model.layers.0.self_attn.q_proj.bias" in names,
+        sliding_window=_field(reader, f"{arch}.attention.sliding_window"),
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=eos_ids,
+        name=str(_field(reader, "general.name", path.stem)),
+        source=f"gguf:{path.name}",
+        extra={"rope_freqs": rope_freqs} if rope_freqs is not None else {},
+    )
+    extra = fam.gguf_fields(lambda key, default=None: _field(reader, key, default), arch)
+    # stop tokens the family knows of beyond the file's EOS (Gemma's <end_of_turn>)
+    kw["eos_token_ids"] = tuple(sorted(set(eos_ids) | set(extra.pop("stop_token_ids", ()))))
+    spec = ModelSpec(**kw | extra)
+    # scores only where they rank merges (SentencePiece; Gemma ranks by position)
+    keep_scores = _field(reader, "tokenizer.ggml.model") == "llama" and fam.name != "gemma3"
+    fields = {
+        k: _field(reader, k)
+        for k in reader.fields
+        if k.startswith("tokenizer.ggml.") and (k != "tokenizer.ggml.scores" or keep_scores)
+    }
+    chat_template = _field(reader, "tokenizer.chat_template")
+    index = GGUFIndex(arch, stored)
+    return LoadedModel(
+        spec=spec,
+        weights=index.weights(path, spec) if weights else {},
+        tokenizer_source={"kind": "gguf", "fields": fields},
+        chat_template=chat_template,
+        model_id=model_id or str(path),
+        file_sha256=None,
+        file_path=str(path),
+        gguf_index=index,
+    )
+
+
+@dataclass(frozen=True)
+class GGUFIndex:
+    """What loading a GGUF's weights needs beyond its spec: its architecture's name in the
+    file and where each tensor lies (kept on disk by models/converted.py)."""
+
+    arch: str
+    tensors: list[StoredTensor]
+
+    def weights(self, path: Path, spec: ModelSpec) -> dict:
+        return gguf_weights(Path(path), self.tensors, self.arch, spec.n_heads, spec.n_kv_heads)[0]
