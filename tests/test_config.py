@@ -66,12 +66,6 @@ def test_renamed_options_name_their_replacement(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         p.parse_args(["--attention", "sdpa"])
     assert "--kernels" in capsys.readouterr().err
-    for name, new in (("TOKENWORKS_NO_AMX", "amx_tiles"), ("TOKENWORKS_NO_PACKED", "packed"),
-                      ("TOKENWORKS_NO_C_KERNELS", "kernels='torch'")):  # fmt: skip
-        monkeypatch.setenv(name, "1")
-        with pytest.raises(ValueError, match=new):
-            EngineConfig()
-        monkeypatch.delenv(name)
 
 
 def test_bad_kernel_choices_say_what_to_use():

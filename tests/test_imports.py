@@ -19,13 +19,14 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tokenworks"
 # package (or top-level module) -> the tokenworks packages and modules it may import
 ALLOWED = {
     "units": set(),
-    "paths": set(),
+    "paths": {"environment"},
     "shapes": {"units"},
     "ops": set(),
-    "kernels": {"ops", "paths"},
+    "kernels": {"environment", "ops", "paths"},
     # models keeps a GGUF's blocks as the C kernels' BlockLinear (kernels/block_linear.py)
     "models": {"kernels", "ops", "paths", "shapes", "units"},
     "tokenizer": {"models"},
+    "environment": set(),
     "config": {"kernels", "models"},
     "engine": {"config", "kernels", "models", "ops", "plan", "shapes", "tokenizer", "units"},
     "llm": {"config", "engine", "models"},
@@ -35,6 +36,7 @@ ALLOWED = {
     "bench": {
         "config",
         "engine",
+        "environment",
         "eval",
         "kernels",
         "models",
@@ -49,7 +51,17 @@ ALLOWED = {
     },  # fmt: skip
     "env_report": {"bench", "kernels", "paths"},
     "eval": {"engine", "ops"},
-    "cli": {"bench", "config", "env_report", "models", "plan", "serve", "top", "units"},
+    "cli": {
+        "bench",
+        "config",
+        "env_report",
+        "environment",
+        "models",
+        "plan",
+        "serve",
+        "top",
+        "units",
+    },  # fmt: skip
     "top": {"engine", "llm"},
 }
 
@@ -63,6 +75,12 @@ def imports() -> dict[str, set[tuple[str, str]]]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module == "tokenworks":
+                # `from tokenworks import environment` imports a module, not the package's
+                # top (`from tokenworks import LLM`)
+                layers = {p.stem for p in SRC.glob("*.py")} | {p.name for p in SRC.iterdir()}
+                names = [f"tokenworks.{a.name}" if a.name in layers else "tokenworks"
+                         for a in node.names]  # fmt: skip
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module]
             else:
@@ -187,3 +205,23 @@ def test_no_import_circle_is_hidden_inside_a_function():
 
     circles = sorted((m, t) for m, targets in inner.items() for t in targets if m in reaches(t))
     assert not circles, f"imports inside functions that close a circle: {circles}"
+
+
+def test_the_environment_is_read_in_one_module_only():
+    """os.environ.get, os.getenv, os.environ[...] and `in os.environ` appear in
+    environment.py alone (copying the environment for a child process is no read)."""
+    reads = []
+    for path in SRC.rglob("*.py"):
+        if path.name == "environment.py" and path.parent == SRC:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            environ = lambda n: ast.unparse(n) == "os.environ"  # noqa: E731
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in (
+                "os.environ.get", "os.getenv", "os.environ.setdefault", "os.environ.pop",
+            ):  # fmt: skip
+                reads.append((path.name, node.lineno))
+            elif isinstance(node, ast.Subscript) and environ(node.value):
+                reads.append((path.name, node.lineno))
+            elif isinstance(node, ast.Compare) and any(environ(c) for c in node.comparators):
+                reads.append((path.name, node.lineno))
+    assert not reads, f"the environment read outside environment.py: {sorted(reads)}"

@@ -128,14 +128,11 @@ def test_bfloat16_int8_and_int4_stay_close_to_the_oracle(smol_llm, smol_loaded, 
     assert (top_ours == top_ref).mean() > 0.8
 
 
-@pytest.mark.parametrize("no_converted", ["0", "1"])  # from the converted copy; the GGUF
-def test_a_read_without_weights_gives_the_same_spec_and_tokenizer(
-    smol_loaded, monkeypatch, no_converted
-):
+@pytest.mark.parametrize("keep_index", [True, False])  # from the kept index; the GGUF
+def test_a_read_without_weights_gives_the_same_spec_and_tokenizer(smol_loaded, keep_index):
     from tokenworks.models import load
 
-    monkeypatch.setenv("TOKENWORKS_NO_CONVERTED", no_converted)
-    bare = load("smollm2-135m", weights=False)
+    bare = load("smollm2-135m", weights=False, keep_index=keep_index)
     assert bare.weights == {} and bare.spec == smol_loaded.spec
     assert bare.tokenizer_source == smol_loaded.tokenizer_source
     assert bare.chat_template == smol_loaded.chat_template

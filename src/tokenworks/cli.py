@@ -5,9 +5,9 @@ quant, queue, spec, cost, batching, paging)"""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
+from tokenworks import environment
 from tokenworks.config import add_engine_arguments, engine_kwargs
 from tokenworks.models.catalogue import DEFAULT_MODEL
 from tokenworks.serve.limits import add_limit_arguments
@@ -292,6 +292,11 @@ def _record_args(p: argparse.ArgumentParser) -> None:
         metavar="NAME=PYTHON",
         help="also measure a peer in the same run from its own venv: "
         "llama.cpp=/path/to/venv/bin/python, transformers=..., vllm=... (repeatable)",
+    )
+    p.add_argument(
+        "--hf-dir",
+        default=None,
+        help="a Hugging Face copy of the model, for the peers that read one (vLLM)",
     )
 
 
@@ -611,7 +616,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_arguments(p)
     p.add_argument(
         "--peers-dir",
-        default=os.environ.get("TOKENWORKS_PEERS", "peers"),
+        default=environment.get("TOKENWORKS_PEERS", "peers"),
         help="where the peers' venvs live (benchmarks/peers.sh; default $TOKENWORKS_PEERS "
         "or ./peers)",
     )

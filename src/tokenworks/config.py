@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import typing
 from dataclasses import asdict, dataclass, field
 
@@ -26,10 +25,6 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # options that were renamed or moved into the config: old name -> what to use instead
 RENAMED = {
     "attention": "kernels (auto, c or torch; 'cpp' is now 'c', 'sdpa' is now 'torch')",
-    "TOKENWORKS_NO_C_KERNELS": "kernels='torch' (--kernels torch)",
-    "TOKENWORKS_NO_AMX": "amx_tiles=False (--no-amx-tiles)",
-    "TOKENWORKS_NO_PACKED": "packed_products=False (--no-packed-products)",
-    "TOKENWORKS_KEEP_FREED_MEMORY": "keep_freed_memory (--no-keep-freed-memory)",
 }
 
 
@@ -185,6 +180,14 @@ class EngineConfig:
             "step's pages instead of faulting in new ones (engine/host_memory.py)"
         ),
     )
+    keep_gguf_index: bool = field(
+        default=True,
+        metadata=option(
+            "keep an index of a GGUF file's spec, tokenizer and tensor offsets under "
+            "$TOKENWORKS_HOME/converted, so later loads skip reading its metadata "
+            "(models/converted.py); --no-keep-gguf-index reads the file every time"
+        ),
+    )
     block_size: int = field(default=16, metadata=option("tokens per KV block", group=MEMORY))
     kv_cache_memory: float | None = field(
         default=None,
@@ -302,9 +305,6 @@ class EngineConfig:
         if self.speculative_config is not None:
             spec = SpeculativeConfig.parse(self.speculative_config)
             object.__setattr__(self, "speculative_config", spec)
-        for name in RENAMED:
-            if name.startswith("TOKENWORKS_") and name in os.environ:
-                raise ValueError(f"{name} is no longer read: use {RENAMED[name]}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype {self.dtype!r} is not one of auto, {', '.join(DTYPES)}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from tokenworks import environment
 
 
 def home() -> Path:
     """The cache root: model files, converted weights and built kernels live under it."""
-    return Path(os.environ.get("TOKENWORKS_HOME", Path.home() / ".cache" / "tokenworks"))
+    return Path(environment.get("TOKENWORKS_HOME") or Path.home() / ".cache" / "tokenworks")

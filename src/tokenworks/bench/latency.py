@@ -158,7 +158,7 @@ def run_latency(args, peers: dict[str, str] | None = None, not_run: dict | None 
     peer_results = {name: {"status": "NOT_RUN", "reason": r} for name, r in (not_run or {}).items()}
     peer_args = {
         "gguf": llm.engine.loaded.file_path,
-        "hf_dir": os.environ.get("TOKENWORKS_PEER_HF_DIR", ""),
+        "hf_dir": args.hf_dir or "",
         "prompt": prompt,
         "short": short,
         "decode_tokens": args.decode_tokens,

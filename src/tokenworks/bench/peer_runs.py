@@ -87,12 +87,8 @@ def run_peers(args) -> Path:
     threads = args.threads or 2
     args = _with(args, threads=threads, peer=[])
     gguf = model_file(args.model)
-    hf_dir = (
-        args.hf_dir
-        or os.environ.get("TOKENWORKS_PEER_HF_DIR")
-        or str(Path(args.peers_dir) / "smol-hf")
-    )
-    os.environ["TOKENWORKS_PEER_HF_DIR"] = hf_dir  # the peer scripts read it
+    hf_dir = args.hf_dir or str(Path(args.peers_dir) / "smol-hf")
+    args = _with(args, hf_dir=hf_dir)  # for the peers that read a Hugging Face copy
     serving_manifest = _load(args.serving_manifest, SERVING_MANIFEST)
     context = max(512, 2 * _longest(serving_manifest))
     peers = discover(

@@ -18,6 +18,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from tokenworks import environment
+
 SCHEMA = "tokenworks.evidence/1"
 
 
@@ -92,6 +94,7 @@ def make_record(
         "git": git_state(),
         "hardware": hardware(),
         "software": software(),
+        "environment": environment.snapshot(),
         "engine": engine,
         "model": model,
         "workload": {"manifest": workload, "sha256": manifest_sha256(workload)},

@@ -18,7 +18,6 @@ shared machine one engine's figure moves a lot between runs minutes apart.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -96,7 +95,7 @@ def run_throughput(args, peers: dict[str, str] | None = None, not_run: dict | No
 
     peer_args = {
         "gguf": engine.loaded.file_path,
-        "hf_dir": os.environ.get("TOKENWORKS_PEER_HF_DIR", ""),
+        "hf_dir": args.hf_dir or "",
         "prompts": prompts,
         "max_tokens": max_tokens,
         "ignore_eos": ignore_eos,

@@ -82,7 +82,8 @@ class EngineView:
     def build(cls, config: EngineConfig, ready: m.Ready) -> EngineView:
         from tokenworks.models import load
 
-        loaded = load(config.model, weights=False)  # the core holds the weights
+        # the core holds the weights
+        loaded = load(config.model, weights=False, keep_index=config.keep_gguf_index)
         layout = KVLayout(
             tuple(KVGroup(tuple(layers), window) for layers, window in ready.kv_groups),
             ready.kv_group_size,

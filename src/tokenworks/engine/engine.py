@@ -101,7 +101,7 @@ class LLMEngine:
         if config.device == "cpu" and config.keep_freed_memory:
             keep_freed_memory()  # each step's buffers reuse the last step's pages
         own = loaded is None  # weights this engine read itself are dropped once built
-        loaded = loaded or load(config.model)
+        loaded = loaded or load(config.model, keep_index=config.keep_gguf_index)
         self.spec = loaded.spec
         self.tokenizer = TokenizerWrapper.from_loaded(loaded)
         # what the weights run as: the GGUF's blocks by default (config.resolved_quantization)

@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from tokenworks import environment
 from tokenworks.kernels.abi import SIGNATURES
 from tokenworks.paths import home
 
@@ -47,7 +48,7 @@ def cpu_tag() -> str:
 
 def compiler() -> str | None:
     """The C compiler the kernels are built with: $CC, else cc, else gcc (None: none)."""
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    return environment.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
 def build(cc: str, flags: list[str] = FLAGS) -> Path:

@@ -7,7 +7,7 @@ tokenizer holds 98,000 of them): seconds before the first token of every `genera
 index holds what that reading gives (the spec, the tokenizer's fields, the chat template)
 and where each tensor lies in the file, as JSON; a later load reads it and maps the file's
 tensors as they are stored (models/gguf_file.gguf_weights). No copy of the weights is kept.
-TOKENWORKS_NO_CONVERTED=1 reads the GGUF every time.
+EngineConfig.keep_gguf_index off (--no-keep-gguf-index) reads the GGUF every time.
 """
 
 from __future__ import annotations
@@ -42,10 +42,6 @@ def key_for(path: Path, sha256: str | None) -> str:
 
 def _dir(key: str) -> Path:
     return home() / "converted" / key
-
-
-def enabled() -> bool:
-    return os.environ.get("TOKENWORKS_NO_CONVERTED", "") in ("", "0")
 
 
 def load_converted(

@@ -25,25 +25,26 @@ from tokenworks.models.toy import load_toy
 log = logging.getLogger(__name__)
 
 
-def load(model: str, weights: bool = True) -> LoadedModel:
+def load(model: str, weights: bool = True, keep_index: bool = True) -> LoadedModel:
     """Resolve a model argument to weights and a spec (see the module docstring).
 
     weights=False reads only the spec, tokenizer and chat template (`weights` is empty):
     what a process that tokenises for an engine elsewhere needs, at a fraction of the
-    memory and time."""
+    memory and time. keep_index=False reads a GGUF's metadata from the file even where an
+    index of it is kept (models/converted.py), and keeps none."""
     if model == "toy":
         return load_toy()
     if model in catalogue.CATALOGUE:
         entry = catalogue.lookup(model)
         path = catalogue.pull(model)
-        loaded = load_gguf_once(path, model, entry.sha256, weights)
+        loaded = load_gguf_once(path, model, entry.sha256, weights, keep_index)
         loaded.chat_template = loaded.chat_template or entry.chat_template
         return loaded
     path = Path(model).expanduser()
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelLoadError(f"{path} is a file but not a .gguf; pass a .gguf or a directory")
-        return load_gguf_once(path, model, weights=weights)
+        return load_gguf_once(path, model, weights=weights, keep_index=keep_index)
     if path.is_dir():
         return load_hf_dir(path, model_id=model, weights=weights)
     if re.fullmatch(r"[\w.-]+/[\w.-]+", model) and not model.startswith((".", "/")):
@@ -53,10 +54,14 @@ def load(model: str, weights: bool = True) -> LoadedModel:
 
 
 def load_gguf_once(
-    path: Path, model_id: str, sha256: str | None = None, weights: bool = True
+    path: Path,
+    model_id: str,
+    sha256: str | None = None,
+    weights: bool = True,
+    keep_index: bool = True,
 ) -> LoadedModel:
     """load_gguf, from the index kept of the file where there is one (models/converted.py)."""
-    if not converted.enabled():
+    if not keep_index:
         loaded = load_gguf(path, model_id=model_id, weights=weights)
         loaded.file_sha256 = sha256
         return loaded
