@@ -27,11 +27,12 @@ ALLOWED = {
     "models": {"kernels", "ops", "paths", "shapes", "units"},
     "tokenizer": {"models"},
     "environment": set(),
-    "config": {"kernels", "models"},
+    "options": set(),
+    "config": {"kernels", "models", "options"},
     "engine": {"config", "kernels", "models", "ops", "plan", "shapes", "tokenizer", "units"},
     "llm": {"config", "engine", "models"},
     "plan": {"shapes", "units"},
-    "serve": {"config", "engine", "models", "tokenizer", "units"},
+    "serve": {"config", "engine", "models", "options", "tokenizer", "units"},
     # bench measures layers below the engine directly too (one MoE layer, one attention)
     "bench": {
         "config",
@@ -57,6 +58,7 @@ ALLOWED = {
         "env_report",
         "environment",
         "models",
+        "options",
         "plan",
         "serve",
         "top",

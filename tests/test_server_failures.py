@@ -24,7 +24,7 @@ def _tiny(loaded, engine_process: bool):
     return start_server(
         loaded,
         api_keys=(KEY,),
-        limits=ServerLimits(max_body_bytes=64 * 1024),
+        limits=ServerLimits(max_body_mb=1 / 16),
         engine_process=engine_process,
         max_num_seqs=1,
         max_waiting=1,

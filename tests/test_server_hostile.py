@@ -20,8 +20,8 @@ KEYS = ("tenant-a-key", "tenant-b-key")
 A, B = ({"authorization": f"Bearer {k}"} for k in KEYS)
 USER = [{"role": "user", "content": "Say hi."}]
 LIMITS = ServerLimits(
-    max_body_bytes=256 * 1024, max_stop=8, max_n=4, max_logprobs=5, max_messages=50,
-    max_tools=4, max_tools_bytes=4096, max_prompts=4,
+    max_body_mb=0.25, max_stop=8, max_n=4, max_logprobs=5, max_messages=50,
+    max_tools=4, max_tools_kb=4, max_prompts=4,
 )  # fmt: skip
 
 

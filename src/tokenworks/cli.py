@@ -10,7 +10,9 @@ import sys
 from tokenworks import environment
 from tokenworks.config import add_engine_arguments, engine_kwargs
 from tokenworks.models.catalogue import DEFAULT_MODEL
-from tokenworks.serve.limits import add_limit_arguments
+from tokenworks.options import add_arguments
+from tokenworks.serve.limits import ServerLimits
+from tokenworks.serve.serve_config import ServeConfig
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -111,9 +113,17 @@ def _answer(llm, prompt: str, params):
 
 
 def cmd_serve(args) -> int:
+    from tokenworks.config import EngineConfig
+    from tokenworks.options import from_args
+    from tokenworks.serve.limits import ServerLimits
+    from tokenworks.serve.serve_config import ServeConfig
     from tokenworks.serve.server import run_server
 
-    return run_server(args, engine_kwargs(args))
+    try:
+        options, limits = from_args(ServeConfig, args), from_args(ServerLimits, args)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    return run_server(EngineConfig(model=args.model, **engine_kwargs(args)), options, limits)
 
 
 def cmd_pull(args) -> int:
@@ -370,89 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="an OpenAI- and Anthropic-compatible HTTP server")
     add_engine_arguments(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: local only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument(
-        "--api-key",
-        action="append",
-        default=[],
-        metavar="KEY",
-        help="require this key (Authorization: Bearer KEY or x-api-key: KEY) on every "
-        "endpoint but /health and /metrics; repeatable, one key per tenant: each key's "
-        "requests get their own prefix-cache salt, so tenants never share cached blocks",
-    )
-    p.add_argument(
-        "--metrics-require-key", action="store_true", help="guard /metrics with the key too"
-    )
-    p.add_argument(
-        "--shared-prefix-cache",
-        action="store_true",
-        help="with several --api-key: let tenants share cached prompt blocks (faster for "
-        "common prefixes, but one tenant can then time another's prompts)",
-    )
-    p.add_argument(
-        "--engine-process",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run the engine core in a process of its own (engine/core.py), the server "
-        "process keeping HTTP, templates, tokenising and detokenising; if the core dies, "
-        "the server exits with status 1, unless --restart-engine. --no-engine-process runs "
-        "the engine in a thread of the server process",
-    )
-    p.add_argument(
-        "--data-parallel-size",
-        type=int,
-        default=1,
-        metavar="N",
-        help="N engine cores, each in its own process with its own KV pool and --threads, "
-        "behind this one server",
-    )
-    p.add_argument(
-        "--distributed-executor-backend",
-        default="mp",
-        choices=["mp", "ray"],
-        help="where engine cores run: mp, local processes; ray, Ray actors placed on the "
-        "cluster RAY_ADDRESS names (or a local one), each taking --threads CPUs (needs "
-        "pip install 'tokenworks[ray]')",
-    )
-    p.add_argument(
-        "--router",
-        default="prefix",
-        choices=["prefix", "least_loaded", "round_robin"],
-        help="with --data-parallel-size: which replica takes a request: the one that last "
-        "took a prompt with the same leading blocks (its prefix cache has them), the one "
-        "with the fewest outstanding tokens, or each in turn",
-    )
-    p.add_argument(
-        "--restart-engine",
-        action="store_true",
-        help="start a new engine core when one dies (the requests "
-        "in flight fail; later ones are served)",
-    )
-    p.add_argument(
-        "--served-model-name",
-        action="append",
-        default=[],
-        help="another name clients may use for the model (repeatable)",
-    )
-    p.add_argument(
-        "--request-timeout",
-        type=float,
-        default=600.0,
-        metavar="S",
-        help="cancel a request that has not finished after S seconds (504)",
-    )
-    p.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="on SIGTERM or SIGINT: refuse new requests (503), give those in flight up to S "
-        "seconds to finish, end the rest with an error, stop and exit 0 (a second signal "
-        "exits at once)",
-    )
-    add_limit_arguments(p)
-    p.add_argument("--log-level", default="info")
+    add_arguments(p, ServeConfig, "server")
+    add_arguments(p, ServerLimits)
     p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("pull", help="fetch a catalogue model into the cache")

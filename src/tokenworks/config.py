@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import typing
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from tokenworks.kernels import KERNELS
 from tokenworks.models.catalogue import DEFAULT_MODEL
+from tokenworks.options import add_arguments, fields_of, option, to_argv
 
 QUANTIZATIONS = (None, "gguf", "none", "int8", "int4")  # None: gguf for a GGUF file on the CPU
 DRAFT_QUANTIZATIONS = (None, "int8", "int4")
@@ -29,12 +29,6 @@ RENAMED = {
 
 
 DEFAULT_DTYPE = "bfloat16"  # the fast dtype on CPU and CUDA alike (float32 always runs)
-
-
-def option(help: str, flag: str | None = None, group: str = "model and kernels", **argparse_kw):
-    """A field's command-line metadata: its help, and where it differs from the field's
-    own name (--field-name), its flag."""
-    return {"help": help, "flag": flag, "group": group, "argparse": argparse_kw}
 
 
 MEMORY = "KV memory and scheduling"
@@ -383,21 +377,6 @@ class EngineConfig:
         return {**asdict(self), "dtype": self.resolved_dtype}
 
 
-def _fields() -> list[tuple[dataclasses.Field, type]]:
-    """Each field with its type (X for X | None)."""
-    hints = typing.get_type_hints(EngineConfig)
-    out = []
-    for f in dataclasses.fields(EngineConfig):
-        kind = hints[f.name]
-        args = [a for a in typing.get_args(kind) if a is not type(None)]
-        out.append((f, args[0] if args else kind))
-    return out
-
-
-def _flag(f: dataclasses.Field) -> str:
-    return f.metadata["flag"] or "--" + f.name.replace("_", "-")
-
-
 class _Renamed(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         parser.error(f"{option_string} was renamed: use --{RENAMED[self.dest]}")
@@ -405,44 +384,16 @@ class _Renamed(argparse.Action):
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     """The command-line flags of every command that builds an engine: one per field."""
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for f, kind in _fields():
-        meta = f.metadata
-        group = p if meta["group"] == "model and kernels" else groups.get(meta["group"])
-        if group is None:
-            group = groups[meta["group"]] = p.add_argument_group(meta["group"])
-        names = [_flag(f)] + ([meta["argparse"]["short"]] if "short" in meta["argparse"] else [])
-        kw = {"type": kind} | {k: v for k, v in meta["argparse"].items() if k != "short"}
-        help_text = meta["help"] + (f" (default: {f.default})" if f.default is not None else "")
-        if kind is bool:
-            group.add_argument(
-                *names, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
-                help=meta["help"] + f" (default: {'on' if f.default else 'off'})",
-            )  # fmt: skip
-        else:
-            group.add_argument(
-                *names, dest=f.name, default=f.default,
-                help=help_text.replace("%", "%%"), **kw,
-            )  # fmt: skip
+    add_arguments(p, EngineConfig)
     p.add_argument("--attention", dest="attention", action=_Renamed, help=argparse.SUPPRESS)
 
 
 def engine_kwargs(args) -> dict:
     """EngineConfig fields (all but the model) from the flags add_engine_arguments made."""
-    return {f.name: getattr(args, f.name) for f, _ in _fields() if f.name != "model"}
+    return {f.name: getattr(args, f.name) for f, _ in fields_of(EngineConfig) if f.name != "model"}
 
 
 def engine_argv(args) -> list[str]:
     """The engine flags back as a command line (for a `tokenworks serve` child process):
     every flag whose value differs from its field's default."""
-    argv = []
-    for f, kind in _fields():
-        value = getattr(args, f.name, f.default)
-        if value == f.default or value is None:
-            continue
-        flag = _flag(f)
-        if kind is bool:
-            argv.append(flag if value else "--no-" + flag[2:])
-        else:
-            argv += [flag, str(value)]
-    return argv
+    return to_argv(EngineConfig, args)

@@ -8,35 +8,75 @@ and the flag that sets its bound.
 
 from __future__ import annotations
 
-import argparse
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from tokenworks.engine.request import MAX_LOGPROBS
+from tokenworks.options import option
 from tokenworks.serve.errors import bad_request
 
 MiB = 1024 * 1024
+LIMITS = "request limits (each refusal is a 400 naming the field)"
 
 
 @dataclass(frozen=True)
 class ServerLimits:
-    max_body_bytes: int = 8 * MiB  # --max-body-mb: the request body, with or without a length
-    max_stop: int = 64  # --max-stop: stop strings in one request
-    max_stop_chars: int = 1024  # --max-stop-chars: characters in one stop string
-    max_n: int = 16  # --max-n: completions of one prompt (n)
-    max_logprobs: int = MAX_LOGPROBS  # --max-logprobs: top alternatives per token
-    max_messages: int = 2048  # --max-messages: messages in one conversation
-    max_tools: int = 128  # --max-tools: tools offered in one request
-    max_tools_bytes: int = 256 * 1024  # --max-tools-kb: their definitions as JSON, together
-    max_prompts: int = 256  # --max-prompts: prompts in one /v1/completions request
+    """Each bound a `tokenworks serve` flag of the same name (--max-body-mb ...)."""
+
+    max_body_mb: float = field(
+        default=8.0,
+        metadata=option("largest request body, with or without Content-Length (413)",
+                        group=LIMITS, metavar="MIB"),
+    )  # fmt: skip
+    max_stop: int = field(default=64, metadata=option("stop strings a request", group=LIMITS))
+    max_stop_chars: int = field(
+        default=1024, metadata=option("characters a stop string", group=LIMITS)
+    )
+    max_n: int = field(default=16, metadata=option("completions per prompt (n)", group=LIMITS))
+    max_logprobs: int = field(
+        default=MAX_LOGPROBS, metadata=option("top alternatives per token", group=LIMITS)
+    )
+    max_messages: int = field(
+        default=2048, metadata=option("messages a conversation", group=LIMITS)
+    )
+    max_tools: int = field(default=128, metadata=option("tools a request", group=LIMITS))
+    max_tools_kb: float = field(
+        default=256.0,
+        metadata=option("the tools' definitions as JSON, KiB in all", group=LIMITS),
+    )
+    max_prompts: int = field(
+        default=256, metadata=option("prompts a /v1/completions call", group=LIMITS)
+    )
     # slow readers: output a stream may hold undelivered before its client is dropped
-    max_stream_backlog: int = 4096  # --max-stream-backlog: tokens
-    max_stream_stall_s: float = 120.0  # --max-stream-stall: seconds without taking any
+    max_stream_backlog: int = field(
+        default=4096,
+        metadata=option(
+            "output tokens a stream may hold undelivered; a client further behind is "
+            "disconnected (its request cancelled, its KV blocks freed)",
+            group=LIMITS, metavar="TOKENS",
+        ),
+    )  # fmt: skip
+    max_stream_stall_s: float = field(
+        default=120.0,
+        metadata=option(
+            "seconds a stream may hold undelivered output that its client does not read",
+            flag="--max-stream-stall", group=LIMITS, metavar="S",
+        ),
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if value < (0 if name == "max_stop" else 1):
-                raise ValueError(f"{name} must be >= {0 if name == 'max_stop' else 1}")
+            if value < 0 or (value == 0 and name != "max_stop"):
+                least = "0 or more" if name == "max_stop" else "more than 0"
+                raise ValueError(f"{name} is {value}: give {least}")
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_body_mb * MiB)
+
+    @property
+    def max_tools_bytes(self) -> int:
+        return int(self.max_tools_kb * 1024)
 
     # ------------------------------------------------------------------ checks
 
@@ -95,56 +135,3 @@ class ServerLimits:
                 f"prompt holds {count} prompts; at most {self.max_prompts} here (--max-prompts)",
                 "prompt",
             )
-
-
-def add_limit_arguments(p: argparse.ArgumentParser) -> None:
-    d = ServerLimits()
-    g = p.add_argument_group("request limits (each refusal is a 400 naming the field)")
-    g.add_argument(
-        "--max-body-mb", type=float, default=d.max_body_bytes / MiB,
-        help="largest request body in MiB, with or without Content-Length (413)",
-    )  # fmt: skip
-    g.add_argument("--max-stop", type=int, default=d.max_stop, help="stop strings a request")
-    g.add_argument(
-        "--max-stop-chars", type=int, default=d.max_stop_chars, help="characters a stop string"
-    )
-    g.add_argument("--max-n", type=int, default=d.max_n, help="completions per prompt (n)")
-    g.add_argument(
-        "--max-logprobs", type=int, default=d.max_logprobs, help="top alternatives per token"
-    )
-    g.add_argument(
-        "--max-messages", type=int, default=d.max_messages, help="messages a conversation"
-    )
-    g.add_argument("--max-tools", type=int, default=d.max_tools, help="tools a request")
-    g.add_argument(
-        "--max-tools-kb", type=float, default=d.max_tools_bytes / 1024,
-        help="the tools' definitions as JSON, KiB in all",
-    )  # fmt: skip
-    g.add_argument(
-        "--max-prompts", type=int, default=d.max_prompts, help="prompts a /v1/completions call"
-    )
-    g.add_argument(
-        "--max-stream-backlog", type=int, default=d.max_stream_backlog, metavar="TOKENS",
-        help="output tokens a stream may hold undelivered; a client further behind is "
-        "disconnected (its request cancelled, its KV blocks freed)",
-    )  # fmt: skip
-    g.add_argument(
-        "--max-stream-stall", type=float, default=d.max_stream_stall_s, metavar="S",
-        help="seconds a stream may hold undelivered output that its client does not read",
-    )  # fmt: skip
-
-
-def limits_from_args(args) -> ServerLimits:
-    return ServerLimits(
-        max_body_bytes=int(args.max_body_mb * MiB),
-        max_stop=args.max_stop,
-        max_stop_chars=args.max_stop_chars,
-        max_n=args.max_n,
-        max_logprobs=args.max_logprobs,
-        max_messages=args.max_messages,
-        max_tools=args.max_tools,
-        max_tools_bytes=int(args.max_tools_kb * 1024),
-        max_prompts=args.max_prompts,
-        max_stream_backlog=args.max_stream_backlog,
-        max_stream_stall_s=args.max_stream_stall,
-    )

@@ -19,8 +19,9 @@ from tokenworks.engine.engine import LLMEngine
 from tokenworks.engine.replicas import ReplicaRouter
 from tokenworks.serve.app import build_app
 from tokenworks.serve.common import ServerState
-from tokenworks.serve.limits import ServerLimits, limits_from_args
+from tokenworks.serve.limits import ServerLimits
 from tokenworks.serve.metrics import ServerMetrics
+from tokenworks.serve.serve_config import ServeConfig
 
 log = logging.getLogger("tokenworks.serve")
 
@@ -50,23 +51,9 @@ def make_state(
     )
 
 
-def run_server(args, engine_kwargs: dict) -> int:
+def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits) -> int:
     """Serve until stopped; the exit status: 1 when the engine core died for good."""
-
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    config = EngineConfig(model=args.model, **engine_kwargs)
-    replicas = args.data_parallel_size
-    if replicas < 1:
-        raise SystemExit(f"--data-parallel-size {replicas}: give 1 or more")
-    if args.shutdown_timeout < 0:
-        raise SystemExit(f"--shutdown-timeout {args.shutdown_timeout}: give 0 or more seconds")
-    in_process = not args.engine_process
-    backend = "thread" if in_process else args.distributed_executor_backend
-    if in_process and (args.restart_engine or replicas > 1 or backend != "thread"):
-        raise SystemExit(
-            "--restart-engine, --data-parallel-size and --distributed-executor-backend run "
-            "engine cores of their own: leave out --no-engine-process"
-        )
     server: GracefulServer | None = None
 
     def stop(why: str) -> None:  # a core is gone: stop serving, exit non-zero
@@ -76,31 +63,32 @@ def run_server(args, engine_kwargs: dict) -> int:
 
     from tokenworks.engine.ray_cores import RayNotInstalledError
 
-    cores = [CoreClient(config, restart=args.restart_engine, on_death=stop, backend=backend)
-             for _ in range(replicas)]  # fmt: skip
-    engine = cores[0] if replicas == 1 else ReplicaRouter(cores, args.router)
+    cores = [
+        CoreClient(config, restart=options.restart_engine, on_death=stop, backend=options.backend)
+        for _ in range(options.data_parallel_size)
+    ]
+    engine = cores[0] if len(cores) == 1 else ReplicaRouter(cores, options.router)
     try:
         engine.start()
     except RayNotInstalledError as e:
         raise SystemExit(str(e)) from None
-    names = [args.model, *args.served_model_name]
     state = make_state(
         engine,
-        names,
-        args.request_timeout,
-        limits_from_args(args),
-        api_keys=args.api_key or (),
-        metrics_require_key=args.metrics_require_key,
-        tenant_salts=not args.shared_prefix_cache,
+        [config.model, *options.served_model_name],
+        options.request_timeout,
+        limits,
+        api_keys=options.api_key,
+        metrics_require_key=options.metrics_require_key,
+        tenant_salts=not options.shared_prefix_cache,
     )
     app = build_app(state)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+    if options.host not in ("127.0.0.1", "localhost", "::1") and not options.api_key:
         log.warning("serving on %s without --api-key: anyone who can reach it can use it",
-                    args.host)  # fmt: skip
+                    options.host)  # fmt: skip
     server = GracefulServer(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+        uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level,
                        timeout_graceful_shutdown=ENDING_S),
-        state, args.shutdown_timeout,
+        state, options.shutdown_timeout,
     )  # fmt: skip
     if not _died(engine):  # (a core that died before now stops us here)
         server.run()

@@ -1,0 +1,131 @@
+"""The server's own options (where it listens, who may use it, where its engine cores run,
+how it stops), each a `tokenworks serve` flag made from the field; the engine's are
+EngineConfig's, the request limits ServerLimits'."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenworks.engine.replicas import POLICIES
+from tokenworks.options import option
+
+PROCESS_BACKENDS = ("mp", "ray")  # where cores of their own run (CoreClient's other than thread)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    host: str = field(default="127.0.0.1", metadata=option("address to bind (default: local only)"))
+    port: int = field(default=8000, metadata=option("port to listen on"))
+    api_key: list[str] = field(
+        default_factory=list,
+        metadata=option(
+            "require this key (Authorization: Bearer KEY or x-api-key: KEY) on every "
+            "endpoint but /health and /metrics; repeatable, one key per tenant: each key's "
+            "requests get their own prefix-cache salt, so tenants never share cached blocks",
+            metavar="KEY",
+        ),
+    )
+    metrics_require_key: bool = field(
+        default=False, metadata=option("guard /metrics with the key too")
+    )
+    shared_prefix_cache: bool = field(
+        default=False,
+        metadata=option(
+            "with several --api-key: let tenants share cached prompt blocks (faster for "
+            "common prefixes, but one tenant can then time another's prompts)"
+        ),
+    )
+    engine_process: bool = field(
+        default=True,
+        metadata=option(
+            "run the engine core in a process of its own (engine/core.py), the server "
+            "process keeping HTTP, templates, tokenising and detokenising; if the core dies, "
+            "the server exits with status 1, unless --restart-engine. --no-engine-process "
+            "runs the same core in a thread of the server process"
+        ),
+    )
+    data_parallel_size: int = field(
+        default=1,
+        metadata=option(
+            "N engine cores, each in its own process with its own KV pool and --threads, "
+            "behind this one server",
+            metavar="N",
+        ),
+    )
+    distributed_executor_backend: str = field(
+        default="mp",
+        metadata=option(
+            "where engine cores run: mp, local processes; ray, Ray actors placed on the "
+            "cluster RAY_ADDRESS names (or a local one), each taking --threads CPUs (needs "
+            "pip install 'tokenworks[ray]')",
+            choices=PROCESS_BACKENDS,
+        ),
+    )
+    router: str = field(
+        default="prefix",
+        metadata=option(
+            "with --data-parallel-size: which replica takes a request: the one that last "
+            "took a prompt with the same leading blocks (its prefix cache has them), the one "
+            "with the fewest outstanding tokens, or each in turn",
+            choices=POLICIES,
+        ),
+    )
+    restart_engine: bool = field(
+        default=False,
+        metadata=option(
+            "start a new engine core when one dies (the requests in flight fail; later "
+            "ones are served)"
+        ),
+    )
+    served_model_name: list[str] = field(
+        default_factory=list,
+        metadata=option("another name clients may use for the model (repeatable)"),
+    )
+    request_timeout: float = field(
+        default=600.0,
+        metadata=option(
+            "cancel a request that has not finished after S seconds (504)", metavar="S"
+        ),
+    )
+    shutdown_timeout: float = field(
+        default=30.0,
+        metadata=option(
+            "on SIGTERM or SIGINT: refuse new requests (503), give those in flight up to S "
+            "seconds to finish, end the rest with an error, stop and exit 0 (a second "
+            "signal exits at once)",
+            metavar="S",
+        ),
+    )
+    log_level: str = field(
+        default="info",
+        metadata=option("uvicorn's log level", choices=("critical", "error", "warning",
+                                                        "info", "debug", "trace")),
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.data_parallel_size < 1:
+            raise ValueError(f"--data-parallel-size {self.data_parallel_size}: give 1 or more")
+        if self.shutdown_timeout < 0:
+            raise ValueError(f"--shutdown-timeout {self.shutdown_timeout}: give 0 or more")
+        if self.distributed_executor_backend not in PROCESS_BACKENDS:
+            raise ValueError(
+                f"--distributed-executor-backend {self.distributed_executor_backend!r}: "
+                f"expected one of {', '.join(PROCESS_BACKENDS)}"
+            )
+        if self.router not in POLICIES:
+            raise ValueError(f"--router {self.router!r}: expected one of {', '.join(POLICIES)}")
+        own_cores = (
+            self.restart_engine
+            or self.data_parallel_size > 1
+            or self.distributed_executor_backend != "mp"
+        )
+        if not self.engine_process and own_cores:
+            raise ValueError(
+                "--restart-engine, --data-parallel-size and --distributed-executor-backend "
+                "run engine cores of their own: leave out --no-engine-process"
+            )
+
+    @property
+    def backend(self) -> str:
+        """CoreClient's backend for the engine cores."""
+        return self.distributed_executor_backend if self.engine_process else "thread"
