@@ -3,7 +3,8 @@
 A streamed answer is the exact event sequence the Anthropic SDK expects: message_start,
 then per content block content_block_start / content_block_delta (text_delta, or
 input_json_delta for a tool_use block) / content_block_stop, then message_delta (stop
-reason and output tokens) and message_stop.
+reason and output tokens) and message_stop. The non-streamed answer is those same events
+folded into one message, so the two cannot disagree.
 """
 
 from __future__ import annotations
@@ -12,17 +13,13 @@ import json
 import secrets
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
 from tokenworks.serve import api_times, structured, tools
 from tokenworks.serve.common import (
     ServerState,
-    abort_on_disconnect,
+    answer,
     clamp_max_tokens,
-    collect,
-    merged_text,
     render_chat,
-    respond,
     sampling_params,
     sse,
     stream_error,
@@ -161,67 +158,28 @@ async def messages(body: AnthropicMessagesRequest, request: Request):
         deadline=state.deadline(body.deadline),
         cache_salt=tenant_salt(state, request, None),
     )
-    message_id = "msg_" + secrets.token_hex(12)
-    parse = bool(offered)
-    if body.stream:
-        return StreamingResponse(
-            _stream(state, request, body, updates, rid, message_id, parse),
-            media_type="text/event-stream",
-        )
-    try:
-        got = await collect(request, updates)
-    except Exception as e:
-        raise stream_error(e) from e
-    out = merged_text(got, 1)[0]
-    content: list[dict] = []
-    has_calls = False
-    if parse:
-        parser = tools.ToolCallParser("toolu_")
-        for kind, value in parser.feed(out["text"]) + parser.finish():
-            if kind == "text":
-                content.append({"type": "text", "text": value})
-            elif kind == "call_end":
-                has_calls = True
-                content.append(
-                    {
-                        "type": "tool_use",
-                        "id": value.id,
-                        "name": value.name,
-                        "input": _input(value.arguments),
-                    }
-                )
-    elif out["text"]:
-        content.append({"type": "text", "text": out["text"]})
-    stop_reason, stop_sequence = _stop_reason(out["finish_reason"], out["stop_reason"], has_calls)
-    last = got[-1]
-    return respond(
-        {
-            "id": message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": body.model,
-            "content": content,
-            "stop_reason": stop_reason,
-            "stop_sequence": stop_sequence,
-            "usage": {
-                "input_tokens": last.prompt_tokens,
-                "output_tokens": len(out["token_ids"]),
-                "cache_read_input_tokens": last.cached_tokens,
-                "cache_creation_input_tokens": 0,
-            },
-        }
-    )
+    items = message_events(body, updates, "msg_" + secrets.token_hex(12), bool(offered))
+    return await answer(state, request, [rid], items, body.stream, stream_body, fold_message)
 
 
-async def _stream(state, request, body, updates, rid, message_id, parse):
-    parser = tools.ToolCallParser("toolu_")
+def _usage(input_tokens: int, output_tokens: int, cached: int) -> dict:
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+async def message_events(body, updates, message_id: str, parse: bool):
+    """The answer as the Messages API's stream events, (type, data), from the engine's
+    updates: message_start; per content block content_block_start, content_block_delta
+    (text_delta, or input_json_delta for a tool_use block) and content_block_stop; then
+    message_delta (stop reason, output tokens) and message_stop."""
+    parser = tools.ToolCallParser("toolu_") if parse else None
     index = -1  # the open content block, if any
-    open_text = False
+    open_text = has_calls = False
     output_tokens = 0
-    has_calls = False
-
-    def event(kind: str, data: dict) -> str:
-        return sse({"type": kind, **data}, event=kind)
 
     def blocks_for(events):
         nonlocal index, open_text, has_calls
@@ -230,77 +188,88 @@ async def _stream(state, request, body, updates, rid, message_id, parse):
                 if not open_text:
                     index += 1
                     open_text = True
-                    yield event(
-                        "content_block_start",
-                        {"index": index, "content_block": {"type": "text", "text": ""}},
-                    )
-                yield event(
-                    "content_block_delta",
-                    {"index": index, "delta": {"type": "text_delta", "text": value}},
-                )
+                    block = {"type": "text", "text": ""}
+                    yield "content_block_start", {"index": index, "content_block": block}
+                delta = {"type": "text_delta", "text": value}
+                yield "content_block_delta", {"index": index, "delta": delta}
                 continue
+            if open_text:
+                yield "content_block_stop", {"index": index}
+                open_text = False
             if kind == "call_start":
-                if open_text:
-                    yield event("content_block_stop", {"index": index})
-                    open_text = False
                 has_calls = True
                 index += 1
                 block = {"type": "tool_use", "id": value.id, "name": value.name, "input": {}}
-                yield event("content_block_start", {"index": index, "content_block": block})
+                yield "content_block_start", {"index": index, "content_block": block}
             elif kind == "call_args":
                 delta = {"type": "input_json_delta", "partial_json": value}
-                yield event("content_block_delta", {"index": index, "delta": delta})
+                yield "content_block_delta", {"index": index, "delta": delta}
             else:  # call_end
-                yield event("content_block_stop", {"index": index})
+                yield "content_block_stop", {"index": index}
 
-    async with abort_on_disconnect(state, request, [rid]):
-        try:
-            first = True
-            async for u in updates:
-                if first:
-                    first = False
-                    yield event(
-                        "message_start",
-                        {
-                            "message": {
-                                "id": message_id,
-                                "type": "message",
-                                "role": "assistant",
-                                "model": body.model,
-                                "content": [],
-                                "stop_reason": None,
-                                "stop_sequence": None,
-                                "usage": {
-                                    "input_tokens": u.prompt_tokens,
-                                    "output_tokens": 0,
-                                    "cache_read_input_tokens": u.cached_tokens,
-                                    "cache_creation_input_tokens": 0,
-                                },
-                            }
-                        },
+    try:
+        first = True
+        async for u in updates:
+            if first:
+                first = False
+                message = {
+                    "id": message_id, "type": "message", "role": "assistant",
+                    "model": body.model, "content": [], "stop_reason": None,
+                    "stop_sequence": None, "usage": _usage(u.prompt_tokens, 0, u.cached_tokens),
+                }  # fmt: skip
+                yield "message_start", {"message": message}
+            for d in u.deltas:
+                output_tokens += len(d.token_ids)
+                finished = d.finish_reason is not None
+                for event in blocks_for(tools.text_events(parser, d.text, finished)):
+                    yield event
+                if finished:
+                    if open_text:
+                        yield "content_block_stop", {"index": index}
+                        open_text = False
+                    reason, sequence = _stop_reason(d.finish_reason, d.stop_reason, has_calls)
+                    delta = {"stop_reason": reason, "stop_sequence": sequence}
+                    yield (
+                        "message_delta",
+                        {"delta": delta, "usage": {"output_tokens": output_tokens}},
                     )
-                for d in u.deltas:
-                    output_tokens += len(d.token_ids)
-                    if parse:
-                        events = parser.feed(d.text)
-                        if d.finish_reason is not None:
-                            events += parser.finish()
-                    else:
-                        events = [("text", d.text)] if d.text else []
-                    for e in blocks_for(events):
-                        yield e
-                    if d.finish_reason is not None:
-                        if open_text:
-                            yield event("content_block_stop", {"index": index})
-                            open_text = False
-                        reason, sequence = _stop_reason(d.finish_reason, d.stop_reason, has_calls)
-                        yield event(
-                            "message_delta",
-                            {
-                                "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                "usage": {"output_tokens": output_tokens},
-                            },
-                        )
-                        yield event("message_stop", {})
+                    yield "message_stop", {}
+    finally:
+        await updates.aclose()  # the request ends with its answer, however that ends
+
+
+def stream_body(events):
+    """The events as server-sent events; an error event if the engine fails."""
+
+    async def sse_events():
+        try:
+            async for kind, data in events:
+                yield sse({"type": kind, **data}, event=kind)
         except Exception as e:
             yield sse(stream_error(e).anthropic_body(), event="error")
+
+    return sse_events()
+
+
+def fold_message(events: list[tuple[str, dict]]) -> dict:
+    """The non-streamed answer: the events folded into one message (each tool_use block's
+    input the JSON its deltas spelled out)."""
+    message: dict = {}
+    partial: dict[int, str] = {}  # a tool_use block's arguments, as they came
+    for kind, data in events:
+        if kind == "message_start":
+            message = dict(data["message"], content=[])
+        elif kind == "content_block_start":
+            message["content"].append(dict(data["content_block"]))
+        elif kind == "content_block_delta":
+            delta, block = data["delta"], message["content"][data["index"]]
+            if delta["type"] == "text_delta":
+                block["text"] += delta["text"]
+            else:
+                partial[data["index"]] = partial.get(data["index"], "") + delta["partial_json"]
+        elif kind == "content_block_stop" and data["index"] in partial:
+            message["content"][data["index"]]["input"] = _input(partial[data["index"]])
+        elif kind == "message_delta":
+            message.update(data["delta"])
+            message["usage"] = dict(message["usage"], **data["usage"])
+    return message

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 
 from tokenworks.engine.front import EngineFront
 from tokenworks.engine.messages import (
@@ -18,7 +19,6 @@ from tokenworks.engine.messages import (
     EngineNotRunningError,
     ReaderTooSlowError,
     RequestFailedError,
-    RequestUpdate,
 )
 from tokenworks.engine.request import SamplingError, SamplingParams
 from tokenworks.engine.scheduler import QueueFullError
@@ -174,8 +174,25 @@ def stream_error(e: BaseException) -> APIError:
     return APIError(500, f"internal error: {e}")
 
 
-async def collect(request: Request, updates) -> list[RequestUpdate]:
-    """Drain a request's updates; if the client disconnects first, cancel the request."""
+async def answer(state, request: Request, request_ids: list[str], items, stream: bool,
+                 events, fold):  # fmt: skip
+    """A protocol's answer from its assembled items (an async iterator of chunks or events):
+    streamed, `events(items)` as server-sent events, the requests cancelled the moment the
+    client leaves; or `fold(list of the items)` as one JSON body."""
+    if stream:
+
+        async def body():
+            async with abort_on_disconnect(state, request, request_ids):
+                async for event in events(items):
+                    yield event
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+    return respond(fold(await collect(request, items)))
+
+
+async def collect(request: Request, updates) -> list:
+    """Drain an async iterator of a request's updates (or of what is assembled from them);
+    if the client disconnects first, cancel the request."""
 
     async def drain():
         return [u async for u in updates]
@@ -212,24 +229,6 @@ def respond(body: dict):
 
     with api_times.timing("respond"):
         return JSONResponse(body)
-
-
-def merged_text(updates: list[RequestUpdate], n: int) -> list[dict]:
-    """Per completion index: text, token ids, logprobs, finish and stop reason."""
-    out = [
-        {"text": "", "token_ids": [], "logprobs": [], "finish_reason": None, "stop_reason": None}
-        for _ in range(n)
-    ]
-    for u in updates:
-        for d in u.deltas:
-            o = out[d.index]
-            o["text"] += d.text
-            o["token_ids"] += d.token_ids
-            if d.logprobs is not None:
-                o["logprobs"] += d.logprobs
-            if d.finish_reason is not None:
-                o["finish_reason"], o["stop_reason"] = d.finish_reason, d.stop_reason
-    return out
 
 
 async def _disconnected(request: Request) -> None:

@@ -1,37 +1,37 @@
 """The OpenAI API: /v1/completions, /v1/chat/completions and /v1/models, streamed and not.
 
 Every request becomes one engine request per prompt (n completions share its prompt's KV
-blocks); the answer is assembled from the engine's updates, so the streamed text is the
-non-streamed text cut into pieces.
+blocks); the answer is assembled from the engine's updates once (serve/openai_answer.py):
+streamed as it comes, or folded into one body.
 """
 
 from __future__ import annotations
 
 import secrets
-import time
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
 
-from tokenworks.engine.request import TokenLogprob
 from tokenworks.serve import api_times, structured, tools
 from tokenworks.serve.common import (
     CHAT_TEMPLATE_RESERVED,
     ServerState,
-    abort_on_disconnect,
+    answer,
     clamp_max_tokens,
-    collect,
     merge,
-    merged_text,
     render_chat,
-    respond,
     sampling_params,
-    sse,
-    stream_error,
     submit,
     tenant_salt,
 )
 from tokenworks.serve.errors import bad_request
+from tokenworks.serve.openai_answer import (
+    chat_chunks,
+    completion_chunks,
+    fold_chat,
+    fold_completion,
+    head,
+    stream_body,
+)
 from tokenworks.serve.protocol import ChatCompletionRequest, CompletionRequest
 
 router = APIRouter()
@@ -76,15 +76,6 @@ def _common_params(body, max_tokens: int, logprobs: int | None, constraint) -> d
     )
 
 
-def _usage(prompt_tokens: int, completion_tokens: int, cached: int) -> dict:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
 # ------------------------------------------------------------------ /v1/models
 
 
@@ -112,22 +103,6 @@ def _model_card(state: ServerState, name: str) -> dict:
 
 
 # ------------------------------------------------------------------ /v1/completions
-
-
-def _completion_logprobs(lps: list[TokenLogprob], offset: int, as_ids: bool = False) -> dict:
-    """as_ids: tokens named "token_id:N" (return_tokens_as_token_ids), offsets still in text."""
-    tokens, offsets, pos = [], [], offset
-    for lp in lps:
-        tokens.append(f"token_id:{lp.token_id}" if as_ids else lp.token)
-        offsets.append(pos)
-        pos += len(lp.token)
-    tops = [{f"token_id:{i}" if as_ids else t: v for i, t, v in lp.top} for lp in lps]
-    return {
-        "tokens": tokens,
-        "token_logprobs": [lp.logprob for lp in lps],
-        "top_logprobs": tops,
-        "text_offset": offsets,
-    }
 
 
 @router.post("/v1/completions")
@@ -166,48 +141,19 @@ async def completions(body: CompletionRequest, request: Request):
         for s in streams:
             await s.aclose()
         raise
-    response_id = "cmpl-" + secrets.token_hex(12)
     # the prompts as text, for echo only
-    texts = (
-        [state.tokenizer.decode(p, skip_special_tokens=False) for p in prompts] if body.echo else []
-    )
-    if body.stream:
-        return StreamingResponse(
-            _completion_stream(state, request, body, streams, ids, response_id, texts),
-            media_type="text/event-stream",
-        )
-    updates = await collect(request, merge(streams))
-    choices, prompt_tokens, completion_tokens, cached = [], 0, 0, 0
-    for i in range(len(prompts)):
-        mine = [u for j, u in updates if j == i]
-        prompt_tokens += mine[-1].prompt_tokens
-        cached += mine[-1].cached_tokens
-        for k, out in enumerate(merged_text(mine, body.n)):
-            completion_tokens += len(out["token_ids"])
-            prefix = texts[i] if body.echo else ""
-            choices.append(
-                {
-                    "index": i * body.n + k,
-                    "text": prefix + out["text"],
-                    "logprobs": _completion_logprobs(
-                        out["logprobs"], len(prefix), body.return_tokens_as_token_ids
-                    )
-                    if body.logprobs is not None
-                    else None,
-                    "finish_reason": out["finish_reason"],
-                    "stop_reason": out["stop_reason"],
-                }
-            )
-    return respond(
-        {
-            "id": response_id,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": body.model,
-            "choices": choices,
-            "usage": _usage(prompt_tokens, completion_tokens, cached),
-        }
-    )
+    echoed = [state.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
+    chunks = completion_chunks(body, merge(streams), echoed if body.echo else [])
+    top = head("cmpl-" + secrets.token_hex(12), "text_completion", body.model)
+    return await answer(
+        state, request, ids, chunks, body.stream,
+        lambda items: stream_body(items, top, _include_usage(body)),
+        lambda items: fold_completion(items, top),
+    )  # fmt: skip
+
+
+def _include_usage(body) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
 
 
 def _prompts(state: ServerState, prompt) -> list[list[int]]:
@@ -225,80 +171,6 @@ def _prompts(state: ServerState, prompt) -> list[list[int]]:
             raise bad_request("a prompt is empty: give at least one token", "prompt")
         out.append(ids)
     return out
-
-
-def _chunker(body, response_id: str, kind: str, include_usage: bool):
-    """chunk(choices, usage) -> one server-sent event of a streamed OpenAI response."""
-    created = int(time.time())
-
-    def chunk(choices: list[dict], usage: dict | None = None) -> str:
-        c = {
-            "id": response_id,
-            "object": kind,
-            "created": created,
-            "model": body.model,
-            "choices": choices,
-        }
-        if include_usage:  # every chunk says usage (null until the last), as OpenAI does
-            c["usage"] = usage
-        return sse(c)
-
-    return chunk
-
-
-async def _completion_stream(state, request, body, streams, ids, response_id, texts):
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    chunk = _chunker(body, response_id, "text_completion", include_usage)
-
-    prompt_tokens = {}
-    cached = {}
-    completion_tokens = 0
-    offsets = {}
-    async with abort_on_disconnect(state, request, ids):
-        try:
-            if body.echo:
-                for i, text in enumerate(texts):
-                    for k in range(body.n):
-                        yield chunk(
-                            [
-                                {
-                                    "index": i * body.n + k,
-                                    "text": text,
-                                    "logprobs": None,
-                                    "finish_reason": None,
-                                }
-                            ]
-                        )
-            async for i, u in merge(streams):
-                prompt_tokens[i], cached[i] = u.prompt_tokens, u.cached_tokens
-                choices = []
-                for d in u.deltas:
-                    index = i * body.n + d.index
-                    completion_tokens += len(d.token_ids)
-                    logprobs = None
-                    if body.logprobs is not None:
-                        logprobs = _completion_logprobs(
-                            d.logprobs or [], offsets.get(index, 0), body.return_tokens_as_token_ids
-                        )
-                    offsets[index] = offsets.get(index, 0) + len(d.text)
-                    if d.text or d.finish_reason or logprobs:
-                        choices.append(
-                            {
-                                "index": index,
-                                "text": d.text,
-                                "logprobs": logprobs,
-                                "finish_reason": d.finish_reason,
-                                "stop_reason": d.stop_reason,
-                            }
-                        )
-                if choices:
-                    yield chunk(choices)
-            if include_usage:
-                p, c = sum(prompt_tokens.values()), sum(cached.values())
-                yield chunk([], _usage(p, completion_tokens, c))
-        except Exception as e:
-            yield sse(stream_error(e).openai_body())
-        yield sse("[DONE]")
 
 
 # ------------------------------------------------------------------ /v1/chat/completions
@@ -365,18 +237,6 @@ def chat_messages(raw: list) -> list[dict]:
     return out
 
 
-def _chat_logprobs(lps: list[TokenLogprob], top: int) -> dict:
-    def entry(token, logprob):
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
-
-    content = []
-    for lp in lps:
-        e = entry(lp.token, lp.logprob)
-        e["top_logprobs"] = [entry(t, v) for _, t, v in lp.top[:top]]
-        content.append(e)
-    return {"content": content}
-
-
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = _state(request)
@@ -427,114 +287,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         priority=body.priority,
         cache_salt=tenant_salt(state, request, body.cache_salt),
     )
-    response_id = "chatcmpl-" + secrets.token_hex(12)
     parse = bool(offered)
-    if body.stream:
-        return StreamingResponse(
-            _chat_stream(state, request, body, updates, rid, response_id, parse),
-            media_type="text/event-stream",
-        )
-    got = await collect(request, updates)
-    choices, completion_tokens = [], 0
-    for k, out in enumerate(merged_text(got, body.n)):
-        completion_tokens += len(out["token_ids"])
-        message = {"role": "assistant", "content": out["text"]}
-        finish = out["finish_reason"]
-        if parse:
-            parser = tools.ToolCallParser()
-            events = parser.feed(out["text"]) + parser.finish()
-            text = "".join(e[1] for e in events if e[0] == "text")
-            message["content"] = text or None
-            if parser.calls:
-                message["tool_calls"] = [_openai_call(c) for c in parser.calls]
-                finish = "tool_calls" if finish == "stop" else finish
-        choices.append(
-            {
-                "index": k,
-                "message": message,
-                "logprobs": _chat_logprobs(out["logprobs"], body.top_logprobs or 0)
-                if body.logprobs
-                else None,
-                "finish_reason": finish,
-                "stop_reason": out["stop_reason"],
-            }
-        )
-    last = got[-1]
-    return respond(
-        {
-            "id": response_id,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.model,
-            "choices": choices,
-            "usage": _usage(last.prompt_tokens, completion_tokens, last.cached_tokens),
-        }
-    )
-
-
-def _openai_call(c: tools.ToolCall, index: int | None = None) -> dict:
-    """A tool call as OpenAI writes it; with an index, the opening delta of a streamed one
-    (its arguments follow in pieces)."""
-    arguments = "" if index is not None else c.arguments
-    call = {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": arguments}}
-    if index is not None:
-        call["index"] = index
-    return call
-
-
-async def _chat_stream(state, request, body, updates, rid, response_id, parse):
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    chunk = _chunker(body, response_id, "chat.completion.chunk", include_usage)
-
-    def choice(index, delta, finish=None, logprobs=None):
-        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-
-    parsers = {k: tools.ToolCallParser() for k in range(body.n)}
-    ncalls = dict.fromkeys(range(body.n), 0)
-    completion_tokens, last = 0, None
-
-    def deltas_of(k, events):
-        out = []
-        for kind, value in events:
-            if kind == "text":
-                out.append({"content": value})
-            elif kind == "call_start":  # id, name and empty arguments, then the pieces
-                out.append({"tool_calls": [_openai_call(value, ncalls[k])]})
-            elif kind == "call_args":
-                out.append({"tool_calls": [{"index": ncalls[k], "function": {"arguments": value}}]})
-            else:  # call_end
-                ncalls[k] += 1
-        return out
-
-    async with abort_on_disconnect(state, request, [rid]):
-        try:
-            yield chunk([choice(k, {"role": "assistant", "content": ""}) for k in range(body.n)])
-            async for u in updates:
-                last = u
-                for d in u.deltas:
-                    completion_tokens += len(d.token_ids)
-                    logprobs = None
-                    if body.logprobs:
-                        logprobs = _chat_logprobs(d.logprobs or [], body.top_logprobs or 0)
-                    if parse:
-                        events = parsers[d.index].feed(d.text)
-                        if d.finish_reason is not None:
-                            events += parsers[d.index].finish()
-                        pieces = deltas_of(d.index, events)
-                    else:
-                        pieces = [{"content": d.text}] if d.text else []
-                    if logprobs and not pieces:
-                        pieces = [{"content": ""}]
-                    for j, delta in enumerate(pieces):
-                        yield chunk([choice(d.index, delta, logprobs=logprobs if j == 0 else None)])
-                    if d.finish_reason is not None:
-                        finish = d.finish_reason
-                        if parse and parsers[d.index].calls and finish == "stop":
-                            finish = "tool_calls"
-                        yield chunk([choice(d.index, {}, finish)])
-            if include_usage and last is not None:
-                usage = _usage(last.prompt_tokens, completion_tokens, last.cached_tokens)
-                yield chunk([], usage)
-        except Exception as e:
-            yield sse(stream_error(e).openai_body())
-        yield sse("[DONE]")
+    chunks = chat_chunks(body, updates, parse)
+    top = head("chatcmpl-" + secrets.token_hex(12), "chat.completion.chunk", body.model)
+    return await answer(
+        state, request, [rid], chunks, body.stream,
+        lambda items: stream_body(items, top, _include_usage(body)),
+        lambda items: fold_chat(items, top, parse, bool(body.logprobs)),
+    )  # fmt: skip

@@ -245,6 +245,14 @@ _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"argume
 _TAIL = re.compile(r"\s*\}?\s*$")  # what may still be the call's closing brace
 
 
+def text_events(parser: ToolCallParser | None, text: str, finished: bool) -> list[tuple]:
+    """A completion's new text as ToolCallParser events (("text", str) alone where no tools
+    were offered: parser None); `finished` flushes what the parser held back."""
+    if parser is None:
+        return [("text", text)] if text else []
+    return parser.feed(text) + (parser.finish() if finished else [])
+
+
 class ToolCallParser:
     """Splits generated text into plain text and tool calls as it streams in.
 

@@ -1,0 +1,249 @@
+"""OpenAI answers, assembled once: the chunks of a streamed answer are made here from the
+engine's updates, and the non-streamed answer is those same chunks folded together, so
+the two cannot disagree (text, logprobs, tool calls, finish and stop reasons, usage).
+
+A chunk is {"choices": [...]} with, last of all, {"choices": [], "usage": {...}}.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tokenworks.engine.request import TokenLogprob
+from tokenworks.serve import tools
+from tokenworks.serve.common import sse, stream_error
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def completion_logprobs(lps: list[TokenLogprob], offset: int, as_ids: bool = False) -> dict:
+    """as_ids: tokens named "token_id:N" (return_tokens_as_token_ids), offsets still in text."""
+    tokens, offsets, pos = [], [], offset
+    for lp in lps:
+        tokens.append(f"token_id:{lp.token_id}" if as_ids else lp.token)
+        offsets.append(pos)
+        pos += len(lp.token)
+    tops = [{f"token_id:{i}" if as_ids else t: v for i, t, v in lp.top} for lp in lps]
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp.logprob for lp in lps],
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(lps: list[TokenLogprob], top: int) -> dict:
+    def entry(token, logprob):
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    content = []
+    for lp in lps:
+        e = entry(lp.token, lp.logprob)
+        e["top_logprobs"] = [entry(t, v) for _, t, v in lp.top[:top]]
+        content.append(e)
+    return {"content": content}
+
+
+# ------------------------------------------------------------------ the chunks
+
+
+async def completion_chunks(body, updates, echoed: list[str]):
+    """/v1/completions: `updates` yields (prompt number, RequestUpdate) of every prompt's
+    request; `echoed`, each prompt's text where the request asks for echo."""
+    n, as_ids = body.n, body.return_tokens_as_token_ids
+    prompt_tokens, cached, completion_tokens, offsets = {}, {}, 0, {}
+    for i, text in enumerate(echoed):
+        for k in range(n):
+            offsets[i * n + k] = len(text)
+            choice = {"index": i * n + k, "text": text, "logprobs": None, "finish_reason": None}
+            yield {"choices": [choice]}
+    async for i, u in updates:
+        prompt_tokens[i], cached[i] = u.prompt_tokens, u.cached_tokens
+        choices = []
+        for d in u.deltas:
+            index = i * n + d.index
+            completion_tokens += len(d.token_ids)
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = completion_logprobs(d.logprobs or [], offsets.get(index, 0), as_ids)
+            offsets[index] = offsets.get(index, 0) + len(d.text)
+            if d.text or d.finish_reason or logprobs:
+                choices.append(
+                    {
+                        "index": index,
+                        "text": d.text,
+                        "logprobs": logprobs,
+                        "finish_reason": d.finish_reason,
+                        "stop_reason": d.stop_reason,
+                    }
+                )
+        if choices:
+            yield {"choices": choices}
+    yield {
+        "choices": [],
+        "usage": usage(sum(prompt_tokens.values()), completion_tokens, sum(cached.values())),
+    }
+
+
+def _tool_call(c: tools.ToolCall, index: int) -> dict:
+    """The opening delta of a streamed tool call (its arguments follow in pieces)."""
+    function = {"name": c.name, "arguments": ""}
+    return {"index": index, "id": c.id, "type": "function", "function": function}
+
+
+async def chat_chunks(body, updates, parse: bool):
+    """/v1/chat/completions: parse, whether tool calls are split out of the text."""
+    n = body.n
+    parsers = {k: tools.ToolCallParser() if parse else None for k in range(n)}
+    calls = dict.fromkeys(range(n), 0)  # tool calls each completion has finished
+    completion_tokens, last = 0, None
+
+    def choice(index, delta, finish=None, logprobs=None, stop_reason=None):
+        out = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        if finish is not None:
+            out["stop_reason"] = stop_reason
+        return out
+
+    def deltas_of(k, events) -> list[dict]:
+        out = []
+        for kind, value in events:
+            if kind == "text":
+                out.append({"content": value})
+            elif kind == "call_start":  # id, name and empty arguments, then the pieces
+                out.append({"tool_calls": [_tool_call(value, calls[k])]})
+            elif kind == "call_args":
+                out.append({"tool_calls": [{"index": calls[k], "function": {"arguments": value}}]})
+            else:  # call_end
+                calls[k] += 1
+        return out
+
+    try:
+        yield {"choices": [choice(k, {"role": "assistant", "content": ""}) for k in range(n)]}
+        async for u in updates:
+            last = u
+            for d in u.deltas:
+                completion_tokens += len(d.token_ids)
+                logprobs = None
+                if body.logprobs:
+                    logprobs = chat_logprobs(d.logprobs or [], body.top_logprobs or 0)
+                finished = d.finish_reason is not None
+                pieces = deltas_of(d.index, tools.text_events(parsers[d.index], d.text, finished))
+                if logprobs and not pieces:
+                    pieces = [{"content": ""}]
+                for j, delta in enumerate(pieces):
+                    yield {
+                        "choices": [choice(d.index, delta, logprobs=logprobs if j == 0 else None)]
+                    }
+                if finished:
+                    finish = d.finish_reason
+                    if calls[d.index] and finish == "stop":
+                        finish = "tool_calls"
+                    yield {"choices": [choice(d.index, {}, finish, stop_reason=d.stop_reason)]}
+        if last is not None:
+            yield {
+                "choices": [],
+                "usage": usage(last.prompt_tokens, completion_tokens, last.cached_tokens),
+            }
+    finally:
+        await updates.aclose()  # the request ends with its answer, however that ends
+
+
+# ------------------------------------------------------------------ streamed, or folded
+
+
+def stream_body(chunks, head: dict, include_usage: bool):
+    """The server-sent events of a streamed answer: each chunk under `head` (id, object,
+    created, model), the usage chunk where asked for, an error event if the engine fails,
+    then [DONE]."""
+
+    async def events():
+        try:
+            async for c in chunks:
+                if "usage" in c and not include_usage:
+                    continue
+                event = {**head, "choices": c["choices"]}
+                if include_usage:  # every chunk says usage (null until the last), as OpenAI
+                    event["usage"] = c.get("usage")
+                yield sse(event)
+        except Exception as e:
+            yield sse(stream_error(e).openai_body())
+        yield sse("[DONE]")
+
+    return events()
+
+
+def head(response_id: str, kind: str, model: str) -> dict:
+    return {"id": response_id, "object": kind, "created": int(time.time()), "model": model}
+
+
+def fold_completion(chunks: list[dict], head: dict) -> dict:
+    """The non-streamed /v1/completions answer: the chunks' choices joined by index."""
+    choices: dict[int, dict] = {}
+    for c in chunks:
+        for piece in c["choices"]:
+            index = piece["index"]
+            out = choices.setdefault(
+                index,
+                {"index": index, "text": "", "logprobs": None, "finish_reason": None,
+                 "stop_reason": None},
+            )  # fmt: skip
+            out["text"] += piece["text"]
+            if piece["logprobs"] is not None:
+                if out["logprobs"] is None:
+                    out["logprobs"] = {key: [] for key in piece["logprobs"]}
+                for key, values in piece["logprobs"].items():
+                    out["logprobs"][key] += values
+            if piece["finish_reason"] is not None:
+                out["finish_reason"] = piece["finish_reason"]
+                out["stop_reason"] = piece.get("stop_reason")
+    return {
+        **head,
+        "object": "text_completion",
+        "choices": [choices[i] for i in sorted(choices)],
+        "usage": chunks[-1]["usage"],
+    }
+
+
+def fold_chat(chunks: list[dict], head: dict, parse: bool, logprobs: bool) -> dict:
+    """The non-streamed /v1/chat/completions answer: each completion's deltas joined into
+    its message (tool calls whole, by their index), logprobs and finish."""
+    choices: dict[int, dict] = {}
+    for c in chunks:
+        for piece in c["choices"]:
+            index, delta = piece["index"], piece["delta"]
+            out = choices.setdefault(
+                index,
+                {"index": index, "message": {"role": "assistant", "content": ""},
+                 "logprobs": {"content": []} if logprobs else None, "finish_reason": None,
+                 "stop_reason": None},
+            )  # fmt: skip
+            message = out["message"]
+            message["content"] += delta.get("content") or ""
+            for call in delta.get("tool_calls", ()):
+                made = message.setdefault("tool_calls", [])
+                if call["index"] == len(made):  # the opening delta: id, type, name
+                    made.append({k: v for k, v in call.items() if k != "index"})
+                    made[-1]["function"] = dict(call["function"])
+                else:
+                    made[call["index"]]["function"]["arguments"] += call["function"]["arguments"]
+            if piece["logprobs"] is not None:
+                out["logprobs"]["content"] += piece["logprobs"]["content"]
+            if piece["finish_reason"] is not None:
+                out["finish_reason"] = piece["finish_reason"]
+                out["stop_reason"] = piece.get("stop_reason")
+    if parse:  # with tools offered, a message of calls alone has no content
+        for out in choices.values():
+            out["message"]["content"] = out["message"]["content"] or None
+    return {
+        **head,
+        "object": "chat.completion",
+        "choices": [choices[i] for i in sorted(choices)],
+        "usage": chunks[-1]["usage"],
+    }
