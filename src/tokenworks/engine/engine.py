@@ -6,6 +6,12 @@ tokens under a token budget (engine/scheduler.py); the runner writes their keys 
 into the paged block pool and computes logits for the sequences that reached their last
 token; the sampler picks one token for each; finished sequences free their blocks at once,
 so a waiting request can join on the very next step (continuous batching).
+
+The file is the loop and what a step does to its sequences (sample, accept a verified
+draft, fork n > 1, fail a request alone): one piece, since each of those reads and writes
+the scheduler, the block manager and the request table together. How big the KV pool is
+lives in engine/kv_budget.py, what the steps did in engine/step_log.py, which kernels run
+in engine/runner.py.
 """
 
 from __future__ import annotations
@@ -14,17 +20,15 @@ import dataclasses
 import functools
 import itertools
 import logging
-import os
 import time
 from collections import deque
-from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from tokenworks.config import EngineConfig
 from tokenworks.engine.admission import Admission, PromptTooLongError, RequestTooLargeError
 from tokenworks.engine.host_memory import keep_freed_memory, release_freed_memory
+from tokenworks.engine.kv_budget import GiB, kv_budget_bytes
 from tokenworks.engine.kv_cache import BlockManager, KVPool
 from tokenworks.engine.kv_groups import KVLayout
 from tokenworks.engine.request import FinishReason, SamplingParams
@@ -33,59 +37,16 @@ from tokenworks.engine.sampler import ForwardOutput, argmax_only, prepare_rows, 
 from tokenworks.engine.scheduler import QueueFullError, Scheduler, SchedulerOutput
 from tokenworks.engine.sequence import Sequence
 from tokenworks.engine.speculative import open_speculator
+from tokenworks.engine.step_log import StepCounts, StepLog, StepStats
 from tokenworks.engine.structured import GrammarCompiler
 from tokenworks.models import build_model, load
 from tokenworks.models.loaded import LoadedModel
-from tokenworks.models.moe import routing_summary
 from tokenworks.shapes import kv_bytes_per_token
 from tokenworks.tokenizer import TokenizerWrapper
 
 log = logging.getLogger("tokenworks.engine")
-GiB = 1024**3
 
 __all__ = ["LLMEngine", "PromptTooLongError", "QueueFullError", "RequestTooLargeError", "StepStats"]
-
-
-@dataclass
-class StepStats:
-    """What one step did; the engine keeps recent ones for metrics and benchmarks."""
-
-    step: int
-    time: float  # wall-clock seconds when the step ended (time.time())
-    duration_s: float
-    batch_size: int  # sequences in the forward pass
-    prefill_tokens: int
-    decode_tokens: int
-    num_running: int
-    num_waiting: int
-    kv_usage: float  # fraction of KV blocks referenced by live sequences
-    kv_bytes_in_use: int  # the bytes of those blocks
-    prefix_hit_tokens: int  # prompt tokens admitted from the prefix cache this step
-    preemptions: int
-    cow_copies: int
-    generated_tokens: int = 0  # tokens the step added to sequences
-    spec_draft_tokens: int = 0  # proposed tokens the step verified (speculative decoding)
-    spec_accepted_tokens: int = 0  # of those, the ones the target accepted
-    # mixture of experts (0 for a dense model), each the mean over the MoE layers:
-    moe_experts_touched: float = 0.0  # distinct experts the step's tokens were routed to
-    moe_imbalance: float = 0.0  # the busiest expert's tokens / the mean expert's
-
-
-@dataclass
-class StepCounts:
-    """Tokens one step emitted and verified, as it samples."""
-
-    emitted: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-
-
-def available_memory_bytes() -> int:
-    """Free memory the KV pool may take a fraction of (RAM on CPU, device memory on CUDA)."""
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 4 * GiB
 
 
 class LLMEngine:
@@ -168,7 +129,7 @@ class LLMEngine:
         # requests that failed alone (sampling or a grammar raised for them) since the
         # last take_failures(): request id -> why; their sequences finish with "error"
         self.failures: dict[str, str] = {}
-        self._start_counts()
+        self.step_log = StepLog(self.model)
         log.info("%s", self.describe())
         if config.warmup:
             t0 = time.perf_counter()
@@ -214,27 +175,6 @@ class LLMEngine:
             + (f"; speculative: {self.speculator.describe()}" if self.speculator else "")
         )
 
-    def _start_counts(self) -> None:
-        """Step stats and totals from zero (at start, and again after the warm-up)."""
-        self._steps = itertools.count()
-        self.stats: deque[StepStats] = deque(maxlen=100_000)
-        self.totals = {
-            "prompt_tokens": 0,  # prompt tokens of admitted requests
-            "prefill_tokens": 0,  # tokens actually computed in prefill (cache hits excluded)
-            "generation_tokens": 0,
-            "preemptions": 0,
-            "steps": 0,
-            "spec_draft_tokens": 0,  # speculative decoding: proposed tokens verified
-            "spec_accepted_tokens": 0,  # and accepted
-        }
-        routing = getattr(self.model, "routing", None)
-        if routing is not None:
-            routing.take()  # forget what the warm-up routed
-            routing.dropped = 0
-            self.totals["moe_dropped"] = 0  # (token, expert) pairs over an expert's capacity
-        # tokens each expert of each MoE layer took since the start: [MoE layers, experts]
-        self.routing_totals: np.ndarray | None = None
-
     WARMUP_PROMPT = 128  # tokens in each of the warm-up's prompts
 
     def warm_up(self) -> None:
@@ -267,7 +207,22 @@ class LLMEngine:
         self.blocks.reset_counts()
         self.pool.discard()  # the filler's K/V: nobody reads it, and it held resident pages
         self.blocks.forget_touched()
-        self._start_counts()
+        self.step_log.reset()
+
+    @property
+    def stats(self) -> deque[StepStats]:
+        """Recent steps' StepStats, oldest first."""
+        return self.step_log.stats
+
+    @property
+    def totals(self) -> dict:
+        """Running totals since start (the warm-up's left out): tokens, steps, preemptions."""
+        return self.step_log.totals
+
+    @property
+    def routing_totals(self):
+        """An MoE model's tokens per expert of each MoE layer since start (else None)."""
+        return self.step_log.routing_totals
 
     @functools.cached_property
     def grammars(self) -> GrammarCompiler:
@@ -279,18 +234,8 @@ class LLMEngine:
         return sum(self.blocks.held(seq)) * self.block_bytes
 
     def kv_budget_bytes(self) -> int:
-        """kv_cache_memory GiB if given; else what max_num_seqs full contexts need, capped
-        at kv_cache_fraction of free memory."""
-        c = self.config
-        if c.kv_cache_memory is not None:
-            return int(c.kv_cache_memory * GiB)
-        held = self.kv_layout.blocks_held(self.max_model_len, c.block_size)
-        want = c.max_num_seqs * held * self.block_bytes
-        if c.device.startswith("cuda"):
-            free = torch.cuda.mem_get_info(torch.device(c.device))[0]
-        else:
-            free = available_memory_bytes()
-        return int(min(want, c.kv_cache_fraction * free))
+        """The KV pool's bytes (engine/kv_budget.py)."""
+        return kv_budget_bytes(self.config, self.kv_layout, self.max_model_len, self.block_bytes)
 
     # ------------------------------------------------------------------ requests
 
@@ -395,7 +340,7 @@ class LLMEngine:
         duration = time.perf_counter() - t0
         if spec is not None:
             spec.end_step(out.scheduled, self.scheduler.running, duration, counts.emitted)
-        self._record(out, counts, duration)
+        self.step_log.record(out, counts, duration, self.scheduler, self.blocks, self.block_bytes)
         return sampled
 
     def _sample_all(
@@ -508,47 +453,3 @@ class LLMEngine:
             self.blocks.forget_seq(item.seq)
         for item in out.scheduled:
             self.abort_request(item.seq.request_id)
-
-    def _record(self, out: SchedulerOutput, counts: StepCounts, duration: float) -> None:
-        t = self.totals
-        t["prefill_tokens"] += out.num_prefill_tokens
-        t["generation_tokens"] += counts.emitted
-        t["spec_draft_tokens"] += counts.draft_tokens
-        t["spec_accepted_tokens"] += counts.accepted_tokens
-        t["preemptions"] += len(out.preempted)
-        t["steps"] += 1
-        routing = self._routing()
-        self.stats.append(
-            StepStats(
-                step=next(self._steps),
-                time=time.time(),
-                duration_s=duration,
-                batch_size=len(out.scheduled),
-                prefill_tokens=out.num_prefill_tokens,
-                decode_tokens=out.num_decode_tokens,
-                num_running=len(self.scheduler.running),
-                num_waiting=len(self.scheduler.waiting),
-                kv_usage=self.blocks.usage,
-                kv_bytes_in_use=(self.blocks.num_blocks - self.blocks.num_free) * self.block_bytes,
-                prefix_hit_tokens=out.prefix_hit_tokens,
-                preemptions=len(out.preempted),
-                cow_copies=self.blocks.cow_copies,
-                generated_tokens=counts.emitted,
-                spec_draft_tokens=counts.draft_tokens,
-                spec_accepted_tokens=counts.accepted_tokens,
-                moe_experts_touched=routing.get("experts_touched", 0.0),
-                moe_imbalance=routing.get("imbalance", 0.0),
-            )
-        )
-
-    def _routing(self) -> dict:
-        """This step's routing summary (models/moe.routing_summary), added to the totals."""
-        routing = getattr(self.model, "routing", None)
-        counts = routing.take() if routing is not None else None
-        if counts is None:
-            return {}
-        self.routing_totals = (
-            counts if self.routing_totals is None else self.routing_totals + counts
-        )
-        self.totals["moe_dropped"] = routing.dropped
-        return routing_summary(counts)
