@@ -80,6 +80,14 @@ def _manifest_file(manifest: dict, out: Path, name: str) -> str:
 
 
 def run_peers(args) -> Path:
+    from tokenworks.bench.peer_engines import PEER_NAMES
+
+    for name in args.only:
+        if name not in PEER_NAMES:
+            raise SystemExit(f"--only {name!r}: known peers are {', '.join(PEER_NAMES)}")
+    for name in args.benches:
+        if name not in BENCHES:
+            raise SystemExit(f"--benches {name!r}: choose from {', '.join(BENCHES)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report_dir = Path(args.report)

@@ -219,6 +219,8 @@ def plot(result: SoakResult, path: Path) -> Path:
 
 
 def run_soak(args) -> Path:
+    if args.base_url and args.pid is None:
+        raise SystemExit("--base-url needs --pid: the process whose memory and files to watch")
     """The command: our server in this process (or --base-url and --pid), then a record
     and its plot."""
     from tokenworks.bench.record import make_record, model_record, write_record
