@@ -200,7 +200,9 @@ def add_bench_parsers(sub) -> None:
     add_engine_arguments(p)
     p.add_argument("--base-url", default=None, help="drive this server instead of ours")
     p.add_argument(
-        "--in-process", action="store_true", help="ours without HTTP (the async engine directly)"
+        "--in-process",
+        action="store_true",
+        help="ours without HTTP (straight into the engine's front)",
     )
     p.add_argument("--served-model", default="default", help="model name it serves")
     p.add_argument(

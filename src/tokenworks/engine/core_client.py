@@ -26,28 +26,22 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 
 import msgspec
 import zmq
 
 from tokenworks.config import EngineConfig
 from tokenworks.engine import core_messages as m
-from tokenworks.engine.admission import Admission, PromptTooLongError, RequestTooLargeError
 from tokenworks.engine.detokenizer import RequestText
+from tokenworks.engine.engine_view import REFUSALS, EngineView
 from tokenworks.engine.front import EngineFront
-from tokenworks.engine.kv_groups import KVGroup, KVLayout
 from tokenworks.engine.messages import (
     EngineCoreDiedError,
     EngineNotRunningError,
     RequestFailedError,
 )
-from tokenworks.engine.request import SamplingError, SamplingParams
-from tokenworks.engine.scheduler import QueueFullError
+from tokenworks.engine.request import SamplingParams
 from tokenworks.engine.streams import RequestStream, Stream, backlog_verdict, next_item, too_slow
-from tokenworks.engine.structured import StructuredOutputError
-from tokenworks.models.spec import ModelSpec
-from tokenworks.tokenizer import TokenizerWrapper
 
 log = logging.getLogger("tokenworks.engine")
 
@@ -56,45 +50,6 @@ SEND_TIMEOUT_MS = 2000  # a command the core does not take in this long: the cor
 # where cores run: a thread of this process, local processes, or Ray actors
 BACKENDS = ("thread", "mp", "ray")
 _threads = itertools.count()  # names of in-process socket pairs
-
-# what the core's add_request may raise, raised again here by name
-REFUSALS = {
-    cls.__name__: cls
-    for cls in (
-        PromptTooLongError, RequestTooLargeError, QueueFullError, SamplingError,
-        StructuredOutputError,
-    )
-}  # fmt: skip
-
-
-@dataclass
-class EngineView:
-    """What the API process holds of an engine in another process: enough to tokenise,
-    template and refuse a request before sending it (the core's own admission, rebuilt
-    from its Ready)."""
-
-    spec: ModelSpec
-    tokenizer: TokenizerWrapper
-    max_model_len: int
-    admission: Admission
-
-    @classmethod
-    def build(cls, config: EngineConfig, ready: m.Ready) -> EngineView:
-        from tokenworks.models import load
-
-        # the core holds the weights
-        loaded = load(config.model, weights=False, keep_index=config.keep_gguf_index)
-        layout = KVLayout(
-            tuple(KVGroup(tuple(layers), window) for layers, window in ready.kv_groups),
-            ready.kv_group_size,
-        )
-        admission = Admission(
-            ready.vocab_size, ready.max_model_len, ready.context_source, ready.num_blocks,
-            ready.block_size, layout, ready.prompt_pass,
-        )  # fmt: skip
-        return cls(
-            loaded.spec, TokenizerWrapper.from_loaded(loaded), ready.max_model_len, admission
-        )
 
 
 class CoreClient(EngineFront):

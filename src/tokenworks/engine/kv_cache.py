@@ -9,6 +9,10 @@ possible length up front the way a contiguous cache must.
 Blocks are shared by reference count: a prefix-cache hit or a fork (parallel sampling
 with n > 1) points several tables at the same block. Writing into a shared block copies
 it first (copy-on-write), so a writer never changes what another sequence reads.
+
+One file past 400 lines: the pool of blocks and the manager of their tables are two halves
+of one invariant (every reference the tables hold is a count the pool keeps), and each is
+read against the other.
 """
 
 from __future__ import annotations

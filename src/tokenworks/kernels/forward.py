@@ -18,6 +18,9 @@ Int4/int8 models without a dense copy take the first way only; MoE models (Mixtr
 Qwen2-MoE, Qwen3-MoE) the second only, their experts routed and run by models/moe.py
 between the C calls (a GGUF's quantised experts on the file's own blocks).
 What the pass has no code for, `declines` names in words.
+
+One file past 400 lines: reading a model into the C structs, and the two ways of running
+it, share every pointer and every layer's layout; split, each half would restate them.
 """
 
 from __future__ import annotations

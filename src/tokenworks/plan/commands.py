@@ -1,4 +1,9 @@
-"""`tokenworks plan ...`: the planning toolkit on the command line, as tables or --json."""
+"""`tokenworks plan ...`: the planning toolkit on the command line, as tables or --json.
+
+One file past 400 lines: one short command per planner (models, hardware, kv, fit,
+roofline, quant, queue, spec, cost, batching, paging) and the parser that names them, each
+a few lines of argument reading and a table.
+"""
 
 from __future__ import annotations
 

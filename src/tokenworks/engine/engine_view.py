@@ -1,0 +1,55 @@
+"""What the API process holds of an engine whose core runs elsewhere: enough to tokenise,
+template and refuse a request before sending it, and the errors a core's refusal names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenworks.config import EngineConfig
+from tokenworks.engine import core_messages as m
+from tokenworks.engine.admission import Admission, PromptTooLongError, RequestTooLargeError
+from tokenworks.engine.kv_groups import KVGroup, KVLayout
+from tokenworks.engine.request import SamplingError
+from tokenworks.engine.scheduler import QueueFullError
+from tokenworks.engine.structured import StructuredOutputError
+from tokenworks.models.spec import ModelSpec
+from tokenworks.tokenizer import TokenizerWrapper
+
+# what the core's add_request may raise, raised again here by name
+REFUSALS = {
+    cls.__name__: cls
+    for cls in (
+        PromptTooLongError, RequestTooLargeError, QueueFullError, SamplingError,
+        StructuredOutputError,
+    )
+}  # fmt: skip
+
+
+@dataclass
+class EngineView:
+    """What the API process holds of an engine in another process: enough to tokenise,
+    template and refuse a request before sending it (the core's own admission, rebuilt
+    from its Ready)."""
+
+    spec: ModelSpec
+    tokenizer: TokenizerWrapper
+    max_model_len: int
+    admission: Admission
+
+    @classmethod
+    def build(cls, config: EngineConfig, ready: m.Ready) -> EngineView:
+        from tokenworks.models import load
+
+        # the core holds the weights
+        loaded = load(config.model, weights=False, keep_index=config.keep_gguf_index)
+        layout = KVLayout(
+            tuple(KVGroup(tuple(layers), window) for layers, window in ready.kv_groups),
+            ready.kv_group_size,
+        )
+        admission = Admission(
+            ready.vocab_size, ready.max_model_len, ready.context_source, ready.num_blocks,
+            ready.block_size, layout, ready.prompt_pass,
+        )  # fmt: skip
+        return cls(
+            loaded.spec, TokenizerWrapper.from_loaded(loaded), ready.max_model_len, admission
+        )
