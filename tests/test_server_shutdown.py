@@ -38,7 +38,11 @@ class Served:
         )  # fmt: skip
         self.output: list[str] = []
         threading.Thread(target=self._drain, daemon=True).start()
-        wait_for(self._up, timeout=180)
+        try:
+            wait_for(self._up, timeout=180)
+        except BaseException:
+            self.close()
+            raise
 
     def _drain(self) -> None:
         for line in self.proc.stdout:
