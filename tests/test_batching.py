@@ -286,16 +286,16 @@ def test_a_failed_forward_pass_aborts_its_requests_and_the_engine_carries_on(toy
 
 
 def test_the_warm_up_fills_a_step_and_leaves_no_trace(toy_llm, monkeypatch):
-    from tokenworks.engine.engine import LLMEngine
+    from tokenworks.engine.step_log import StepLog
 
     steps = []
-    record = LLMEngine._record
+    record = StepLog.record
 
-    def spy(self, out, sampled, duration):
+    def spy(self, out, *args):
         steps.append(out.num_prefill_tokens)
-        record(self, out, sampled, duration)
+        record(self, out, *args)
 
-    monkeypatch.setattr(LLMEngine, "_record", spy)
+    monkeypatch.setattr(StepLog, "record", spy)
     warm = LLM("toy", dtype="float32", loaded=toy_llm.engine.loaded, max_num_batched_tokens=512)
     assert steps == [512]  # 4 filler prompts of 128 tokens in one forward pass
     eng = warm.engine
