@@ -12,6 +12,7 @@ from conftest import POISON_SEED
 
 from tokenworks import SamplingParams
 from tokenworks.config import EngineConfig
+from tokenworks.engine.admission import QueueFullError
 from tokenworks.engine.core_client import CoreClient
 from tokenworks.engine.engine import LLMEngine
 from tokenworks.engine.messages import (
@@ -20,7 +21,6 @@ from tokenworks.engine.messages import (
     ReaderTooSlowError,
     RequestFailedError,
 )
-from tokenworks.engine.scheduler import QueueFullError
 
 
 class Recorder:

@@ -148,8 +148,7 @@ def test_nothing_under_engine_but_its_fronts_imports_asyncio_or_a_front():
 
 
 def _module_imports() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-    """module -> tokenworks modules it imports at its top, and inside functions (imports
-    under `if TYPE_CHECKING` run in no process and are left out)."""
+    """module -> tokenworks modules it imports at its top, and inside functions."""
     root = SRC.parent
 
     def name(path: Path) -> str:
@@ -172,10 +171,13 @@ def _module_imports() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     for module, path in modules.items():
         tree = ast.parse(path.read_text())
         top[module] = {t for node in tree.body for t in targets(node)}
+        # imports under `if TYPE_CHECKING`, and a package's lazy names (PEP 562's module
+        # __getattr__, which runs once the package is whole), close no circle at run time
         type_only = {
             id(n)
             for node in tree.body
-            if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+            if (isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING")
+            or (isinstance(node, ast.FunctionDef) and node.name == "__getattr__")
             for n in ast.walk(node)
         }
         inner[module] = {
@@ -227,3 +229,17 @@ def test_the_environment_is_read_in_one_module_only():
             elif isinstance(node, ast.Compare) and any(environ(c) for c in node.comparators):
                 reads.append((path.name, node.lineno))
     assert not reads, f"the environment read outside environment.py: {sorted(reads)}"
+
+
+def test_the_servers_api_process_imports_no_torch():
+    """What the API process of `tokenworks serve` runs (the CLI, the app, the engine's
+    front, a model's spec and tokenizer read without weights) needs no torch: the engine
+    core, in its own process, holds it."""
+    code = (
+        "import sys; import tokenworks.cli, tokenworks.serve.server, tokenworks.serve.app; "
+        "from tokenworks.engine.core_client import CoreClient; "
+        "from tokenworks.models import load; from tokenworks.tokenizer import TokenizerWrapper; "
+        "TokenizerWrapper.from_loaded(load('toy', weights=False)).encode('hi'); "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -12,8 +12,7 @@ import openai
 import pytest
 
 from tokenworks import SamplingParams
-from tokenworks.engine.request import SamplingError, StructuredOutput
-from tokenworks.engine.structured import StructuredOutputError
+from tokenworks.engine.request import SamplingError, StructuredOutput, StructuredOutputError
 
 MODEL = "smollm2-135m"
 NAME = {"type": "string", "minLength": 1, "maxLength": 24}

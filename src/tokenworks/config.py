@@ -13,15 +13,13 @@ import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 
-import torch
-
 from tokenworks.kernels import KERNELS
 from tokenworks.models.catalogue import DEFAULT_MODEL
 from tokenworks.options import add_arguments, fields_of, option, to_argv
 
 QUANTIZATIONS = (None, "gguf", "none", "int8", "int4")  # None: gguf for a GGUF file on the CPU
 DRAFT_QUANTIZATIONS = (None, "int8", "int4")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # torch's names for them (torch_dtype)
 # options that were renamed or moved into the config: old name -> what to use instead
 RENAMED = {
     "attention": "kernels (auto, c or torch; 'cpp' is now 'c', 'sdpa' is now 'torch')",
@@ -303,7 +301,7 @@ class EngineConfig:
             raise ValueError(f"dtype {self.dtype!r} is not one of auto, {', '.join(DTYPES)}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device {self.device!r}: expected cpu or cuda[:N]")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
+        if self.device.startswith("cuda") and not _cuda_available():
             raise ValueError(f"device {self.device!r} requested but torch sees no CUDA device")
         if self.dtype == "float16" and self.device == "cpu":
             raise ValueError("float16 runs on CUDA only; on CPU use bfloat16 or float32")
@@ -370,11 +368,21 @@ class EngineConfig:
         return DEFAULT_DTYPE if self.dtype == "auto" else self.dtype
 
     @property
-    def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.resolved_dtype]
+    def torch_dtype(self):
+        """The torch.dtype of resolved_dtype (torch is imported here, not with the config:
+        the server's API process reads configs without it)."""
+        import torch
+
+        return getattr(torch, self.resolved_dtype)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "dtype": self.resolved_dtype}
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 class _Renamed(argparse.Action):

@@ -26,7 +26,12 @@ from collections import deque
 import torch
 
 from tokenworks.config import EngineConfig
-from tokenworks.engine.admission import Admission, PromptTooLongError, RequestTooLargeError
+from tokenworks.engine.admission import (
+    Admission,
+    PromptTooLongError,
+    QueueFullError,
+    RequestTooLargeError,
+)
 from tokenworks.engine.host_memory import keep_freed_memory, release_freed_memory
 from tokenworks.engine.kv_budget import GiB, kv_budget_bytes
 from tokenworks.engine.kv_cache import BlockManager, KVPool
@@ -34,7 +39,7 @@ from tokenworks.engine.kv_groups import KVLayout
 from tokenworks.engine.request import FinishReason, SamplingParams
 from tokenworks.engine.runner import ModelRunner, open_kernels
 from tokenworks.engine.sampler import ForwardOutput, argmax_only, prepare_rows, sample_row
-from tokenworks.engine.scheduler import QueueFullError, Scheduler, SchedulerOutput
+from tokenworks.engine.scheduler import Scheduler, SchedulerOutput
 from tokenworks.engine.sequence import Sequence
 from tokenworks.engine.speculative import open_speculator
 from tokenworks.engine.step_log import StepCounts, StepLog, StepStats

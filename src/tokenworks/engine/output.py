@@ -9,9 +9,13 @@ string is held back).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tokenworks.engine.request import FinishReason, SamplingParams, TokenLogprob
-from tokenworks.engine.sampler import SampleResult
 from tokenworks.tokenizer import DecodeStream
+
+if TYPE_CHECKING:  # (the sampler needs torch; the API process detokenises without it)
+    from tokenworks.engine.sampler import SampleResult
 
 
 class SequenceOutput:

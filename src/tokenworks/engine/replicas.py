@@ -18,11 +18,11 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 
+from tokenworks.engine.admission import QueueFullError
 from tokenworks.engine.core_client import CoreClient
 from tokenworks.engine.front import EngineFront
 from tokenworks.engine.prefix_cache import prefix_hashes
 from tokenworks.engine.request import SamplingParams
-from tokenworks.engine.scheduler import QueueFullError
 
 POLICIES = ("prefix", "least_loaded", "round_robin")
 PREFIX_BLOCKS = 4  # the leading blocks a prompt is known by

@@ -203,3 +203,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
+
+
+class StructuredOutputError(ValueError):
+    """The requested grammar cannot be compiled; the message says what is wrong."""

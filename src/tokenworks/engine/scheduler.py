@@ -27,12 +27,9 @@ import time
 from dataclasses import dataclass, field
 
 from tokenworks.config import EngineConfig
+from tokenworks.engine.admission import QueueFullError
 from tokenworks.engine.kv_cache import BlockManager
 from tokenworks.engine.sequence import Sequence, SequenceStatus
-
-
-class QueueFullError(RuntimeError):
-    """The waiting queue is full; the caller should retry later (HTTP 429 / 529)."""
 
 
 @dataclass

@@ -10,70 +10,17 @@ the tokens the sequence emits.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 
 import torch
 
-from tokenworks.engine.request import StructuredOutput
-
-
-class StructuredOutputError(ValueError):
-    """The requested grammar cannot be compiled; the message says what is wrong."""
-
+from tokenworks.engine.grammars import grammar_source, load_llguidance
+from tokenworks.engine.request import StructuredOutput, StructuredOutputError
 
 # For each byte value, the bias of its 8 tokens: 0 where the bit is set, -inf where not.
 _BYTE_BIAS = torch.where(
     ((torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1).bool(), 0.0, float("-inf")
 )
-
-
-def _llguidance():
-    try:
-        import llguidance
-    except ImportError as e:  # pragma: no cover - llguidance is a base dependency
-        raise StructuredOutputError(
-            "structured output needs llguidance: pip install llguidance"
-        ) from e
-    return llguidance
-
-
-# One line of JSON with a space after ',' and ':'. Free whitespace lets a small model pad
-# forever between tokens (newline after newline) without ever closing the object.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-def close_objects(schema):
-    """Objects that list their properties take no others unless the schema says so
-    (additionalProperties / patternProperties), as in OpenAI's strict structured outputs;
-    otherwise a model may append invented keys until max_tokens."""
-    if isinstance(schema, list):
-        return [close_objects(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: close_objects(v) for k, v in schema.items()}
-    open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties")
-    if "properties" in out and not any(k in out for k in open_keys):
-        out["additionalProperties"] = False
-    return out
-
-
-def grammar_source(so: StructuredOutput) -> str:
-    """The llguidance grammar for one StructuredOutput."""
-    M = _llguidance().LLMatcher
-    if so.kind == "json_schema":
-        try:
-            schema = close_objects(json.loads(so.value))
-            return M.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
-        except ValueError as e:
-            raise StructuredOutputError(f"json_schema: {e}") from e
-    if so.kind == "json_object":
-        return M.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
-    if so.kind == "regex":
-        return M.grammar_from_regex(so.value)
-    if so.kind == "choice":
-        return M.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in so.choices))
-    return M.grammar_from_lark(so.value)
 
 
 class TokenMatcher:
@@ -100,7 +47,7 @@ class TokenMatcher:
 
 class GrammarCompiler:
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...]):
-        llg = _llguidance()
+        llg = load_llguidance()
         self.vocab_size = vocab_size
         self._ll = llg.LLTokenizer(
             tokenizer.tk.to_str(), n_vocab=vocab_size, eos_token=list(eos_token_ids) or None
@@ -109,7 +56,7 @@ class GrammarCompiler:
 
     def _compile_source(self, key: StructuredOutput) -> str:
         source = grammar_source(key)
-        error = _llguidance().LLMatcher.validate_grammar(source, self._ll)
+        error = load_llguidance().LLMatcher.validate_grammar(source, self._ll)
         if error and not error.startswith("WARNING"):
             raise StructuredOutputError(f"the {key.kind} grammar is invalid: {error}")
         return source
@@ -133,7 +80,7 @@ class GrammarCompiler:
             logits.index_add_(0, index, bias.to(logits.dtype))
 
     def compile(self, so: StructuredOutput) -> TokenMatcher:
-        matcher = _llguidance().LLMatcher(self._ll, self._grammar(so), log_level=0)
+        matcher = load_llguidance().LLMatcher(self._ll, self._grammar(so), log_level=0)
         if matcher.is_error():
             raise StructuredOutputError(f"the {so.kind} grammar is invalid: {matcher.get_error()}")
         return TokenMatcher(matcher)

@@ -3,9 +3,19 @@
 build.py builds and loads csrc/; abi.py is its calling convention; products.py,
 attention.py and forward.py are the products, the attention and the Llama forward paths;
 batch.py lays a flat batch out for them; backend.py decides once per engine whether they
-run and takes the batches they can.
+run and takes the batches they can. Importing this package loads none of them (nor torch):
+a process that only reads configs, as the server's API process does, never pays for them.
 """
 
-from tokenworks.kernels.backend import KERNELS, CKernels, KernelsUnavailableError
+KERNELS = ("auto", "c", "torch")  # which code computes a batch: EngineConfig.kernels
+
+
+def __getattr__(name: str):
+    if name in ("CKernels", "KernelsUnavailableError"):
+        from tokenworks.kernels import backend
+
+        return getattr(backend, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["KERNELS", "CKernels", "KernelsUnavailableError"]

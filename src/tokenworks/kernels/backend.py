@@ -12,13 +12,13 @@ import logging
 
 import torch
 
+from tokenworks.kernels import KERNELS
 from tokenworks.kernels.batch import KernelBatch
 from tokenworks.kernels.build import library, unavailable
 from tokenworks.kernels.forward import LlamaForward
 from tokenworks.kernels.products import packed_built, tiles_granted, use_tiles
 
 log = logging.getLogger("tokenworks.kernels")
-KERNELS = ("auto", "c", "torch")
 _warned: set[str] = set()
 
 

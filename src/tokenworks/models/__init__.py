@@ -1,87 +1,28 @@
-"""Model sources, specs and architectures; `build_model` turns loaded weights into a module."""
+"""Model sources, specs and architectures; `build_model` turns loaded weights into a module.
+
+Names resolve on first use: reading a model's spec and tokenizer (`load(..., weights=False)`,
+as the server's API process does) imports neither torch nor the modules built on it.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import logging
-
-import torch
-
-from tokenworks.kernels.block_linear import DenseView
-from tokenworks.models.arch import family
-from tokenworks.models.gpt2 import GPT2Model
-from tokenworks.models.llama import LlamaModel
-from tokenworks.models.loaded import LoadedModel, ModelLoadError
-from tokenworks.models.loader import load
-from tokenworks.models.spec import ModelSpec
-from tokenworks.ops.linear import (
-    QUANTIZED_LINEARS,
-    matvec_linears_,
-    quantize_,
-    quantized_linear,
-    tile_linears_,
-)
-
-log = logging.getLogger("tokenworks.models")
-MODULES = {"decoder": LlamaModel, "gpt2": GPT2Model}  # models/arch Family.module -> class
-_INITS = ("kaiming_uniform_", "uniform_", "normal_", "zeros_", "ones_")
+_HOMES = {
+    "load": "tokenworks.models.loader",
+    "LoadedModel": "tokenworks.models.loaded",
+    "ModelLoadError": "tokenworks.models.loaded",
+    "ModelSpec": "tokenworks.models.spec",
+    "build_model": "tokenworks.models.build",
+    "MODULES": "tokenworks.models.build",
+}
 
 
-@contextlib.contextmanager
-def _without_random_init():
-    """Modules made without drawing their random initial weights: load_weights writes
-    every parameter, and drawing the random numbers first would slow every start."""
-    saved = {name: getattr(torch.nn.init, name) for name in _INITS}
-    for name in _INITS:
-        setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
-    try:
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.nn.init, name, fn)
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(home), name)
 
 
-def build_model(
-    spec: ModelSpec,
-    weights: dict[str, torch.Tensor],
-    dtype: torch.dtype,
-    device: str = "cpu",
-    quantization: str | None = None,
-    batch_invariant: bool = False,
-    dense_from_rows: int | None = None,
-    moe_strategy: str = "auto",
-    moe_capacity_factor: float | None = None,
-) -> torch.nn.Module:
-    with _without_random_init():  # (nor does a layer that will hold blocks touch its pages)
-        model = MODULES[family(spec.arch).module](spec)
-    blocks = quantization == "gguf" and isinstance(model, LlamaModel)
-    model.load_weights(weights if blocks else DenseView(weights))
-    tables = getattr(model, "rope_tables", dict)()
-    model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-    for name, t in tables.items():  # float32 whatever the dtype: shared with the C kernels
-        model.register_buffer(name, t.to(device), persistent=False)
-    if quantization in QUANTIZED_LINEARS:
-        head = model.lm_head
-        quantize_(model, quantization, dense_from_rows)
-        if quantization == "int4":
-            # The output layer is the most sensitive to rounding; GGUF files keep it at 8
-            # bits or more (the default model: Q8_0), and so do we.
-            model.lm_head = quantized_linear("int8", head, dense_from_rows)
-    moes = model.moe_layers() if spec.moe else []
-    if moe_strategy not in ("auto", "loop") and any(m.blocks is not None for m in moes):
-        log.info("moe_strategy %s: the file's quantised experts run the loop (--quantization "
-                 "none stacks them as floats for it)", moe_strategy)  # fmt: skip
-    for moe in moes:
-        moe.strategy, moe.capacity_factor = moe_strategy, moe_capacity_factor
-        if batch_invariant:
-            moe.tile = 16  # the experts' products in fixed row tiles, as TiledLinear's
-    for layer in model.layers if spec.mla and batch_invariant else ():
-        layer.mla.tile = 16
-    if batch_invariant:
-        tile_linears_(model)
-    elif quantization in (None, "gguf") and dtype == torch.bfloat16 and device == "cpu":
-        matvec_linears_(model)  # single-row products (batch-1 decode) via torch.mv
-    return model
-
-
-__all__ = ["MODULES", "LoadedModel", "ModelLoadError", "ModelSpec", "build_model", "load"]
+__all__ = list(_HOMES)

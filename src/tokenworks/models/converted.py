@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenworks.models.catalogue import home
-from tokenworks.models.gguf_file import GGUFIndex, StoredTensor, gguf_weights
+from tokenworks.models.gguf_file import GGUFIndex, StoredTensor, rope_frequencies
 from tokenworks.models.loaded import LoadedModel
 from tokenworks.models.spec import MLASpec, ModelSpec, MoESpec, RopeScaling
 
@@ -69,8 +69,7 @@ def load_converted(
     if moe:
         moe = MoESpec(**moe | {"dense_layers": tuple(moe["dense_layers"])})
     path = Path(file_path)
-    rope_t = [t for t in index.tensors if t.name == "rope_freqs.weight"]
-    _, freqs = gguf_weights(path, rope_t, index.arch, s["n_heads"], s["n_kv_heads"])
+    freqs = rope_frequencies(path, index.tensors)
     extra = {"rope_freqs": freqs} if freqs is not None else {}
     spec = ModelSpec(
         **s | {"eos_token_ids": tuple(s["eos_token_ids"]), "extra": s["extra"] | extra},

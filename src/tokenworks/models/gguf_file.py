@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from tokenworks.models import arch as arch_registry
@@ -114,7 +113,10 @@ def gguf_weights(
     quantised types as BlockTensors (views of the file, executed as stored; llama's Q and K
     rows reordered, a copy), the rest as float32 tensors; and RoPE's frequencies, if the file
     has them. names_only: the names with None for every weight (no matrix is touched)."""
-    from tokenworks.kernels import blocks
+    if not names_only:  # (a spec and tokenizer alone need neither torch nor the kernels)
+        import torch
+
+        from tokenworks.kernels import blocks
 
     fam = arch_registry.for_gguf_arch(arch)
     mm = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: pages shared, never written
@@ -159,6 +161,12 @@ def gguf_weights(
             continue
         weights[name] = torch.from_numpy(np.array(arr, dtype=np.float32))  # owned, writable
     return weights, rope_freqs
+
+
+def rope_frequencies(path: Path, tensors: list[StoredTensor]) -> np.ndarray | None:
+    """The file's RoPE frequencies (rope_freqs.weight), where it has them."""
+    t = next((t for t in tensors if t.name == "rope_freqs.weight"), None)
+    return None if t is None else _dense_array(np.memmap(path, dtype=np.uint8, mode="c"), t)
 
 
 def load_gguf(path: Path, model_id: str | None = None, weights: bool = True) -> LoadedModel:

@@ -33,7 +33,7 @@ def load(model: str, weights: bool = True, keep_index: bool = True) -> LoadedMod
     memory and time. keep_index=False reads a GGUF's metadata from the file even where an
     index of it is kept (models/converted.py), and keeps none."""
     if model == "toy":
-        return load_toy()
+        return load_toy(weights)
     if model in catalogue.CATALOGUE:
         entry = catalogue.lookup(model)
         path = catalogue.pull(model)

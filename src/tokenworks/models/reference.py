@@ -12,7 +12,8 @@ import numpy as np
 from tokenworks.kernels.block_linear import dense
 from tokenworks.models.arch import family
 from tokenworks.models.spec import ModelSpec
-from tokenworks.ops.rope import attention_factor, inv_frequencies
+from tokenworks.ops.rope import inv_frequencies
+from tokenworks.ops.rope_scaling import attention_factor
 
 
 def rms_norm(x, w, eps):  # [n, h], [h] -> [n, h]

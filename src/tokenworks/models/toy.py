@@ -7,7 +7,6 @@ model's minutes are not needed. Its text is gibberish by design.
 
 from __future__ import annotations
 
-import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from tokenworks.models.loaded import LoadedModel
@@ -52,7 +51,10 @@ def toy_spec() -> ModelSpec:
     )
 
 
-def toy_weights(spec: ModelSpec, seed: int = 0) -> dict[str, torch.Tensor]:
+def toy_weights(spec: ModelSpec, seed: int = 0) -> dict:
+    """Random float32 tensors (torch is imported here: the spec alone needs none)."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape, std=0.2):
@@ -78,11 +80,11 @@ def toy_weights(spec: ModelSpec, seed: int = 0) -> dict[str, torch.Tensor]:
     return w
 
 
-def load_toy() -> LoadedModel:
+def load_toy(weights: bool = True) -> LoadedModel:
     spec = toy_spec()
     return LoadedModel(
         spec=spec,
-        weights=toy_weights(spec),
+        weights=toy_weights(spec) if weights else {},
         tokenizer_source={"kind": "object", "tokenizer": byte_tokenizer()},
         chat_template=CHATML,
         model_id="toy",

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from tokenworks.engine.admission import QueueFullError
 from tokenworks.engine.front import EngineFront
 from tokenworks.engine.messages import (
     DeadlineExceededError,
@@ -21,7 +22,6 @@ from tokenworks.engine.messages import (
     RequestFailedError,
 )
 from tokenworks.engine.request import SamplingError, SamplingParams
-from tokenworks.engine.scheduler import QueueFullError
 from tokenworks.serve import api_times
 from tokenworks.serve.errors import APIError, bad_request
 from tokenworks.serve.limits import ServerLimits

@@ -15,7 +15,6 @@ import uvicorn
 
 from tokenworks.config import EngineConfig
 from tokenworks.engine.core_client import CoreClient
-from tokenworks.engine.engine import LLMEngine
 from tokenworks.engine.replicas import ReplicaRouter
 from tokenworks.serve.app import build_app
 from tokenworks.serve.common import ServerState
@@ -37,7 +36,7 @@ def make_state(
 ) -> ServerState:
     metrics = ServerMetrics(names[0])
     limits = limits or ServerLimits()
-    front = CoreClient(engine=engine) if isinstance(engine, LLMEngine) else engine
+    front = engine if isinstance(engine, (CoreClient, ReplicaRouter)) else CoreClient(engine=engine)
     front.configure(metrics, limits.max_stream_backlog, limits.max_stream_stall_s)
     return ServerState(
         front,

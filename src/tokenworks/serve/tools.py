@@ -24,8 +24,8 @@ import re
 import secrets
 from dataclasses import dataclass
 
+from tokenworks.engine.grammars import JSON_OPTIONS, close_objects
 from tokenworks.engine.request import StructuredOutput
-from tokenworks.engine.structured import JSON_OPTIONS, close_objects
 from tokenworks.serve.errors import bad_request
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"

@@ -1,7 +1,25 @@
 """Speculative decoding: proposers guess, the target checks every guess in one pass, and
-the acceptance rule keeps the output the target's own (docs/speculative.md)."""
+the acceptance rule keeps the output the target's own (docs/speculative.md).
 
-from tokenworks.engine.speculative.proposers import DraftModelError, open_speculator
-from tokenworks.engine.speculative.speculator import SpeculativeMetrics, Speculator
+Names resolve on first use: the running totals (metrics.py) travel to the server's API
+process, which imports nothing of the rest (nor torch).
+"""
 
-__all__ = ["DraftModelError", "SpeculativeMetrics", "Speculator", "open_speculator"]
+_HOMES = {
+    "DraftModelError": "tokenworks.engine.speculative.proposers",
+    "open_speculator": "tokenworks.engine.speculative.proposers",
+    "SpeculativeMetrics": "tokenworks.engine.speculative.metrics",
+    "Speculator": "tokenworks.engine.speculative.speculator",
+}
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(home), name)
+
+
+__all__ = list(_HOMES)

@@ -3,7 +3,9 @@ startup: a draft model must share the target's tokenizer and be no larger than i
 
 from __future__ import annotations
 
-from tokenworks.config import DTYPES, EngineConfig
+import torch
+
+from tokenworks.config import EngineConfig
 from tokenworks.engine.kv_cache import KVPool
 from tokenworks.engine.runner import open_kernels
 from tokenworks.engine.speculative.draft import DraftModelProposer
@@ -72,7 +74,7 @@ def open_speculator(
         draft = target if spec.model == target.model_id else load(spec.model)
     target_params = parameter_count(target)
     check_draft(draft, target, target_params)
-    dtype = DTYPES[spec.dtype] if spec.dtype else config.torch_dtype
+    dtype = getattr(torch, spec.dtype) if spec.dtype else config.torch_dtype
     model = build_model(draft.spec, draft.weights, dtype, config.device, spec.quantization)
     s, bs = draft.spec, config.block_size
     pool = KVPool.for_spec(s, num_blocks, bs, dtype, config.device)

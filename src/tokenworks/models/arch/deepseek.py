@@ -5,11 +5,9 @@ shared experts, and the routed sum scaled by routed_scaling_factor."""
 
 from __future__ import annotations
 
-import torch
-
 from tokenworks.models.arch.family import Family
 from tokenworks.models.spec import MLASpec, MoESpec
-from tokenworks.ops.rope import yarn_mscale
+from tokenworks.ops.rope_scaling import yarn_mscale
 from tokenworks.shapes import dense_layers
 
 
@@ -58,8 +56,10 @@ def latent_spec(cfg: dict) -> MLASpec:
     )
 
 
-def _deinterleave(w: torch.Tensor, start: int, n: int, period: int) -> torch.Tensor:
+def _deinterleave(w, start: int, n: int, period: int):
     """Rows start..start+n of every `period` rows reordered evens first, then odds."""
+    import torch  # (only a checkpoint's weights need it, not its spec)
+
     perm = torch.cat([torch.arange(0, n, 2), torch.arange(1, n, 2)]) + start
     w = w.clone().view(-1, period, *w.shape[1:])
     w[:, start : start + n] = w[:, perm]
