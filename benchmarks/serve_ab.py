@@ -104,8 +104,12 @@ def main() -> int:
         kind="serve-ab",
         engine={"model": args.model, "threads": args.threads},
         model={"id": args.model},
-        workload={"before": args.before, "rounds": args.rounds, "concurrency": [1, 16],
-                  "num_prompts": args.num_prompts},  # fmt: skip
+        workload={
+            "before": args.before,
+            "rounds": args.rounds,
+            "concurrency": [1, 16],
+            "num_prompts": args.num_prompts,
+        },  # fmt: skip
         results={"runs": runs},
     )
     print(write_record(record, args.out))
