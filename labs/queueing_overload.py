@@ -1,4 +1,4 @@
-"""Lab: queueing under overload, on the real model, straight into the async engine.
+"""Lab: queueing under overload, on the real model, straight into the engine's front.
 
 Requests arrive as a Poisson process at rising rates. Below the engine's capacity the
 time to first token stays near one prefill. Near capacity the queue builds and TTFT

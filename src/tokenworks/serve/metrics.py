@@ -124,9 +124,6 @@ class ServerMetrics:
         return self._engines[index]
 
     # engine 0's hooks: a server with one engine hands this object to it as its observer
-    def on_state(self, gauges) -> None:
-        self._first.on_state(gauges)
-
     def on_step(self, preemptions: int, gauges) -> None:
         self._first.on_step(preemptions, gauges)
 
