@@ -142,8 +142,10 @@ async def completions(body: CompletionRequest, request: Request):
             await s.aclose()
         raise
     # the prompts as text, for echo only
-    echoed = [state.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
-    chunks = completion_chunks(body, merge(streams), echoed if body.echo else [])
+    echoed = (
+        [state.tokenizer.decode(p, skip_special_tokens=False) for p in prompts] if body.echo else []
+    )
+    chunks = completion_chunks(body, merge(streams), echoed)
     top = head("cmpl-" + secrets.token_hex(12), "text_completion", body.model)
     return await answer(
         state, request, ids, chunks, body.stream,
