@@ -22,14 +22,25 @@ ALLOWED = {
     "paths": {"environment"},
     "shapes": {"units"},
     "ops": set(),
-    "kernels": {"environment", "ops", "paths"},
+    "kernels": {"environment", "lazy", "ops", "paths"},
     # models keeps a GGUF's blocks as the C kernels' BlockLinear (kernels/block_linear.py)
-    "models": {"kernels", "ops", "paths", "shapes", "units"},
+    "models": {"kernels", "lazy", "ops", "paths", "shapes", "units"},
     "tokenizer": {"models"},
     "environment": set(),
+    "lazy": set(),
     "options": set(),
     "config": {"kernels", "models", "options"},
-    "engine": {"config", "kernels", "models", "ops", "plan", "shapes", "tokenizer", "units"},
+    "engine": {
+        "config",
+        "kernels",
+        "lazy",
+        "models",
+        "ops",
+        "plan",
+        "shapes",
+        "tokenizer",
+        "units",
+    },  # fmt: skip
     "llm": {"config", "engine", "models"},
     "plan": {"shapes", "units"},
     "serve": {"config", "engine", "models", "options", "tokenizer", "units"},
@@ -171,13 +182,11 @@ def _module_imports() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     for module, path in modules.items():
         tree = ast.parse(path.read_text())
         top[module] = {t for node in tree.body for t in targets(node)}
-        # imports under `if TYPE_CHECKING`, and a package's lazy names (PEP 562's module
-        # __getattr__, which runs once the package is whole), close no circle at run time
+        # imports under `if TYPE_CHECKING` run in no process
         type_only = {
             id(n)
             for node in tree.body
-            if (isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING")
-            or (isinstance(node, ast.FunctionDef) and node.name == "__getattr__")
+            if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
             for n in ast.walk(node)
         }
         inner[module] = {

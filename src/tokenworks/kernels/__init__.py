@@ -7,15 +7,17 @@ run and takes the batches they can. Importing this package loads none of them (n
 a process that only reads configs, as the server's API process does, never pays for them.
 """
 
+from tokenworks.lazy import lazy_names
+
 KERNELS = ("auto", "c", "torch")  # which code computes a batch: EngineConfig.kernels
 
 
-def __getattr__(name: str):
-    if name in ("CKernels", "KernelsUnavailableError"):
-        from tokenworks.kernels import backend
-
-        return getattr(backend, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "CKernels": "tokenworks.kernels.backend",
+        "KernelsUnavailableError": "tokenworks.kernels.backend",
+    },
+)
 
 __all__ = ["KERNELS", "CKernels", "KernelsUnavailableError"]

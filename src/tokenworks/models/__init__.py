@@ -6,6 +6,8 @@ as the server's API process does) imports neither torch nor the modules built on
 
 from __future__ import annotations
 
+from tokenworks.lazy import lazy_names
+
 _HOMES = {
     "load": "tokenworks.models.loader",
     "LoadedModel": "tokenworks.models.loaded",
@@ -16,13 +18,6 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(home), name)
-
+__getattr__ = lazy_names(__name__, _HOMES)
 
 __all__ = list(_HOMES)

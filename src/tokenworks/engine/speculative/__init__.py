@@ -5,6 +5,8 @@ Names resolve on first use: the running totals (metrics.py) travel to the server
 process, which imports nothing of the rest (nor torch).
 """
 
+from tokenworks.lazy import lazy_names
+
 _HOMES = {
     "DraftModelError": "tokenworks.engine.speculative.proposers",
     "open_speculator": "tokenworks.engine.speculative.proposers",
@@ -13,13 +15,6 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str):
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(home), name)
-
+__getattr__ = lazy_names(__name__, _HOMES)
 
 __all__ = list(_HOMES)
