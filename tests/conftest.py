@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import faults
 import pytest
 import torch
 
@@ -17,7 +18,8 @@ torch.set_num_threads(2)
 # Tests that take a `device` run on the CPU, and on CUDA too where torch sees a GPU.
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 REAL_MODEL_FIXTURES = {
-    "smol_llm", "smol_loaded", "hf_smol", "invariant_llm", "smol_server", "gemma3_loaded",
+    "smol_llm", "smol_loaded", "hf_smol", "invariant_llm", "smol_server", "smol_core_server",
+    "gemma3_loaded",
 }  # fmt: skip
 
 
@@ -104,7 +106,8 @@ def start_server(loaded, names=("smollm2-135m",), api_keys=(), limits=None, stat
     """A real HTTP server on 127.0.0.1 over its own engine: in a thread of this process
     (the weights are shared; srv.engine is the LLMEngine), or with engine_process in a core
     process of its own, as `tokenworks serve` runs it (srv.engine is its EngineView), or
-    over `replicas` cores behind a router."""
+    over `replicas` cores behind a router. Faults (tests/faults.py) are installed in core
+    processes; a test installs them in this process itself (the faults fixture)."""
     from tokenworks.config import EngineConfig
     from tokenworks.engine.engine import LLMEngine
     from tokenworks.serve.app import build_app
@@ -117,7 +120,10 @@ def start_server(loaded, names=("smollm2-135m",), api_keys=(), limits=None, stat
         from tokenworks.engine.core_client import CoreClient
         from tokenworks.engine.replicas import ReplicaRouter
 
-        cores = [CoreClient(config, startup_timeout_s=300) for _ in range(replicas)]
+        cores = [
+            CoreClient(config, startup_timeout_s=300, init="faults:install")
+            for _ in range(replicas)
+        ]
         engine = cores[0] if replicas == 1 else ReplicaRouter(cores, router)
         engine.start()
     else:
@@ -146,11 +152,41 @@ def engine_idle(srv) -> bool:
 
 
 @pytest.fixture(scope="session")
-def smol_server(smol_loaded):
-    """The server most server tests share, its engine in a core process of its own."""
-    srv = start_server(smol_loaded, names=("smollm2-135m", "smol"), engine_process=True)
-    yield srv
-    srv.stop()
+def smol_servers(smol_loaded):
+    """The servers most server tests share, by where their engine core runs: "process" (a
+    process of its own, as `tokenworks serve` runs it) and "thread" (a thread of this
+    process, with the faults of tests/faults.py installed here), each started when first
+    asked for."""
+    servers = {}
+
+    def get(transport: str):
+        if transport not in servers:
+            patch = pytest.MonkeyPatch()
+            if transport == "thread":
+                faults.install(patch.setattr)
+            srv = start_server(
+                smol_loaded, names=("smollm2-135m", "smol"), engine_process=transport == "process"
+            )
+            srv.unpatch = patch.undo
+            servers[transport] = srv
+        return servers[transport]
+
+    yield get
+    for srv in servers.values():
+        srv.stop()
+        srv.unpatch()
+
+
+@pytest.fixture(scope="session", params=["process", "thread"])
+def smol_server(smol_servers, request):
+    """The server suite's server, on each transport (tests/faults.py's faults in place)."""
+    return smol_servers(request.param)
+
+
+@pytest.fixture(scope="session")
+def smol_core_server(smol_servers):
+    """The server as `tokenworks serve` runs it (its core in a process of its own)."""
+    return smol_servers("process")
 
 
 def tokens_through(front, prompts, params) -> tuple[list, list]:
@@ -174,20 +210,8 @@ def tokens_through(front, prompts, params) -> tuple[list, list]:
     return asyncio.run(together()), expected
 
 
-POISON_SEED = 4242  # the seed whose sampling the poisoned_sampling fixture makes raise
-
-
 @pytest.fixture
-def poisoned_sampling(monkeypatch):
-    """The engine's sampler raises for requests with seed POISON_SEED (an injected fault),
-    and samples as usual for every other."""
-    import tokenworks.engine.sampler as sampler_module
-
-    real = sampler_module.sample_one
-
-    def poisoned(logits, params, *args):
-        if params.seed == POISON_SEED:
-            raise RuntimeError("injected sampling fault")
-        return real(logits, params, *args)
-
-    monkeypatch.setattr(sampler_module, "sample_one", poisoned)
+def faults_here(monkeypatch):
+    """tests/faults.py's seed-triggered faults in the engines of this process (a core
+    process gets them through its init hook)."""
+    faults.install(monkeypatch.setattr)

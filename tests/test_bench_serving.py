@@ -128,7 +128,7 @@ def scrape(url: str) -> dict:
     return out
 
 
-def test_load_generator_totals_equal_the_servers_counters(smol_server):
+def test_load_generator_totals_equal_the_servers_counters(smol_core_server):
     manifest = {
         "kind": "random",
         "num_requests": 6,
@@ -136,14 +136,19 @@ def test_load_generator_totals_equal_the_servers_counters(smol_server):
         "input": 24,
         "output": {"dist": "uniform", "low": 3, "high": 8},
     }
-    requests = build_requests(manifest, smol_server.engine.spec.vocab_size)
-    before = scrape(smol_server.url)
+    requests = build_requests(manifest, smol_core_server.engine.spec.vocab_size)
+    before = scrape(smol_core_server.url)
     results, duration = asyncio.run(
         run_load(
-            smol_server.url, "smollm2-135m", requests, rate=20.0, max_concurrency=3, progress=False
+            smol_core_server.url,
+            "smollm2-135m",
+            requests,
+            rate=20.0,
+            max_concurrency=3,
+            progress=False,
         )
     )
-    after = scrape(smol_server.url)
+    after = scrape(smol_core_server.url)
     assert all(r.ok for r in results)
     assert [r.output_tokens for r in results] == [r.max_tokens for r in requests]  # EOS ignored
     assert all(r.input_tokens == 24 for r in results)
@@ -155,31 +160,33 @@ def test_load_generator_totals_equal_the_servers_counters(smol_server):
     assert f["completed"] == 6 and f["ttft_s"]["n"] == 6 and f["itl_s"]["n"] > 0
 
 
-def test_text_prompts_go_to_the_chat_endpoint_when_asked(smol_server):
+def test_text_prompts_go_to_the_chat_endpoint_when_asked(smol_core_server):
     reqs = [BenchRequest(None, "Name a colour.", 4), BenchRequest(None, "Say hi.", 4)]
     results, _ = asyncio.run(
-        run_load(smol_server.url, "smollm2-135m", reqs, endpoint="chat", progress=False)
+        run_load(smol_core_server.url, "smollm2-135m", reqs, endpoint="chat", progress=False)
     )
     assert all(r.ok and r.output_tokens == 4 and r.chunk_times for r in results)
     # the chat template wraps the prompt: more prompt tokens than the bare text has
-    bare = len(smol_server.engine.tokenizer.encode("Name a colour."))
+    bare = len(smol_core_server.engine.tokenizer.encode("Name a colour."))
     assert results[0].input_tokens > bare
     ids = [BenchRequest([1, 2, 3], None, 4)]
     with pytest.raises(ValueError, match="chat endpoint takes text"):
-        asyncio.run(run_load(smol_server.url, "smollm2-135m", ids, endpoint="chat"))
+        asyncio.run(run_load(smol_core_server.url, "smollm2-135m", ids, endpoint="chat"))
 
 
-def test_failed_requests_are_counted_not_timed(smol_server):
+def test_failed_requests_are_counted_not_timed(smol_core_server):
     from tokenworks.bench.workload import BenchRequest
 
     bad = [BenchRequest([10**9], None, 4)]  # outside the vocabulary: a 400
-    results, duration = asyncio.run(run_load(smol_server.url, "smollm2-135m", bad, progress=False))
+    results, duration = asyncio.run(
+        run_load(smol_core_server.url, "smollm2-135m", bad, progress=False)
+    )
     assert not results[0].ok and "400" in results[0].error
     f = compute(results, duration)
     assert f["failed"] == 1 and f["ttft_s"] is None
 
 
-def test_a_serving_record_holds_what_design_names(smol_server, tmp_path):
+def test_a_serving_record_holds_what_design_names(smol_core_server, tmp_path):
     from tokenworks.bench.serving import run_serving, summary_table
 
     args = argparse.Namespace(
@@ -194,10 +201,10 @@ def test_a_serving_record_holds_what_design_names(smol_server, tmp_path):
         slo_ttft=5.0,
         slo_tpot=None,
         slo_e2e=None,
-        base_url=smol_server.url,
+        base_url=smol_core_server.url,
         served_model="smollm2-135m",
         api_key=None,
-        vocab_size=smol_server.engine.spec.vocab_size,
+        vocab_size=smol_core_server.engine.spec.vocab_size,
         out=str(tmp_path),
     )
     record = json.loads(run_serving(args).read_text())
@@ -291,7 +298,7 @@ def test_in_process_load_is_timed_like_http(toy_llm):
     assert f["completed"] == 5 and f["tpot_s"]["n"] == 5
 
 
-def test_multi_turn_chats_send_the_conversation_so_far(smol_server):
+def test_multi_turn_chats_send_the_conversation_so_far(smol_core_server):
     manifest = {
         "kind": "multi_turn",
         "num_requests": 2,
@@ -300,13 +307,13 @@ def test_multi_turn_chats_send_the_conversation_so_far(smol_server):
         "output": 6,
         "seed": 4,
     }
-    requests = build_requests(manifest, smol_server.engine.spec.vocab_size)
+    requests = build_requests(manifest, smol_core_server.engine.spec.vocab_size)
     assert all(len(r.turns) == 3 for r in requests)
-    before = scrape(smol_server.url)
+    before = scrape(smol_core_server.url)
     results, duration = asyncio.run(
-        run_load(smol_server.url, "smollm2-135m", requests, progress=False)
+        run_load(smol_core_server.url, "smollm2-135m", requests, progress=False)
     )
-    after = scrape(smol_server.url)
+    after = scrape(smol_core_server.url)
     assert len(results) == 6 and all(r.ok and r.output_tokens == 6 for r in results)
     # results come conversation by conversation: each turn's prompt holds the earlier ones
     for conv in (results[:3], results[3:]):

@@ -1,14 +1,14 @@
 """The engine front (CoreClient) over its core, on the toy model (no HTTP, no real weights):
-the core in a thread of this process and in a process of its own run the same tests; the
-faults injected into the engine need it in this process."""
+the core in a thread of this process and in a process of its own run the same tests, with
+tests/faults.py's seed-triggered faults in the engine wherever it runs."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import faults
 import pytest
-from conftest import POISON_SEED
 
 from tokenworks import SamplingParams
 from tokenworks.config import EngineConfig
@@ -41,27 +41,28 @@ SMALL = EngineConfig(model="toy", dtype="float32", max_num_seqs=2, max_waiting=3
 
 
 def toy_front(toy_llm, backend: str, config: EngineConfig = SMALL, **kw) -> CoreClient:
-    """A started front over a toy core: in a thread (on the shared weights) or a process."""
+    """A started front over a toy core: in a thread (on the shared weights) or a process
+    (with tests/faults.py's faults installed; a thread core has them where a test asks)."""
     if backend == "thread":
         front = CoreClient(engine=LLMEngine(config, toy_llm.engine.loaded), **kw)
     else:
-        front = CoreClient(config, backend=backend, startup_timeout_s=120, **kw)
+        kw = dict(startup_timeout_s=120, init="faults:install") | kw
+        front = CoreClient(config, backend=backend, **kw)
     front.start()
     return front
 
 
 @pytest.fixture(params=["thread", "mp"])
-def front(toy_llm, request):
-    recorder = Recorder()
-    front = toy_front(toy_llm, request.param, observer=recorder)
-    front.recorder = recorder
-    yield front
-    front.shutdown()
+def backend(request, faults_here):
+    """Where the core runs, and the faults in place there."""
+    return request.param
 
 
 @pytest.fixture
-def thread_front(toy_llm):
-    front = toy_front(toy_llm, "thread")
+def front(toy_llm, backend):
+    recorder = Recorder()
+    front = toy_front(toy_llm, backend, observer=recorder)
+    front.recorder = recorder
     yield front
     front.shutdown()
 
@@ -163,36 +164,26 @@ def test_shutdown_ends_the_streams_in_flight(front):
     assert not front.is_running
 
 
-@pytest.mark.parametrize("fault", ["forward", "schedule"])
-def test_a_step_that_raises_fails_its_requests_once_and_the_loop_goes_on(thread_front, fault):
+@pytest.mark.parametrize("fault", ["forward", "scheduling"])
+def test_a_step_that_raises_fails_its_requests_once_and_the_loop_goes_on(front, fault):
     """A forward pass that raises fails the requests it ran; scheduling that raises (before
     any request is touched) fails every request in flight; either way once, and the next
     request is served."""
-    engine = thread_front.engine
-    target, name = (engine.runner, "run") if fault == "forward" else (engine.scheduler, "schedule")
-    real = getattr(target, name)
-
-    def broken(*a, **kw):
-        setattr(target, name, real)
-        raise RuntimeError("injected")
+    seed = faults.FORWARD_SEED if fault == "forward" else faults.SCHEDULE_SEED
 
     async def main():
-        streams = [await thread_front.submit(greedy(10_000), [p]) for p in (3, 8)]
-        setattr(target, name, broken)
+        streams = [await front.submit(greedy(10_000), [3])]
+        streams.append(await front.submit(greedy(10_000, seed=seed), [8]))
         for stream in streams:
-            with pytest.raises(RequestFailedError, match="injected"):
+            with pytest.raises(RequestFailedError, match=f"injected {fault} fault"):
                 async for _ in stream:
                     pass
         return [
-            t
-            async for u in thread_front.generate(greedy(3), [9])
-            for d in u.deltas
-            for t in d.token_ids
+            t async for u in front.generate(greedy(3), [9]) for d in u.deltas for t in d.token_ids
         ]
 
     assert len(asyncio.run(main())) == 3
-    wait_idle(thread_front)
-    engine.blocks.check()
+    wait_idle(front)
 
 
 def test_a_reader_that_falls_behind_is_cut_off_and_its_blocks_freed(toy_llm):
@@ -224,12 +215,11 @@ def test_a_reader_that_falls_behind_is_cut_off_and_its_blocks_freed(toy_llm):
     engine.blocks.check()
 
 
-def test_a_request_whose_sampling_raises_fails_alone(toy_llm, poisoned_sampling):
-    """Sampling that raises for one request (here: an injected fault for POISON_SEED) fails
+def test_a_request_whose_sampling_raises_fails_alone(toy_llm, backend):
+    """Sampling that raises for one request (here: an injected fault for SAMPLING_SEED) fails
     that request only; the other requests of the same steps run to the end."""
     config = EngineConfig(model="toy", dtype="float32", max_num_seqs=9)
-    front = toy_front(toy_llm, "thread", config)
-    engine = front.engine
+    front = toy_front(toy_llm, backend, config)
 
     async def one(seed, prompt):
         params = SamplingParams(max_tokens=20, temperature=0.8, seed=seed, ignore_eos=True)
@@ -244,17 +234,16 @@ def test_a_request_whose_sampling_raises_fails_alone(toy_llm, poisoned_sampling)
 
     async def main():
         return await asyncio.gather(
-            *(one(POISON_SEED if i == 3 else i, [5 + i, 6]) for i in range(9))
+            *(one(faults.SAMPLING_SEED if i == 3 else i, [5 + i, 6]) for i in range(9))
         )
 
     try:
         got = asyncio.run(main())
+        wait_idle(front)
     finally:
         front.shutdown()
     assert "injected sampling fault" in got[3]
     assert got[:3] + got[4:] == [20] * 8
-    wait_idle(front)
-    assert not engine.requests and engine.blocks.usage == 0
 
 
 def test_max_waiting_zero_takes_bursts_into_free_slots(toy_llm):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 
 import anthropic
+import faults
 import httpx
 import openai
 import pytest
@@ -31,18 +32,15 @@ def _tiny(loaded, engine_process: bool):
     )
 
 
-@pytest.fixture(scope="module")
-def tiny_server(smol_loaded):
-    srv = _tiny(smol_loaded, engine_process=False)
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def tiny_core_server(smol_loaded):
-    srv = _tiny(smol_loaded, engine_process=True)
-    yield srv
-    srv.stop()
+@pytest.fixture(scope="module", params=["process", "thread"])
+def tiny_server(smol_loaded, request):
+    """A tiny server on each transport, tests/faults.py's faults in its engine."""
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "thread":
+            faults.install(patch.setattr)
+        srv = _tiny(smol_loaded, engine_process=request.param == "process")
+        yield srv
+        srv.stop()
 
 
 def _running_waiting(srv) -> tuple[int, int]:
@@ -160,9 +158,7 @@ def test_deadline_cancels(smol_server):
     wait_for(lambda: engine_idle(smol_server))
 
 
-@pytest.mark.parametrize("server", ["tiny_server", "tiny_core_server"])
-def test_overload_gives_429_and_529_and_the_server_carries_on(server, request):
-    tiny_server = request.getfixturevalue(server)
+def test_overload_gives_429_and_529_and_the_server_carries_on(tiny_server):
     oai = openai.OpenAI(base_url=tiny_server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
     claude = anthropic.Anthropic(base_url=tiny_server.url, api_key=KEY, max_retries=0, timeout=120)
     body = {"model": MODEL, "prompt": "Go:", "stream": True, **LONG}
@@ -245,23 +241,22 @@ def test_two_replicas_refuse_when_both_are_full_cancel_and_label_their_metrics(s
     assert tokens == {"0": 3, "1": 3}  # only finished requests count: one each
 
 
-def test_engine_failure_fails_its_requests_only(tiny_server):
+@pytest.mark.parametrize(
+    "seed, fault",
+    [(faults.FORWARD_SEED, "forward"), (faults.SCHEDULE_SEED, "scheduling"),
+     (faults.SAMPLING_SEED, "sampling")],
+)  # fmt: skip
+def test_engine_failure_fails_its_requests_only(tiny_server, seed, fault):
+    """A forward pass, scheduling or sampling that raises fails the request it touched with a
+    500 that says why, and the next request is served."""
     oai = openai.OpenAI(base_url=tiny_server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
-    runner = tiny_server.engine.runner
-    real = runner.run
-
-    def broken(*a, **kw):
-        runner.run = real  # fail once
-        raise RuntimeError("injected fault")
-
-    runner.run = broken
     with pytest.raises(openai.InternalServerError) as e:
-        oai.completions.create(model=MODEL, prompt="x", max_tokens=3)
-    assert "injected fault" in e.value.message
+        oai.completions.create(model=MODEL, prompt="x", max_tokens=3, seed=seed)
+    assert f"injected {fault} fault" in e.value.message
     r = oai.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
     assert r.usage.completion_tokens == 3
     assert httpx.get(tiny_server.url + "/health").json() == {"status": "ok"}
-    tiny_server.engine.blocks.check()
+    wait_for(lambda: engine_idle(tiny_server))
 
 
 def _wait_up(proc, url: str) -> None:

@@ -9,9 +9,10 @@ import asyncio
 import http.client
 import json
 
+import faults
 import httpx
 import pytest
-from conftest import POISON_SEED, start_server
+from conftest import start_server
 
 from tokenworks.serve.limits import ServerLimits
 
@@ -169,15 +170,21 @@ def test_one_request_never_fails_another(guarded):
     assert guarded.engine.requests == {} and guarded.engine.blocks.usage == 0
 
 
-def test_a_request_whose_sampling_fails_gets_a_500_and_the_others_finish(
-    guarded, poisoned_sampling
-):
+def test_a_request_whose_sampling_fails_gets_a_500_and_the_others_finish(guarded, faults_here):
     url = guarded.url + "/v1/chat/completions"
 
     async def main():
         async with httpx.AsyncClient(timeout=120) as http:
-            bodies = [_chat(max_tokens=12, temperature=0.9, seed=s) for s in (1, 2, POISON_SEED, 3)]
-            claude = {"model": MODEL, "max_tokens": 8, "messages": USER, "seed": POISON_SEED}
+            bodies = [
+                _chat(max_tokens=12, temperature=0.9, seed=s)
+                for s in (1, 2, faults.SAMPLING_SEED, 3)
+            ]
+            claude = {
+                "model": MODEL,
+                "max_tokens": 8,
+                "messages": USER,
+                "seed": faults.SAMPLING_SEED,
+            }
             calls = [http.post(url, json=b, headers=A) for b in bodies]
             calls.append(http.post(guarded.url + "/v1/messages", json=claude, headers=A))
             return await asyncio.gather(*calls)

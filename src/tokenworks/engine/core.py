@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import logging
 import os
 import signal
@@ -260,9 +261,21 @@ def _close(commands: zmq.Socket, outputs: zmq.Socket) -> None:
     commands.close(linger=0)
 
 
-def serve_core(config: EngineConfig, commands_address: str, outputs_address: str) -> None:
+def run_init(init: str | None) -> None:
+    """Call the core's init hook, "module:function" (CoreClient's init), if it has one."""
+    if init:
+        module, _, function = init.partition(":")
+        if not function:
+            raise ValueError(f"init {init!r}: expected module:function")
+        getattr(importlib.import_module(module), function)()
+
+
+def serve_core(
+    config: EngineConfig, commands_address: str, outputs_address: str, init: str | None = None
+) -> None:
     """Load the engine, connect to the client's two sockets and run until shut down (or
     until the client's process is gone). A core process's main, and a Ray actor's run."""
+    run_init(init)
     # the client detokenises (engine/detokenizer.py): the core only steps
     config = dataclasses.replace(config, detokenize=False)
     parent = os.getppid()
@@ -325,13 +338,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True, help="the EngineConfig as JSON")
     p.add_argument("--commands", required=True, help="ZeroMQ address to take commands from")
     p.add_argument("--outputs", required=True, help="ZeroMQ address to send outputs to")
+    p.add_argument("--init", help="module:function to call before the engine is built")
     args = p.parse_args(argv)
     # the client starts this process in a process group of its own, so a signal to the
     # server's group reaches the server alone and it stops the core when it is done; a
     # stray Ctrl-C from a terminal that still reaches it is left to the server too
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s[core]: %(message)s")
-    serve_core(msgspec.json.decode(args.config, type=EngineConfig), args.commands, args.outputs)
+    config = msgspec.json.decode(args.config, type=EngineConfig)
+    serve_core(config, args.commands, args.outputs, args.init)
     return 0
 
 

@@ -64,6 +64,10 @@ class CoreClient(EngineFront):
         on_death=None,  # called (in the reader thread) with why, when a core died for good
         backend: str = "mp",  # thread, mp (a child process) or ray (engine/ray_cores.py)
         engine=None,  # an LLMEngine already built, to run in a thread (backend "thread")
+        # "module:function" the core calls before it builds its engine, in its own process
+        # (a plugin, or a test's injected faults); a thread core runs in this process, so
+        # it is called here
+        init: str | None = None,
     ):
         if engine is not None:
             backend, config = "thread", engine.config
@@ -80,6 +84,7 @@ class CoreClient(EngineFront):
         self.max_backlog, self.max_stall_s = max_backlog, max_stall_s
         self.restart, self.on_death = restart, on_death
         self.restarts = 0
+        self.init = init
         self.gauges = None  # the core's EngineGauges as of its last step
         self.ready: m.Ready | None = None
         self.engine = engine  # after start(): an EngineView, or the LLMEngine in a thread
@@ -122,11 +127,12 @@ class CoreClient(EngineFront):
         commands = self._commands.getsockopt_string(zmq.LAST_ENDPOINT)
         outputs = self._outputs.getsockopt_string(zmq.LAST_ENDPOINT)
         if self.backend == "ray":
-            self.process = ray_cores.RayCore(self.config, commands, outputs)
+            self.process = ray_cores.RayCore(self.config, commands, outputs, self.init)
         elif self.backend == "thread":
-            from tokenworks.engine.core import CoreThread
+            from tokenworks.engine.core import CoreThread, run_init
             from tokenworks.engine.engine import LLMEngine
 
+            run_init(self.init)
             if self.engine is None:
                 self.engine = LLMEngine(self.config)
             self.process = CoreThread(self.engine, self._context, commands, outputs)
@@ -134,9 +140,12 @@ class CoreClient(EngineFront):
             config = msgspec.json.encode(self.config).decode()
             argv = [sys.executable, "-m", "tokenworks.engine.core", "--commands", commands,
                     "--outputs", outputs, "--config", config]  # fmt: skip
+            argv += ["--init", self.init] if self.init else []
+            # it imports what this process can (the init hook's module too)
+            env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
             # a group of its own: a signal to the server's group reaches the server, which
             # then stops its core itself once its requests are done
-            self.process = subprocess.Popen(argv, start_new_session=True)
+            self.process = subprocess.Popen(argv, start_new_session=True, env=env)
         self.ready = self._wait_ready()
         log.info("engine core %d: %s", self.ready.pid, self.ready.describe)
         if self.engine is None:  # (a restarted core serves the same model)

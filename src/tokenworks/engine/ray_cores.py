@@ -62,7 +62,7 @@ def _actor():
         ray = require_ray()
 
         class CoreActor:
-            def run(self, config_json: str, commands: str, outputs: str) -> int:
+            def run(self, config_json: str, commands: str, outputs: str, init=None) -> int:
                 import logging
 
                 import msgspec
@@ -74,7 +74,7 @@ def _actor():
                     level=logging.INFO, format="%(levelname)s %(name)s[ray core]: %(message)s"
                 )
                 config = msgspec.json.decode(config_json, type=EngineConfig)
-                serve_core(config, commands, outputs)
+                serve_core(config, commands, outputs, init)
                 return 0
 
         _actor_class = ray.remote(CoreActor)
@@ -84,12 +84,13 @@ def _actor():
 class RayCore:
     """A core in a Ray actor, seen as a process: poll(), wait(), kill()."""
 
-    def __init__(self, config, commands: str, outputs: str):
+    def __init__(self, config, commands: str, outputs: str, init: str | None = None):
         ray = require_ray()
         self._ray = ray
         self.actor = _actor().options(num_cpus=config.threads or 1).remote()
         # the config travels as JSON, as to a core process: Ray pickles arguments
-        self.done = self.actor.run.remote(msgspec.json.encode(config).decode(), commands, outputs)
+        config_json = msgspec.json.encode(config).decode()
+        self.done = self.actor.run.remote(config_json, commands, outputs, init)
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
