@@ -71,8 +71,6 @@ def test_renamed_options_name_their_replacement(monkeypatch, capsys):
 def test_bad_kernel_choices_say_what_to_use():
     with pytest.raises(ValueError, match="auto, c, torch"):
         EngineConfig(kernels="cpp")
-    with pytest.raises(ValueError, match="without batch_invariant"):
-        EngineConfig(kernels="c", batch_invariant=True)
 
 
 def test_an_engine_says_why_it_runs_torch(toy_llm):

@@ -449,6 +449,16 @@ def test_the_real_model_in_bfloat16_decodes_through_the_kernel(smol_loaded):
         setattr(kernel, name, lambda *a, _run=run, _n=name, **k: calls.append(_n) or _run(*a, **k))
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     out = llm.generate(["The capital of France is"], params)[0].outputs[0]
-    # the prompt through run_batched, every later token as one whole C step
-    assert calls == ["run_batched"] + ["_run_whole_step"] * 23
+    # batch-invariant by default: the prompt too is rows of one whole C step
+    assert calls == ["_run_whole_step"] * 24
     assert "Paris" in out.text
+    off = LLM("smollm2-135m", dtype="bfloat16", loaded=smol_loaded, kv_cache_memory=0.25,
+              batch_invariant=False)  # fmt: skip
+    calls.clear()
+    kernel = off.engine.c_kernels.forward_pass
+    for name in ("_run_whole_step", "run_batched"):
+        run = getattr(kernel, name)
+        setattr(kernel, name, lambda *a, _run=run, _n=name, **k: calls.append(_n) or _run(*a, **k))
+    off.generate(["The capital of France is"], params)
+    # without: the prompt through run_batched, every later token as one whole C step
+    assert calls == ["run_batched"] + ["_run_whole_step"] * 23

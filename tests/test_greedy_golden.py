@@ -2,17 +2,15 @@
 
 The record (tests/data/greedy_golden.json) holds, per dtype and per product path, the
 tokens each prompt gets alone and all of them batched together. bfloat16 results depend on
-the order of the float32 sums, so each path has its own entry: "tiles" (AMX), "vector"
-(the packed products as AVX-512 BF16 dot products on a CPU with tiles, whose prompt
-attention still runs on tiles), "vector-only" (AVX-512 BF16 without AMX) and "none" (no
-AVX-512 BF16: torch's products, as on an AVX2 CPU); a path with no entry yet is skipped, and
-`python tests/test_greedy_golden.py` adds entries for the paths this CPU runs (it never
-replaces one).
+the order of the float32 sums, so each path has its own entry, named for the dot products
+the batch-invariant whole step multiplies with: "avx512-bf16" (AVX-512 BF16, inputs
+rounded to bfloat16), "avx2" (AVX2 FMAs on float32 inputs) or "plain" (C loops); a path
+with no entry yet is skipped, and `python tests/test_greedy_golden.py` adds entries for the
+path this CPU runs (it never replaces one).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
@@ -32,12 +30,13 @@ THREADS = 2
 
 
 def products_path() -> str:
-    """Which packed products this CPU runs by default: tiles, vector-only or none."""
+    """Which dot products this CPU's kernels multiply bfloat16 with."""
+    from tokenworks.bench.peer_engines import cpu_flags
     from tokenworks.kernels import products
 
-    if products.tiles_granted():
-        return "tiles"
-    return "vector-only" if products.packed_built() else "none"
+    if products.packed_built():
+        return "avx512-bf16"
+    return "avx2" if {"avx2", "fma"} <= cpu_flags() else "plain"
 
 
 def run(loaded, dtype: str) -> dict:
@@ -55,37 +54,24 @@ def run(loaded, dtype: str) -> dict:
 
 
 def cases() -> list[tuple[str, str]]:
-    """(dtype, path) pairs this CPU can run: float32 on torch's products; bfloat16 on the
-    default packed products, and on the vector ones too where the default is tiles."""
-    out = [("float32", "torch"), ("bfloat16", products_path())]
-    if out[1][1] == "tiles":
-        out.append(("bfloat16", "vector"))
-    return out
+    """(dtype, path) pairs this CPU runs: float32 on torch's products, bfloat16 on the
+    kernels' dot products."""
+    return [("float32", "torch"), ("bfloat16", products_path())]
 
 
-def products(path: str):
-    from tokenworks.kernels import products
-
-    return products.vector_products() if path == "vector" else contextlib.nullcontext()
-
-
-@pytest.mark.parametrize("dtype,path", [("float32", "torch"), ("bfloat16", "default"),
-                                        ("bfloat16", "vector")])  # fmt: skip
-def test_greedy_tokens_match_the_record(smol_loaded, dtype, path):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_tokens_match_the_record(smol_loaded, dtype):
     import torch
 
     golden = json.loads(GOLDEN.read_text())
     torch.set_num_threads(THREADS)
-    if path == "default":
-        path = products_path()
-    elif path == "vector" and products_path() != "tiles":
-        pytest.skip("the default path already is the vector products here, or none runs")
-    key = f"{dtype}/{path}"
+    key = f"{dtype}/{dict(cases())[dtype]}"
     if key not in golden:
         pytest.skip(f"no record of {key} yet (python tests/test_greedy_golden.py adds it)")
-    with products(path):
-        got = run(smol_loaded, dtype)
+    got = run(smol_loaded, dtype)
     assert got == golden[key]
+    if dtype == "bfloat16":  # batch-invariant by default: together as alone
+        assert got["batched"] == got["solo"]
 
 
 if __name__ == "__main__":
@@ -101,7 +87,6 @@ if __name__ == "__main__":
         if key in golden:
             print(f"{key}: recorded already, left as it is")
             continue
-        with products(path):
-            golden[key] = run(loaded, dtype)
+        golden[key] = run(loaded, dtype)
         print(f"{key}: recorded")
     GOLDEN.write_text(json.dumps(golden, indent=1) + "\n")

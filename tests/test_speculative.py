@@ -176,24 +176,31 @@ def run(llm, requests):
     return [o.outputs[0].token_ids for o in llm.generate(texts, [p for _, p in requests])]
 
 
+def default_llm(loaded, **kw) -> LLM:
+    """The default model as a user runs it (its GGUF blocks, batch-invariant)."""
+    return LLM("smollm2-135m", loaded=loaded, threads=2, max_num_seqs=16, kv_cache_memory=0.5,
+               warmup=False, **kw)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def smol_reference(smol_llm):
-    solo = run(smol_llm, [(CODE, SamplingParams(max_tokens=48, temperature=0))])
-    batch = run(smol_llm, prompts_16())
+def smol_reference(smol_loaded):
+    llm = default_llm(smol_loaded)
+    solo = run(llm, [(CODE, SamplingParams(max_tokens=48, temperature=0))])
+    batch = run(llm, prompts_16())
     return solo, batch
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
 def test_greedy_output_is_unchanged_by_speculation(method, smol_loaded, smol_reference):
+    """In the default configuration: a verify step's rows are computed as decoding
+    computes them (batch invariance), so speculation never changes greedy tokens."""
     solo_ref, batch_ref = smol_reference
     greedy = [i for i, (_, p) in enumerate(prompts_16()) if p.temperature == 0]
     for k in (1, 2, 3, 5, 8):  # one token, a few, an odd count, the most: each rejects apart
         spec = {"method": method, "num_speculative_tokens": k, "adaptive": False}
-        if method == "draft_model":  # the target's own weights in bfloat16: no download
-            spec |= {"model": "smollm2-135m", "dtype": "bfloat16"}
-        llm = LLM("smollm2-135m", dtype="float32", quantization="none", loaded=smol_loaded,
-                  threads=2, max_num_seqs=16, kv_cache_memory=0.5, warmup=False,
-                  speculative_config=spec)  # fmt: skip
+        if method == "draft_model":  # the target's own file as its drafter: no download
+            spec |= {"model": "smollm2-135m"}
+        llm = default_llm(smol_loaded, speculative_config=spec)
         solo = run(llm, [(CODE, SamplingParams(max_tokens=48, temperature=0))])
         assert solo == solo_ref, f"k={k}: solo"
         batch = run(llm, prompts_16())

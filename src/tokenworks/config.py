@@ -241,9 +241,15 @@ class EngineConfig:
             choices=["fcfs", "priority"],
         ),
     )
-    batch_invariant: bool = field(
-        default=False,
-        metadata=option("numerics that never depend on the batch (slower)", group=MEMORY),
+    batch_invariant: bool | None = field(
+        default=None,
+        metadata=option(
+            "a request's tokens never depend on what else is in its batch: every batch runs "
+            "as rows of the C kernels' whole step (auto: where they run the model; on: "
+            "elsewhere too, on torch's fixed tiles, slower; off: each batch size takes its "
+            "fastest products)",
+            group=MEMORY,
+        ),
     )
     moe_strategy: str = field(
         default="auto",
@@ -329,8 +335,8 @@ class EngineConfig:
             raise ValueError("kv_cache_fraction must be in (0, 1]")
         if self.kernels not in KERNELS:
             raise ValueError(f"kernels {self.kernels!r}: expected one of {', '.join(KERNELS)}")
-        if self.kernels == "c" and (self.device != "cpu" or self.batch_invariant):
-            raise ValueError("kernels='c' runs on the CPU without batch_invariant")
+        if self.kernels == "c" and self.device != "cpu":
+            raise ValueError("kernels='c' runs on the CPU")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(
                 f"scheduling_policy {self.scheduling_policy!r}: expected fcfs or priority"

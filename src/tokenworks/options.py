@@ -43,6 +43,10 @@ def default_of(f: dataclasses.Field):
     return None if f.default is dataclasses.MISSING else f.default
 
 
+def _on_off(default: bool | None) -> str:
+    return "auto" if default is None else "on" if default else "off"
+
+
 def add_arguments(p: argparse.ArgumentParser, cls, heading: str | None = None) -> None:
     """One flag per field of `cls` (those without option metadata are left out); fields
     with a group of their own go under it, the others under `heading` (None: the parser's
@@ -64,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser, cls, heading: str | None = None) -
         if kind is bool:
             group.add_argument(
                 *names, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
-                help=help_text + f" (default: {'on' if default else 'off'})",
+                help=help_text + f" (default: {_on_off(default)})",
             )  # fmt: skip
         elif kind is list:
             group.add_argument(

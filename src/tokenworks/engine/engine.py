@@ -45,6 +45,7 @@ from tokenworks.engine.speculative import open_speculator
 from tokenworks.engine.step_log import StepCounts, StepLog, StepStats
 from tokenworks.engine.structured import GrammarCompiler
 from tokenworks.models import build_model, load
+from tokenworks.models.build import make_batch_invariant_
 from tokenworks.models.loaded import LoadedModel
 from tokenworks.shapes import kv_bytes_per_token
 from tokenworks.tokenizer import TokenizerWrapper
@@ -78,7 +79,7 @@ class LLMEngine:
             config.torch_dtype,
             config.device,
             self.quantization,
-            config.batch_invariant,
+            False,  # torch's invariant tiles only where the C kernels cannot: _open_kernels
             config.dense_from_rows,
             config.moe_strategy,
             config.moe_capacity_factor,
@@ -99,6 +100,9 @@ class LLMEngine:
         self.pool = KVPool.for_spec(
             self.spec, num_blocks, bs, config.torch_dtype, config.device, self.kv_layout
         )
+        # the C kernels where they run for this model and these options (why not, if not),
+        # and how this engine is batch-invariant: "kernels", "torch" or "" (it is not)
+        self.c_kernels, self.kernels_off_because, self.invariance = self._open_kernels()
         self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching, self.kv_layout)
         self.admission = Admission(
             self.spec.vocab_size,
@@ -109,7 +113,7 @@ class LLMEngine:
             self.kv_layout,
             self._prompt_pass(),
         )
-        self.scheduler = Scheduler(config, self.blocks)
+        self.scheduler = Scheduler(config, self.blocks, fixed_chunks=self.invariance == "torch")
         # speculative decoding, checked against the target now rather than at a request
         self.speculator = open_speculator(config, loaded, num_blocks, draft)
         # what records and tokenizers need of the model; the float32 weights it was built
@@ -118,14 +122,12 @@ class LLMEngine:
         del loaded, draft
         if own and config.device == "cpu":
             release_freed_memory()
-        # the C kernels where they run for this model and these options (why not, if not)
-        self.c_kernels, self.kernels_off_because = open_kernels(self.model, self.pool, config)
         self.runner = ModelRunner(
             self.model,
             self.pool,
             bs,
             config.device,
-            batch_decode=not config.batch_invariant,
+            batch_decode=self.invariance != "torch",
             kernels=self.c_kernels,
         )
         self._ids = itertools.count()
@@ -147,7 +149,7 @@ class LLMEngine:
         holding): the scheduler shrinks a chunk to the blocks there are, down to one token;
         batch-invariant chunks are fixed; None: without chunked prefill, the whole prompt."""
         c = self.config
-        if c.batch_invariant:
+        if self.invariance == "torch":
             return c.max_num_batched_tokens
         return 1 if c.enable_chunked_prefill else None
 
@@ -159,6 +161,21 @@ class LLMEngine:
         if scaling is not None and scaling.extends_context:
             return f"the context {scaling.kind} RoPE scaling makes for {self.spec.name}"
         return f"the context {self.spec.name or 'the model'} was trained for"
+
+    def _open_kernels(self) -> tuple:
+        """(the C kernels or None, why not, the invariance mode). Batch invariance, unless
+        switched off, comes from the kernels' whole step where they run the model; asked
+        for where they cannot (an MoE model, latent attention, another device), torch's
+        fixed tiles give it instead, and the C kernels stand aside."""
+        asked = self.config.batch_invariant
+        kernels, why = open_kernels(self.model, self.pool, self.config)
+        if asked is False or (kernels is not None and kernels.invariant):
+            return kernels, why, "" if asked is False else "kernels"
+        if asked is None:
+            log.info("not batch-invariant: %s", why or "the C kernels' whole step cannot run it")
+            return kernels, why, ""
+        make_batch_invariant_(self.model)
+        return None, "batch_invariant runs torch's fixed tiles for this model", "torch"
 
     def kernels(self) -> str:
         """Which code computes this engine's batches, in words."""

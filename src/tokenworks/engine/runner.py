@@ -23,7 +23,7 @@ def open_kernels(model, pool, config) -> tuple:
         config.block_size,
         kernels=config.kernels,
         device=config.device,
-        batch_invariant=config.batch_invariant,
+        batch_invariant=config.batch_invariant is not False,
         packed_products=config.packed_products,
         amx_tiles=config.amx_tiles,
     )

@@ -60,8 +60,11 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, blocks: BlockManager):
+    def __init__(self, config: EngineConfig, blocks: BlockManager, fixed_chunks: bool = False):
         self.config, self.blocks = config, blocks
+        # prompt chunks cut at fixed multiples of the step budget (torch's batch-invariant
+        # tiles need it; the C kernels' rows do not)
+        self.fixed_chunks = fixed_chunks
         self.waiting: list[Sequence] = []  # sorted by _key
         self.running: list[Sequence] = []  # sorted by _key
 
@@ -108,7 +111,7 @@ class Scheduler:
     def _chunk(self, seq: Sequence, budget: int) -> int:
         """Tokens of seq to feed now given the budget left (0: none this step)."""
         remaining = seq.num_tokens - seq.n_cached
-        if self.config.batch_invariant:
+        if self.fixed_chunks:
             # Chunk boundaries at fixed multiples of the budget from the sequence's start,
             # so a sequence is cut the same way whatever else shares its steps.
             size = self.config.max_num_batched_tokens

@@ -130,7 +130,7 @@ SIGNATURES = {
     "tw_llama_decode": (None, [
         ctypes.POINTER(Dims), ctypes.POINTER(Model), ctypes.POINTER(Layer), _i,
         ctypes.POINTER(KV), c_ptr, c_ptr, c_ptr, _i, c_ptr, ctypes.POINTER(Scratch), c_ptr,
-        c_ptr, _i,
+        _i, c_ptr, c_ptr, _i,
     ]),
     "tw_residual_norm": (None, [c_ptr, c_ptr, _i, c_ptr, _f, c_ptr, _i, _i, _i, _i]),
     "tw_swiglu": (None, [c_ptr, c_ptr, _i, _i, _i, _i]),

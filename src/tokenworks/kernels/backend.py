@@ -46,7 +46,8 @@ class CKernels:
         """(the kernels, "") where they run for this model, else (None, why not). kernels:
         "c" demands them (KernelsUnavailableError where they cannot run), "auto" takes them
         on the CPU for bfloat16 and quantised weights (float32 stays on torch's products,
-        the exact path the oracle tests pin down), "torch" never."""
+        the exact path the oracle tests pin down), "torch" never. batch_invariant: every
+        batch as rows of the whole step (`invariant` says whether this model got that)."""
         if kernels not in KERNELS:
             raise ValueError(f"kernels {kernels!r}: expected one of {', '.join(KERNELS)}")
         dtype = model.norm.dtype if hasattr(model, "norm") else None
@@ -55,8 +56,6 @@ class CKernels:
             return None, "kernels='torch' was asked for"
         if device != "cpu":
             why = f"the C kernels run on the CPU, not {device}"
-        elif batch_invariant:
-            why = "batch-invariant mode runs torch's tiled products"
         elif kernels == "auto" and dtype == torch.float32:
             return None, "float32 runs torch's products by default (kernels='c' takes C)"
         elif library() is None:
@@ -67,8 +66,9 @@ class CKernels:
         if not why:
             spec = getattr(model, "spec", None)
             forward = LlamaForward.prepare(
-                model, pool, packed=packed_products and packed_built(), tiles=amx_tiles
-            )
+                model, pool, packed=packed_products and packed_built(), tiles=amx_tiles,
+                invariant=batch_invariant,
+            )  # fmt: skip
             if forward is not None:
                 tiles = amx_tiles and tiles_granted()
                 return cls(forward, block_size, tiles), ""
@@ -85,8 +85,16 @@ class CKernels:
             raise KernelsUnavailableError(f"kernels='c': {why}")
         return None, why
 
+    @property
+    def invariant(self) -> bool:
+        """Whether every batch runs as whole-step rows (a row's logits never depend on the
+        batch)."""
+        return self.forward_pass.invariant
+
     def describe(self) -> str:
         """Which code computes the batches, in words."""
+        if self.invariant:
+            return "C kernels, batch-invariant: every batch as rows of the whole step"
         if not self.forward_pass.packs:
             return "C kernels (dot products), torch's products for big batches"
         where = "AMX tiles" if use_tiles(self.tiles) else "AVX-512 BF16 dot products"
@@ -104,7 +112,7 @@ class CKernels:
         return [
             KernelBatch.build(
                 query_lens, context_lens, [t[g] for t in tables], self.block_size,
-                window if frees else None,
+                window if frees else None, self.invariant,
             )
             for g, window in enumerate(forward.windows)
         ]  # fmt: skip

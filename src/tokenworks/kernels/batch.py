@@ -33,14 +33,23 @@ class KernelBatch:
         tables: list[list[int]],
         block_size: int,
         window: int | None = None,  # the tables give back blocks behind this window
+        rows_alone: bool = False,
     ) -> KernelBatch:
         """Decode rows read their tables from the window's start in C; a prompt chunk
-        gathers the keys from its first token's window on (all of them without one)."""
+        gathers the keys from its first token's window on (all of them without one).
+        rows_alone: every token is a row read through its table, seeing the keys up to its
+        own, as a decode token at its position would (the batch-invariant whole step)."""
         slots: list[int] = []
         rows, dec_tables, dec_lens, chunks = [], [], [], []
         start = 0
         for n, ctx, table in zip(query_lens, context_lens, tables, strict=True):
-            if n == 1:  # a decode token (or a one-token prompt): read through its table
+            if rows_alone:
+                for i, pos in enumerate(range(ctx, ctx + n)):
+                    slots.append(table[pos // block_size] * block_size + pos % block_size)
+                    rows.append(start + i)
+                    dec_tables.append(table)
+                    dec_lens.append(pos + 1)
+            elif n == 1:  # a decode token (or a one-token prompt): read through its table
                 slots.append(table[ctx // block_size] * block_size + ctx % block_size)
                 rows.append(start)
                 dec_tables.append(table)

@@ -9,7 +9,10 @@ Then `run` takes a batch of the paged engine (kernels/batch.py) and returns its 
   (`tw_llama_decode`): each weight is read once for every sequence and no torch op runs
   per layer. Up to DOT_ROWS rows multiply with vector dot products on the model's own
   weights (batch-1 decode); where the packed products run and every product's shape suits
-  them, bigger batches (up to PACK_MAX) multiply packed copies of the weights;
+  them, bigger batches (up to PACK_MAX) multiply packed copies of the weights. Batch
+  invariant (`invariant`), every batch runs the whole step, each token a row of its own
+  that sees the keys up to its own, on the model's own weights: a row's logits are then
+  the same bits whatever else is in the batch;
 - any other batch (prompt chunks, mixed batches, bigger decode batches without packed
   products) runs `run_batched` when the weights are dense: the products through
   kernels/products.product, and C for what lies between them, three calls a layer.
@@ -155,9 +158,11 @@ def group_windows(spec, layout) -> list[int | None] | None:
 
 class LlamaForward:
     def __init__(
-        self, lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles, windows
-    ):
+        self, lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles, windows,
+        invariant=False,
+    ):  # fmt: skip
         self.lib, self.dims, self.keep, self.spec, self.max_rows = lib, dims, keep, spec, max_rows
+        self.invariant = invariant  # every batch in the whole step, a row per token
         self.layers_c, self.model_c = dot  # the C structs on the model's own weights
         self.amx = amx  # (layers, model) on packed copies (AMX tiles or vector), or None
         self.packs = packs  # weight address -> its packed copy
@@ -225,11 +230,15 @@ class LlamaForward:
         max_rows: int | None = None,
         packed: bool = True,
         tiles: bool = True,
+        invariant: bool = False,
     ) -> LlamaForward | None:
         """The forward pass for model over pool, or None where it cannot run. max_rows: the
         biggest decode batch the whole-step call takes (None: PACK_MAX when every product
         runs on packed weights, else MAX_ROWS). packed: use the packed products where this
-        CPU runs them; tiles: run prompt attention on AMX tiles where granted."""
+        CPU runs them; tiles: run prompt attention on AMX tiles where granted. invariant:
+        run every batch as whole-step rows on the model's own weights (the packed products
+        sum in another order than the dot products, so they are left out); an MoE model,
+        whose experts run between C calls, cannot."""
         lib = library()
         if lib is None or cls.declines(model, pool):
             return None
@@ -289,6 +298,8 @@ class LlamaForward:
         if dot is None:
             return None
         packs: dict = {}
+        invariant = invariant and not spec.moe
+        packed = packed and not invariant
         amx = view(packs) if packed and not spec.moe else None
         if amx is not None:
             codes = [amx[1].head.dtype] + [getattr(x, f).dtype for x in amx[0] for f in _PRODUCTS]
@@ -308,7 +319,10 @@ class LlamaForward:
             max_rows = 0  # the whole step in C has no router: every batch runs run_batched
         elif max_rows is None:
             max_rows = PACK_MAX if amx is not None else MAX_ROWS
-        forward = cls(lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles, windows)
+        forward = cls(
+            lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles, windows,
+            invariant,
+        )  # fmt: skip
         if spec.moe and forward.dense is None:
             return None  # run_batched is an MoE model's only way, and it needs every product
         return forward
@@ -320,7 +334,7 @@ class LlamaForward:
         return self._whole_step(query_lens) or self.dense is not None
 
     def _whole_step(self, query_lens: list[int]) -> bool:
-        return len(query_lens) <= self.max_rows and decode_only(query_lens)
+        return self.invariant or (len(query_lens) <= self.max_rows and decode_only(query_lens))
 
     def _buffers(self, b: int) -> tuple:
         """Scratch memory for a whole step of b rows: one set, grown to the biggest batch
@@ -374,12 +388,10 @@ class LlamaForward:
         if not self._whole_step(batches[0].query_lens):
             logits = self.run_batched(input_ids, positions, batches, logits_rows, float_logits)
             return self._final_softcap(logits), None
-        logits, choices = self._run_whole_step(input_ids, positions, batches, greedy)
-        logits = self._final_softcap(logits)
-        if logits_rows is not None and logits_rows.numel() != n:
-            logits = None if logits is None else logits.index_select(0, logits_rows)
-            choices = None if choices is None else choices.index_select(0, logits_rows)
-        return logits, choices
+        if logits_rows is not None and logits_rows.numel() == n:
+            logits_rows = None  # every row
+        logits, choices = self._run_whole_step(input_ids, positions, batches, logits_rows, greedy)
+        return self._final_softcap(logits), choices
 
     def _final_softcap(self, logits: torch.Tensor | None) -> torch.Tensor | None:
         """Gemma 2's logits -> cap * tanh(logits / cap); the argmax the greedy step kept in
@@ -389,8 +401,11 @@ class LlamaForward:
             return logits
         return torch.tanh(logits / cap) * cap
 
-    def _run_whole_step(self, input_ids, positions, batches, greedy=False) -> tuple:
+    def _run_whole_step(self, input_ids, positions, batches, head_rows=None, greedy=False):
+        """(logits or None, argmax or None) of head_rows (ascending; None: every row)."""
         b = input_ids.shape[0]
+        heads = head_rows.contiguous() if head_rows is not None else None
+        r = b if heads is None else heads.numel()
         ids = input_ids.contiguous()
         pos = positions.contiguous()
         slots = torch.cat([batch.slot_mapping for batch in batches]).contiguous()  # [G, B]
@@ -403,8 +418,8 @@ class LlamaForward:
         layers, model_c = self.amx if amx else (self.layers_c, self.model_c)
         # greedy: each row's argmax, which the packed head keeps (writing no logits);
         # on dot products C writes the logits, then takes their argmax
-        choices = torch.empty(b, dtype=torch.long) if greedy else None
-        logits = None if greedy and amx else torch.empty(b, self.spec.vocab_size)
+        choices = torch.empty(r, dtype=torch.long) if greedy else None
+        logits = None if greedy and amx else torch.empty(r, self.spec.vocab_size)
         self.lib.tw_llama_decode(
             ctypes.byref(self.dims),
             ctypes.byref(model_c),
@@ -417,6 +432,8 @@ class LlamaForward:
             b,
             ck.ptr(x),
             ctypes.byref(scratch),
+            ck.ptr(heads),
+            -1 if heads is None else r,
             ck.ptr(logits),
             ck.ptr(choices),
             torch.get_num_threads(),

@@ -71,12 +71,19 @@ def build_model(
                  "none stacks them as floats for it)", moe_strategy)  # fmt: skip
     for moe in moes:
         moe.strategy, moe.capacity_factor = moe_strategy, moe_capacity_factor
-        if batch_invariant:
-            moe.tile = 16  # the experts' products in fixed row tiles, as TiledLinear's
-    for layer in model.layers if spec.mla and batch_invariant else ():
-        layer.mla.tile = 16
     if batch_invariant:
-        tile_linears_(model)
+        make_batch_invariant_(model)
     elif quantization in (None, "gguf") and dtype == torch.bfloat16 and device == "cpu":
         matvec_linears_(model)  # single-row products (batch-1 decode) via torch.mv
     return model
+
+
+def make_batch_invariant_(model: torch.nn.Module) -> torch.nn.Module:
+    """torch's batch-invariant numerics, for models the C kernels' invariant whole step
+    does not run: every product over fixed tiles of 16 rows (TiledLinear; an MoE layer's
+    experts and latent attention's kv_b the same way)."""
+    for moe in model.moe_layers() if model.spec.moe else []:
+        moe.tile = 16
+    for layer in model.layers if model.spec.mla else ():
+        layer.mla.tile = 16
+    return tile_linears_(model)

@@ -242,7 +242,7 @@ def in_tiles(x: torch.Tensor, tile: int, fn) -> torch.Tensor:
 
 def tile_linears_(model: nn.Module, tile: int = 16) -> nn.Module:
     """Wrap every linear layer (dense or quantised) of the model in TiledLinear."""
-    kinds = (nn.Linear, DenseForLargeBatches, *QUANTIZED_LINEARS.values())
+    kinds = (nn.Linear, MatvecLinear, DenseForLargeBatches, *QUANTIZED_LINEARS.values())
     for name, child in list(model.named_children()):
         if isinstance(child, kinds):
             setattr(model, name, TiledLinear(child, tile))

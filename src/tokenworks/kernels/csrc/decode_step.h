@@ -93,17 +93,23 @@ static void head_norms(float* r, int H, int KVH, int D, const float* qw, const f
   for (int h = 0; h < KVH; ++h) rms_norm(r + (H + h) * D, kw, eps, r + (H + h) * D, D);
 }
 
-// One decode token for each of B sequences: ids [B], positions [B], slots [G, B] (where
-// each new K/V goes in each of the G KV groups) -> logits [B, vocab]. kvs [G] give each
-// group's block tables, context lengths and window (the pools are taken per layer from
-// `layers`, each of which names its group). argmax (NULL: none): each row's greedy choice
-// [B], as torch.argmax of its logits; with an AMX head no logits are written (logits may
-// then be NULL), else they are, then read back.
+// B token rows, each read through its own block table: ids [B], positions [B], slots
+// [G, B] (where each new K/V goes in each of the G KV groups) -> logits [R, vocab] of the
+// R = n_head rows head_rows (ascending; n_head < 0: every row, R = B). kvs [G] give each row's
+// block table and context length (itself included) and each group's window (the pools
+// are taken per layer from `layers`, each of which names its group). A decode step has
+// one row a sequence; a prompt chunk or a verify step has one row a token, each seeing
+// the keys up to its own, so a row is computed the same way whatever else is in the call.
+// argmax (NULL: none): each head row's greedy choice [R], as torch.argmax of its logits;
+// with an AMX head no logits are written (logits may then be NULL), else they are, then
+// read back.
 void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers, int n_layers,
                      const tw_kv* kvs, const int64_t* ids, const int64_t* positions,
-                     const int64_t* slots, int B, float* x, const tw_scratch* s, float* logits,
-                     int64_t* argmax, int threads) {
+                     const int64_t* slots, int B, float* x, const tw_scratch* s,
+                     const int64_t* head_rows, int n_head, float* logits, int64_t* argmax,
+                     int threads) {
   if (B <= 0) return;
+  const int R = n_head < 0 ? B : n_head;  // the rows the head runs for
   const int H = d->n_heads, KVH = d->n_kv_heads, D = d->head_dim, hid = d->hidden;
   const int I = d->intermediate;
   const int q_size = H * D, kv_size = KVH * D, nqkv = q_size + 2 * kv_size;
@@ -130,8 +136,8 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
 #if defined(TW_PACKED_BUILT)
   if (amx) runs = new_runs(threads);
   if (argmax && m->head.dtype == TW_PACKED) {
-    bests = (tw_best*)malloc(sizeof(tw_best) * (size_t)threads * B);
-    for (int i = 0; i < threads * B; ++i) bests[i] = (tw_best){-INFINITY, 0, INT64_MAX};
+    bests = (tw_best*)malloc(sizeof(tw_best) * (size_t)threads * (R > 0 ? R : 1));
+    for (int i = 0; i < threads * R; ++i) bests[i] = (tw_best){-INFINITY, 0, INT64_MAX};
   }
 #endif
 #pragma omp parallel num_threads(threads)
@@ -202,24 +208,27 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
       }
     }
 #pragma omp for schedule(static)
-    for (int b = 0; b < B; ++b)
-      rms_norm_row(x + b * hid, m->final_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
+    for (int r = 0; r < R; ++r) {  // the head rows, first to last, into rows 0 .. R - 1
+      const int64_t b = n_head < 0 ? r : head_rows[r];
+      rms_norm_row(x + b * hid, m->final_norm, d->eps, s->h + r * hid, s->hb + r * hid, hid);
+    }
 #if defined(TW_PACKED_BUILT)
     if (bests) {
       int me, nt;
       team(&me, &nt);
-      packed_shared(s->hb, B, m->head.k, (const uint16_t*)m->head.w, m->head.n, m->head.bias,
-                 bests + (int64_t)me * B, TW_ARGMAX, 0, runs);
+      if (R > 0)
+        packed_shared(s->hb, R, m->head.k, (const uint16_t*)m->head.w, m->head.n, m->head.bias,
+                      bests + (int64_t)me * R, TW_ARGMAX, 0, runs);
 #pragma omp barrier
 #pragma omp for schedule(static)
-      for (int b = 0; b < B; ++b) {
+      for (int b = 0; b < R; ++b) {
         tw_best r = bests[b];
-        for (int t = 1; t < nt; ++t) best_merge(&r, bests + (int64_t)t * B + b);
+        for (int t = 1; t < nt; ++t) best_merge(&r, bests + (int64_t)t * R + b);
         argmax[b] = r.index;
       }
     } else
 #endif
-      linear_rows(&m->head, s->h, s->hb, logits, B, 0, runs, s->qbuf);
+      if (R > 0) linear_rows(&m->head, s->h, s->hb, logits, R, 0, runs, s->qbuf);
 #if defined(TW_AMX_BUILT)
     if (amx && tw_tiles) _tile_release();
 #endif
@@ -227,6 +236,6 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
   const int from_logits = argmax && !bests;  // no AMX head: the choices from the logits
   free(bests);
   free(runs);
-  if (from_logits) tw_argmax_rows(logits, TW_F32, B, d->vocab, argmax, threads);
+  if (from_logits && R > 0) tw_argmax_rows(logits, TW_F32, R, d->vocab, argmax, threads);
 }
 

@@ -27,17 +27,6 @@ static inline float dot_bf16(const uint16_t* w, const float* x, const uint16_t* 
                             (__m512bh)_mm512_loadu_si512(w + i));
     return _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
   }
-#elif defined(__AVX2__) && defined(__FMA__)
-  if (k % 16 == 0) {  // bfloat16 is float32's top half: widen by a shift, then float FMAs
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    for (int i = 0; i < k; i += 16) {
-      const __m256i w0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(w + i)));
-      const __m256i w1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(w + i + 8)));
-      a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)), _mm256_loadu_ps(x + i), a0);
-      a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)), _mm256_loadu_ps(x + i + 8), a1);
-    }
-    return hsum8(_mm256_add_ps(a0, a1));
-  }
 #endif
   (void)xb;
   float s = 0.f;
@@ -108,6 +97,90 @@ static inline float dot_q4(const uint8_t* row, const float* x, const float* xsum
 #endif
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512BF16__)
+// Bfloat16 weights times float32 rows on AVX2, in tiles of NR rows x NC columns. Every
+// output element is summed the same way whatever the tile: one 8-lane FMA chain over k in
+// order, then hsum8, then the k % 8 tail in order; so an element's bits never depend on
+// how many rows came with it or where the tiles fell (batch invariance), and the tiles
+// only decide how often a weight or an input vector is loaded.
+static inline __attribute__((always_inline)) void bf16_tile(
+    const uint16_t* w, int k, const float* x, int64_t ldx, int NR, int NC, float* out) {
+  __m256 acc[4][4];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_setzero_ps();
+  const int k8 = k & ~7;
+  for (int i = 0; i < k8; i += 8) {
+    __m256 wv[4];
+    for (int c = 0; c < NC; ++c)
+      wv[c] = _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(w + (int64_t)c * k + i))), 16));
+    for (int r = 0; r < NR; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * ldx + i);
+      for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_fmadd_ps(wv[c], xv, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < NC; ++c) {
+      float s = hsum8(acc[r][c]);
+      for (int i = k8; i < k; ++i) s += bf16_to_f32(w[(int64_t)c * k + i]) * x[r * ldx + i];
+      out[r * 4 + c] = s;
+    }
+}
+
+#define BF16_ROW_BLOCK 32  // rows of x a pass over the weights takes (they stay in L2)
+#define BF16_COL_TASK 16   // columns a thread takes at a time
+
+// y[b, j] (+)= W[j] . x[b] (+ bias) for bfloat16 W on AVX2: rows in blocks of
+// BF16_ROW_BLOCK, each block's columns shared among the threads; inside a task, 4 rows x 2
+// columns a tile (fewer rows: 1 or 2 rows x 4 columns, 3 x 2).
+static void bf16_rows(const tw_linear* L, const float* x, float* y, int B, int accumulate) {
+  const int n = L->n, k = L->k;
+  const uint16_t* W = (const uint16_t*)L->w;
+  const int tasks = (n + BF16_COL_TASK - 1) / BF16_COL_TASK;
+  for (int b0 = 0; b0 < B; b0 += BF16_ROW_BLOCK) {
+    const int b1 = B - b0 < BF16_ROW_BLOCK ? B : b0 + BF16_ROW_BLOCK;
+#pragma omp for schedule(static) nowait
+    for (int t = 0; t < tasks; ++t) {
+      const int j0 = t * BF16_COL_TASK, j1 = j0 + BF16_COL_TASK < n ? j0 + BF16_COL_TASK : n;
+      if (b0 == 0 && t + 1 < tasks) {  // the next task's weights, once
+        const char* ahead = (const char*)(W + (int64_t)j1 * k);
+        const int64_t bytes = (int64_t)BF16_COL_TASK * k * 2;
+        for (int64_t o = 0; o < bytes && o < PREFETCH_BYTES * 4; o += 64)
+          __builtin_prefetch(ahead + o, 0, 3);
+      }
+      for (int b = b0; b < b1;) {
+        const int left = b1 - b, nr = left >= 4 ? 4 : left;
+        const int nc = nr == 4 || nr == 3 ? 2 : 4;
+        for (int j = j0; j < j1; j += nc) {
+          const int cols = j1 - j < nc ? j1 - j : nc;
+          float out[16];
+          const uint16_t* wj = W + (int64_t)j * k;
+          const float* xb = x + (int64_t)b * k;
+          if (nr == 4 && cols == 2) bf16_tile(wj, k, xb, k, 4, 2, out);
+          else if (nr == 3 && cols == 2) bf16_tile(wj, k, xb, k, 3, 2, out);
+          else if (nr == 2 && cols == 4) bf16_tile(wj, k, xb, k, 2, 4, out);
+          else if (nr == 1 && cols == 4) bf16_tile(wj, k, xb, k, 1, 4, out);
+          else
+            for (int r = 0; r < nr; ++r)
+              for (int c = 0; c < cols; ++c)
+                bf16_tile(wj + (int64_t)c * k, k, xb + (int64_t)r * k, k, 1, 1, out + r * 4 + c);
+          for (int r = 0; r < nr; ++r)
+            for (int c = 0; c < cols; ++c) {
+              float s = out[r * 4 + c];
+              if (L->bias) s += L->bias[j + c];
+              float* o = y + (int64_t)(b + r) * n + j + c;
+              *o = accumulate ? *o + s : s;
+            }
+        }
+        b += nr;
+      }
+    }
+  }
+#pragma omp barrier
+}
+#define TW_BF16_ROWS 1
+#endif
+
 // The packed products' shared runs of panels (see packed_shared); declared for every build,
 // as the decode step passes them on whether or not the packed products are compiled in.
 typedef struct tw_run tw_run;
@@ -143,6 +216,12 @@ static void linear_rows(const tw_linear* L, const float* x, const uint16_t* xb, 
   }
 #endif
   (void)runs;
+#if defined(TW_BF16_ROWS)
+  if (L->dtype == TW_BF16) {
+    bf16_rows(L, x, y, B, accumulate);
+    return;
+  }
+#endif
   const int n = L->n, k = L->k;
   const int64_t row_bytes = L->dtype == TW_Q4 ? (int64_t)k / Q4_BLOCK * Q4_BYTES
                             : (int64_t)k * (L->dtype == TW_F32 ? 4 : L->dtype == TW_BF16 ? 2 : 1);
