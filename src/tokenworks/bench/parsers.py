@@ -354,6 +354,31 @@ def add_bench_parsers(sub) -> None:
     _out(p)
     p.set_defaults(fn=_run("tokenworks.bench.attention_kinds:run_attention_bench"))
     p = bsub.add_parser(
+        "invariance",
+        help="what batch invariance costs: prefill, decode and offline throughput with it "
+        "(the default) and without, interleaved, per model",
+    )
+    p.add_argument("--models", type=_names, default=["smollm2-135m", "gemma3-270m"],
+                   help="comma-separated catalogue models")  # fmt: skip
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=2, help="latency repeats a round")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--input-tokens", type=int, default=128)
+    p.add_argument("--output-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=_rounds, default=3)
+    p.add_argument("--kv-cache-memory", type=float, default=1.0, help="GiB of KV pool")
+    p.add_argument(
+        "--completions", type=int, default=1000,
+        help="identical greedy requests through a server, per mode (0: none)",
+    )  # fmt: skip
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--completion-tokens", type=int, default=32)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    _out(p)
+    p.set_defaults(fn=_run("tokenworks.bench.invariance:run_invariance"))
+    p = bsub.add_parser(
         "long-context",
         help="the five claims of a context length: accepts, behaves (perplexity by "
         "position), fits (KV bytes against the plan), answers in time, uses what it is "

@@ -45,6 +45,7 @@ from tokenworks.engine.speculative import open_speculator
 from tokenworks.engine.step_log import StepCounts, StepLog, StepStats
 from tokenworks.engine.structured import GrammarCompiler
 from tokenworks.models import build_model, load
+from tokenworks.kernels.backend import KernelsUnavailableError
 from tokenworks.models.build import make_batch_invariant_
 from tokenworks.models.loaded import LoadedModel
 from tokenworks.shapes import kv_bytes_per_token
@@ -174,6 +175,11 @@ class LLMEngine:
         if asked is None:
             log.info("not batch-invariant: %s", why or "the C kernels' whole step cannot run it")
             return kernels, why, ""
+        if self.config.kernels == "c":
+            raise KernelsUnavailableError(
+                "kernels='c' with batch_invariant: the C kernels cannot run this model "
+                f"batch-invariant ({why or 'its experts run between C calls'}); drop one of the two"
+            )
         make_batch_invariant_(self.model)
         return None, "batch_invariant runs torch's fixed tiles for this model", "torch"
 
