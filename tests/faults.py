@@ -4,13 +4,19 @@ an engine in a core process of its own: `install` runs there as the core's init 
 
 A request with seed SAMPLING_SEED makes its own sampling raise; FORWARD_SEED, the forward
 pass of any batch it is in; SCHEDULE_SEED, scheduling while it waits (before any request
-is touched). Every other request runs as usual."""
+is touched). Every other request runs as usual; the seeds lie far from any a test counts
+through, since a server's faults stay installed while the test session shares it."""
 
 from __future__ import annotations
 
-SAMPLING_SEED = 4242
-FORWARD_SEED = 4343
-SCHEDULE_SEED = 4444
+SAMPLING_SEED = 2**62 + 4242
+FORWARD_SEED = 2**62 + 4343
+SCHEDULE_SEED = 2**62 + 4444
+
+
+def _seed(owner) -> int | None:
+    """A request's seed; None for what carries no request parameters (a drafter's state)."""
+    return getattr(getattr(owner, "params", None), "seed", None)
 
 
 def install(set_attr=setattr) -> None:
@@ -26,12 +32,12 @@ def install(set_attr=setattr) -> None:
         return sample_one(logits, params, *args)
 
     def poisoned_run(self, batch, *args, **kw):
-        if any(s.seq.params.seed == FORWARD_SEED for s in batch):
+        if any(_seed(s.seq) == FORWARD_SEED for s in batch):
             raise RuntimeError("injected forward fault")
         return run(self, batch, *args, **kw)
 
     def poisoned_schedule(self, *args, **kw):
-        if any(s.params.seed == SCHEDULE_SEED for s in self.waiting):
+        if any(_seed(s) == SCHEDULE_SEED for s in self.waiting):
             raise RuntimeError("injected scheduling fault")
         return schedule(self, *args, **kw)
 
