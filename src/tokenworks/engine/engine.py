@@ -44,8 +44,8 @@ from tokenworks.engine.sequence import Sequence
 from tokenworks.engine.speculative import open_speculator
 from tokenworks.engine.step_log import StepCounts, StepLog, StepStats
 from tokenworks.engine.structured import GrammarCompiler
-from tokenworks.models import build_model, load
 from tokenworks.kernels.backend import KernelsUnavailableError
+from tokenworks.models import build_model, load
 from tokenworks.models.build import make_batch_invariant_
 from tokenworks.models.loaded import LoadedModel
 from tokenworks.shapes import kv_bytes_per_token
