@@ -132,7 +132,7 @@ def test_a_prefix_cache_hit_gives_the_logits_of_a_miss(engines):
 def test_the_server_gives_a_request_its_tokens_whoever_else_is_served(smol_loaded):
     """Through the real server (its core in a process of its own, default numerics): 64
     copies of one greedy request at once, then 16 prompts x 4 copies, each equal to the
-    request sent alone."""
+    request sent alone; and two replicas behind a router give the same 16 x 4."""
     import asyncio
 
     import httpx
@@ -156,5 +156,13 @@ def test_the_server_gives_a_request_its_tokens_whoever_else_is_served(smol_loade
         alone = [asyncio.run(texts([body(p)]))[0] for p in prompts]
         assert asyncio.run(texts([body(prompts[0])] * 64)) == [alone[0]] * 64
         assert asyncio.run(texts([body(p) for p in prompts * 4])) == alone * 4
+    finally:
+        srv.stop()
+    srv = start_server(smol_loaded, replicas=2, router="round_robin", dtype="auto",
+                       max_num_seqs=64)  # fmt: skip
+    url = srv.url + "/v1/completions"
+    try:
+        assert asyncio.run(texts([body(p) for p in prompts * 4])) == alone * 4
+        assert min(srv.state.engine.routed) >= 16  # both replicas took work
     finally:
         srv.stop()

@@ -104,6 +104,7 @@ def run_model(name: str, args):
             loaded=loaded,
             threads=threads,
             batch_invariant=value,
+            quantization=args.quantization,
             kv_cache_memory=args.kv_cache_memory,
         )  # fmt: skip
         for mode, value in MODES.items()

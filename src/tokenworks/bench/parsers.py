@@ -369,6 +369,10 @@ def add_bench_parsers(sub) -> None:
     p.add_argument("--rounds", type=_rounds, default=3)
     p.add_argument("--kv-cache-memory", type=float, default=1.0, help="GiB of KV pool")
     p.add_argument(
+        "--quantization", choices=["gguf", "none"], default=None,
+        help="the weights as the file stores them (the default) or dequantised to bfloat16",
+    )  # fmt: skip
+    p.add_argument(
         "--completions", type=int, default=1000,
         help="identical greedy requests through a server, per mode (0: none)",
     )  # fmt: skip
