@@ -34,6 +34,10 @@ class FakeSeq:
     def num_tokens(self) -> int:
         return len(self.all_ids)
 
+    @property
+    def reusable_tokens(self) -> int:
+        return self.num_tokens - 1
+
 
 def layouts() -> st.SearchStrategy[KVLayout | None]:
     """One group; a global group beside windowed ones; every group windowed."""

@@ -97,7 +97,7 @@ def test_logprobs_are_the_raw_distribution():
         ({"top_p": 0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"min_p": 2}, "min_p"),
-        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -1}, "max_tokens"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
         ({"frequency_penalty": 3}, "frequency_penalty"),
         ({"logprobs": 99}, "logprobs"),

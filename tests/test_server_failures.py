@@ -75,6 +75,37 @@ def _running_waiting(srv) -> tuple[int, int]:
         ("/v1/completions", {"model": MODEL, "prompt": [99999999]}, 400, "prompt"),
         ("/v1/completions", {"model": "gpt-9", "prompt": "x"}, 404, "model"),
         ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 50}, 400, "logprobs"),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "x", "prompt_logprobs": 50},
+            400,
+            "prompt_logprobs",
+        ),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "x", "logit_bias": {"5": 101}},
+            400,
+            "logit_bias",
+        ),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "x", "logit_bias": {"the": 1}},
+            400,
+            "logit_bias",
+        ),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "x", "logit_bias": {"99999999": 1}},
+            400,
+            "logit_bias",
+        ),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "x", "logit_bias": {str(i): 1 for i in range(301)}},
+            400,
+            "logit_bias",
+        ),
         ("/v1/nothing", {}, 404, None),
     ],
 )

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 MODEL = "smollm2-135m"
 POSTS = ["/v1/completions", "/v1/chat/completions", "/v1/messages", "/tokenize", "/detokenize"]
-GETS = ["/v1/models", "/v1/models/" + MODEL, "/health", "/metrics"]
+GETS = ["/v1/models", "/v1/models/" + MODEL, "/health", "/metrics", "/tokenizer_info"]
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +84,7 @@ FIELDS = [
     "guided_choice", "repetition_penalty", "presence_penalty", "frequency_penalty", "system",
     "echo", "tokens", "deadline", "priority", "cache_salt", "stop_token_ids", "ignore_eos",
     "add_generation_prompt", "best_of", "suffix", "metadata", "output_format",
+    "prompt_logprobs", "logit_bias", "parallel_tool_calls",
 ]  # fmt: skip
 SMALL_INT = st.integers(-3, 40) | st.sampled_from([10**30, -(2**63), 2**64])
 USER = [{"role": "user", "content": "hi"}]

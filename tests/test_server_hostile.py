@@ -204,6 +204,7 @@ def test_api_keys_guard_every_endpoint_but_health_and_metrics(guarded):
         ("POST", "/detokenize", {"tokens": [1, 2]}),
         ("GET", "/openapi.json", None),
         ("GET", "/v1/models", None),
+        ("GET", "/tokenizer_info", None),
         ("POST", "/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": USER}),
     ]:
         r = httpx.request(method, url + path, json=body)

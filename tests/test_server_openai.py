@@ -33,6 +33,10 @@ def test_models_health_and_tokenize(smol_server, client):
     assert r["count"] == prompt_count(smol_server, HELLO)
     text = httpx.post(smol_server.url + "/detokenize", json={"tokens": r["tokens"]}).json()
     assert "Write one sentence about the sea." in text["prompt"]
+    info = httpx.get(smol_server.url + "/tokenizer_info").json()
+    tok = smol_server.engine.tokenizer
+    assert tok.encode(info["eos_token"], add_special_tokens=False) == [tok.eos_token_ids[0]]
+    assert info["chat_template"] == tok.chat.source
 
 
 def test_chat_usage_counts_and_logprobs(smol_server, client):
@@ -140,6 +144,19 @@ def test_top_k_min_p_and_repetition_penalty_have_their_effect(smol_server, clien
     assert repeats(penalised) < repeats(greedy)
 
 
+def test_logit_bias_steers_the_choice_and_leaves_logprobs_raw(client):
+    """A bias of -100 on each greedy token turns greedy elsewhere at that step; +100 on one
+    token makes it every choice, its logprob still the model's own (below 0)."""
+    greedy, steps = _tokens(client, temperature=0)
+    banned, _ = _tokens(client, temperature=0, logit_bias={str(greedy[0]): -100})
+    assert banned[0] != greedy[0]
+    forced, steps = _tokens(client, temperature=0, logit_bias={"42": 100})
+    assert forced == [42] * len(forced)
+    assert all(lp < -1e-3 for _, lp, _ in steps[:3])
+    sampled, _ = _tokens(client, temperature=1.0, seed=3, logit_bias={"42": 100})
+    assert sampled == forced  # +100 leaves every other token a probability near 0
+
+
 def test_completions_stream_and_echo(smol_server, client):
     kw = dict(model=MODEL, prompt="The capital of France is", max_tokens=10, temperature=0)
     full = client.completions.create(**kw, logprobs=2)
@@ -213,3 +230,19 @@ def test_metrics_parse_and_move(smol_server, client):
         )
     assert after["tokenworks:num_requests_running{}"] == 0
     assert after["tokenworks:kv_cache_usage_perc{}"] == 0
+
+
+def test_metrics_prefix_gives_vllms_own_names():
+    """--metrics-prefix vllm: every series under vLLM's names (what its dashboards read);
+    a prefix that is not a metric name is refused."""
+    from tokenworks.serve.metrics import ServerMetrics
+    from tokenworks.serve.serve_config import ServeConfig
+
+    ours = ServerMetrics(MODEL).render().decode()
+    theirs = ServerMetrics(MODEL, ServeConfig(metrics_prefix="vllm").metrics_prefix)
+    names = {f.name for f in text_string_to_metric_families(theirs.render().decode())}
+    assert "vllm:num_requests_running" in names and "vllm:time_to_first_token_seconds" in names
+    assert all(n.startswith("vllm:") for n in names)
+    assert len(names) == len({f.name for f in text_string_to_metric_families(ours)})
+    with pytest.raises(ValueError, match="metrics-prefix"):
+        ServeConfig(metrics_prefix="vllm:")

@@ -220,6 +220,21 @@ def test_anthropic_tool_round_trip(claude, stream):
     assert text and "<tool_call>" not in text
 
 
+def test_anthropic_count_tokens_counts_what_messages_reads(claude):
+    """messages.count_tokens (the SDK's own call) gives the input tokens a Messages request
+    with the same system prompt, conversation and tools reports."""
+    kw = dict(
+        model=MODEL,
+        system="You answer briefly.",
+        messages=[{"role": "user", "content": QUESTION}],
+        tools=ANTHROPIC_TOOLS,
+    )
+    counted = claude.messages.count_tokens(**kw).input_tokens
+    used = claude.messages.create(**kw, max_tokens=1).usage.input_tokens
+    assert counted == used
+    assert claude.messages.count_tokens(**kw | {"tools": []}).input_tokens < counted
+
+
 def test_tool_call_parser_streams_like_one_piece():
     from tokenworks.serve.tools import ToolCallParser
 
@@ -264,3 +279,39 @@ def test_tool_call_parser_streams_like_one_piece():
     assert kinds.count("call_args") > 10 and kinds.index("call_start") < kinds.index("call_args")
     broken, _ = run("<tool_call>{not json</tool_call>", ["<tool_call>{not json</tool_call>"])
     assert broken == [("text", "<tool_call>{not json</tool_call>")]
+
+
+@pytest.mark.parametrize("parallel", [None, False])
+def test_parallel_tool_calls_false_keeps_the_first_call(parallel):
+    """Two calls in one answer come back as two, or with parallel_tool_calls false as the
+    first alone, streamed and folded alike."""
+    import asyncio
+
+    from tokenworks.engine.messages import CompletionDelta, RequestUpdate
+    from tokenworks.serve.openai_answer import chat_chunks, fold_chat, head
+    from tokenworks.serve.protocol import ChatCompletionRequest
+
+    text = "".join(
+        f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{c}"}}}}\n</tool_call>\n'
+        for c in ("Paris", "Rome")
+    )
+    body = ChatCompletionRequest(
+        model=MODEL, messages=[{"role": "user", "content": "x"}], parallel_tool_calls=parallel
+    )
+
+    async def updates():
+        for j in range(0, len(text), 7):  # in pieces, as a stream gives it
+            done = j + 7 >= len(text)
+            delta = CompletionDelta(0, text[j : j + 7], [1], None, "stop" if done else None, None)
+            yield RequestUpdate("r", [delta], done, 3, 0)
+
+    async def chunks():
+        return [c async for c in chat_chunks(body, updates(), parse=True)]
+
+    answer = fold_chat(
+        asyncio.run(chunks()), head("chatcmpl-x", "chat.completion", MODEL), True, False
+    )
+    calls = answer["choices"][0]["message"]["tool_calls"]
+    cities = [json.loads(c["function"]["arguments"])["city"] for c in calls]
+    assert cities == (["Paris"] if parallel is False else ["Paris", "Rome"])
+    assert answer["choices"][0]["finish_reason"] == "tool_calls"

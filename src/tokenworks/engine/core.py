@@ -85,6 +85,7 @@ def request_update(head: Sequence, seqs: list[Sequence], emitted: dict[int, int]
     """What a step gave one request (head: its first sequence; seqs: those of its
     completions the step sampled), past the tokens `emitted` says each completion already
     handed out (updated here). Token ids alone: the client holds the text."""
+    first = not emitted
     deltas = []
     for s in seqs:
         k = emitted.get(s.index, 0)
@@ -99,6 +100,7 @@ def request_update(head: Sequence, seqs: list[Sequence], emitted: dict[int, int]
         head.group_finished,
         len(head.prompt_ids),
         head.num_cached_prompt_tokens,
+        head.prompt_logprobs if first else None,
     )
 
 

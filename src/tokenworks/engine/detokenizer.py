@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 
 from tokenworks.engine.messages import CompletionDelta, RequestUpdate
-from tokenworks.engine.output import SequenceOutput
-from tokenworks.engine.request import FinishReason, SamplingParams
+from tokenworks.engine.output import SequenceOutput, token_logprob
+from tokenworks.engine.request import FinishReason, SamplingParams, TokenLogprob
 
 
 @dataclass
@@ -62,10 +62,28 @@ class RequestText:
             return None, stops
         return (
             RequestUpdate(
-                update.request_id, deltas, finished, update.prompt_tokens, update.cached_tokens
+                update.request_id,
+                deltas,
+                finished,
+                update.prompt_tokens,
+                update.cached_tokens,
+                self._prompt_logprobs(update.prompt_logprobs),
             ),
             stops,
         )
+
+    def _prompt_logprobs(self, lps: list[TokenLogprob | None] | None):
+        """The prompt logprobs with their tokens' text (the core sends ids alone)."""
+        if lps is None:
+            return None
+        return [
+            None
+            if lp is None
+            else token_logprob(
+                self.tokenizer, lp.token_id, lp.logprob, [(i, v) for i, _, v in lp.top], lp.rank
+            )
+            for lp in lps
+        ]
 
     def outcome(self) -> tuple[list[str], int]:
         """Each completion's finish reason, in index order, and the tokens handed out: what

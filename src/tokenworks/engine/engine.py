@@ -289,6 +289,11 @@ class LLMEngine:
         refusal = self.admission.check(prompt_token_ids, params.max_tokens, params.n, clamp=True)
         if refusal is not None:
             raise refusal.error()
+        vocab = self.admission.vocab_size
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise ValueError(
+                f"logit_bias names token {max(params.logit_bias)}: the vocabulary is [0, {vocab})"
+            )
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
@@ -361,6 +366,8 @@ class LLMEngine:
                 for item in out.scheduled:
                     if not item.draft:  # a verify chunk's count waits for the verdict
                         self.blocks.computed(item.seq, item.n_tokens)
+                for seq, first, rows in forward.prompt:
+                    seq.record_prompt_logprobs(first, rows)
                 sampled = self._sample_all(items, forward, counts)
             except Exception:
                 self._fail(out)
@@ -402,6 +409,9 @@ class LLMEngine:
                 else:
                     group = self._fork(seq)
                     for s in group:
+                        if s.params.max_tokens == 0:  # the prompt alone was asked for
+                            s.finish(FinishReason.LENGTH)
+                            continue
                         s.append(sample_row(logits, r, s, argmax[r]))
                         counts.emitted += 1
                 for s in group:

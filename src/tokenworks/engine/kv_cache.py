@@ -111,8 +111,9 @@ class BlockManager:
 
     The sequence objects it manages carry `block_tables` (one list[int] per layer group of
     the layout, engine/kv_groups.py; empty until the first block), `n_cached` (tokens whose
-    K/V are written), `all_ids`, `num_tokens`, `cache_salt`, `block_hashes` and
-    `n_registered` (leading full blocks already offered to the prefix cache). In a windowed
+    K/V are written), `all_ids`, `num_tokens`, `reusable_tokens` (how many may come from
+    the prefix cache), `cache_salt`, `block_hashes` and `n_registered` (leading full blocks
+    already offered to the prefix cache). In a windowed
     group the blocks wholly behind the window are given back once a pass has moved past
     them, and their entries read NULL.
     """
@@ -225,14 +226,15 @@ class BlockManager:
     def match_prefix(self, seq) -> int:
         """Point a fresh sequence's tables at cached blocks of its prefix; return tokens hit.
 
-        At most num_tokens - 1 tokens are reused: the last one must run to give logits. A
+        At most seq.reusable_tokens are reused (the last token must run to give logits, and
+        a prompt whose logprobs are asked runs whole). A
         hit of k blocks needs the first k blocks in every global group, and in a windowed
         group the blocks the window of the next token reads.
         """
         if self.prefix is None or any(seq.block_tables):
             return 0
         bs = self.block_size
-        usable = (seq.num_tokens - 1) // bs
+        usable = seq.reusable_tokens // bs
         seq.block_hashes = prefix_hashes(
             seq.all_ids[: usable * bs], bs, seq.cache_salt, seq.block_hashes[:usable]
         )

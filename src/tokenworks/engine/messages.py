@@ -59,6 +59,9 @@ class RequestUpdate:
     finished: bool
     prompt_tokens: int
     cached_tokens: int
+    # in a request's first update, where it asked for them: one per prompt token, the
+    # first None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass

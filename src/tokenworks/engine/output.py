@@ -18,6 +18,23 @@ if TYPE_CHECKING:  # (the sampler needs torch; the API process detokenises witho
     from tokenworks.engine.sampler import SampleResult
 
 
+def token_logprob(
+    tokenizer,
+    token: int,
+    logprob: float | None,
+    top: list[tuple[int, float]] | None,
+    rank: int | None = None,
+) -> TokenLogprob:
+    """A token's logprob with its text and its top alternatives' (text "" without a
+    tokenizer)."""
+
+    def piece(t: int) -> str:
+        return tokenizer.decode([t], False) if tokenizer is not None else ""
+
+    top = [(i, piece(i), lp) for i, lp in top or []]
+    return TokenLogprob(token, piece(token), logprob, top, rank)
+
+
 class SequenceOutput:
     """tokenizer None: token ids only (stop tokens and logprobs without their text, no stop
     strings): an engine whose caller detokenises (engine/detokenizer.py)."""
@@ -47,14 +64,7 @@ class SequenceOutput:
         self, token: int, logprob: float | None, top: list[tuple[int, float]] | None
     ) -> tuple[FinishReason, str | int] | None:
         if self.logprobs is not None:
-            self.logprobs.append(
-                TokenLogprob(
-                    token,
-                    self._piece(token),
-                    logprob,
-                    [(i, self._piece(i), lp) for i, lp in top or []],
-                )
-            )
+            self.logprobs.append(self.entry(token, logprob, top))
         if token in self._stop_ids:
             self.text += self._detok.flush() if self._detok is not None else ""
             return FinishReason.STOP, token
@@ -63,8 +73,14 @@ class SequenceOutput:
         self.text += self._detok.step(token)
         return self._stop_string()
 
-    def _piece(self, token: int) -> str:
-        return self.tokenizer.decode([token], False) if self.tokenizer is not None else ""
+    def entry(
+        self,
+        token: int,
+        logprob: float | None,
+        top: list[tuple[int, float]] | None,
+        rank: int | None = None,
+    ) -> TokenLogprob:
+        return token_logprob(self.tokenizer, token, logprob, top, rank)
 
     def end(self) -> tuple[FinishReason, str] | None:
         """The sequence ends for another reason (length, grammar): the rest of the text,

@@ -104,10 +104,16 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n alternatives per generated token (0: just the chosen)
+    # each prompt token's logprob given the tokens before it, with top-n alternatives (vLLM's
+    # prompt_logprobs; the first token has none): the prompt then skips the prefix cache
+    prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     n: int = 1  # completions per prompt; they share the prompt's KV blocks (copy-on-write)
     structured: StructuredOutput | None = None  # constrain the output to a grammar
+    # token id -> a number in [-100, 100] added to its logit before sampling (OpenAI's
+    # logit_bias); logprobs are still reported from the model's own distribution
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -116,7 +122,10 @@ class SamplingParams:
             self.temperature = 0.0  # greedy
         lo, hi = REPETITION_PENALTY_RANGE
         checks = [
-            (isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens must be >= 1"),
+            (
+                isinstance(self.max_tokens, int) and self.max_tokens >= 0,
+                "max_tokens must be >= 0 (0: read the prompt, generate nothing)",
+            ),
             (isinstance(self.n, int) and 1 <= self.n <= 128, "n must be an integer in [1, 128]"),
             (
                 math.isfinite(self.temperature) and self.temperature >= 0,
@@ -135,10 +144,21 @@ class SamplingParams:
                 self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
                 f"logprobs must be between 0 and {MAX_LOGPROBS}",
             ),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+                f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}",
+            ),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty"),
             (
                 all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
                 "stop_token_ids must be non-negative integers",
+            ),
+            (
+                all(
+                    isinstance(t, int) and t >= 0 and -100 <= b <= 100
+                    for t, b in (self.logit_bias or {}).items()
+                ),
+                "logit_bias maps token ids (integers >= 0) to numbers in [-100, 100]",
             ),
             (
                 self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED),
@@ -153,7 +173,12 @@ class SamplingParams:
     def fast_greedy(self) -> bool:
         """Plain argmax is enough: greedy, no penalties, no logprobs (a grammar's mask is
         already on the logits by then)."""
-        return self.greedy and self.logprobs is None and not self.uses_penalties
+        return (
+            self.greedy
+            and self.logprobs is None
+            and not self.uses_penalties
+            and not self.logit_bias
+        )
 
     def _describe(self) -> str:
         return (
@@ -161,7 +186,8 @@ class SamplingParams:
             f"top_p={self.top_p}, min_p={self.min_p}, "
             f"repetition_penalty={self.repetition_penalty}, "
             f"frequency_penalty={self.frequency_penalty}, "
-            f"presence_penalty={self.presence_penalty}, logprobs={self.logprobs}, n={self.n}, "
+            f"presence_penalty={self.presence_penalty}, logprobs={self.logprobs}, "
+            f"prompt_logprobs={self.prompt_logprobs}, n={self.n}, "
             f"seed={self.seed}"
         )
 
@@ -183,6 +209,7 @@ class TokenLogprob:
     token: str
     logprob: float
     top: list[tuple[int, str, float]]  # (id, text, logprob), best first
+    rank: int | None = None  # 1 + how many tokens were likelier (reported for prompt tokens)
 
 
 @dataclass
@@ -203,6 +230,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
+    # where asked (SamplingParams.prompt_logprobs): one per prompt token, None for the first
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 class StructuredOutputError(ValueError):

@@ -56,9 +56,13 @@ class ModelRunner:
         argmax_only: every sampling row is plain greedy, and a forward path that can may
         hand back each row's argmax instead (the C decode step writes no logits then)."""
         ids, positions, q_lens, ctx_lens, tables, last_rows = [], [], [], [], [], []
+        prompt_rows = []  # (sequence, its rows' positions, the flat row of the first)
         end = 0
         for item in batch:
             s, n, draft = item.seq, item.n_tokens, item.draft
+            wanted = s.prompt_rows(n) if not draft else range(0)
+            if wanted:
+                prompt_rows.append((s, wanted, end + wanted.start - s.n_cached))
             ids.extend(s.ids_between(s.n_cached, s.n_cached + n - len(draft)))
             ids.extend(draft)
             positions.extend(range(s.n_cached, s.n_cached + n))
@@ -74,15 +78,30 @@ class ModelRunner:
             q_lens, ctx_lens, tables = rows_as_decodes(split, q_lens, ctx_lens, tables)
         ids_t = torch.tensor(ids, device=self.device)
         pos_t = torch.tensor(positions, device=self.device)
-        rows = torch.tensor(last_rows, dtype=torch.long, device=self.device)
+        head_rows = last_rows
+        if prompt_rows:  # the head runs for those rows too, all in ascending order
+            head_rows = sorted(
+                {*last_rows, *(r + j for _, w, r in prompt_rows for j in range(len(w)))}
+            )
+            argmax_only = False
+        rows = torch.tensor(head_rows, dtype=torch.long, device=self.device)
+        out = None
         if self.kernels is not None:
             layout = self.kernels.layout(q_lens, ctx_lens, tables)
             if layout is not None:
-                logits, argmax = self.kernels.forward(ids_t, pos_t, layout, rows, argmax_only)
-                return ForwardOutput(logits, argmax)
-        meta = self.metadata(q_lens, ctx_lens, tables)
-        logits = self.model(ids_t, pos_t, meta, self.pool, logits_rows=rows, float_logits=False)
-        return ForwardOutput(logits)
+                out = ForwardOutput(*self.kernels.forward(ids_t, pos_t, layout, rows, argmax_only))
+        if out is None:
+            meta = self.metadata(q_lens, ctx_lens, tables)
+            logits = self.model(ids_t, pos_t, meta, self.pool, logits_rows=rows, float_logits=False)
+            out = ForwardOutput(logits)
+        if prompt_rows:
+            at = {r: i for i, r in enumerate(head_rows)}
+            logits = out.logits
+            out.logits = logits[[at[r] for r in last_rows]]
+            out.prompt = [
+                (s, w.start + 1, logits[at[r] : at[r] + len(w)]) for s, w, r in prompt_rows
+            ]
+        return out
 
     def metadata(self, query_lens, context_lens, tables) -> AttentionMetadata:
         """The batch's attention metadata, one per KV group of the pool (tables: each

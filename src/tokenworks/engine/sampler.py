@@ -12,7 +12,7 @@ picks one sequence's token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +26,12 @@ def apply_penalties(
     prompt_ids: torch.Tensor,  # [P] int64
     output_ids: torch.Tensor,  # [O] int64
 ) -> torch.Tensor:
+    """What a request does to the raw logits before they are sampled: its logit bias, then
+    its penalties."""
+    if params.logit_bias:
+        logits = logits.clone()
+        ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
+        logits[ids] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype)
     if not params.uses_penalties:
         return logits
     if params.repetition_penalty != 1.0:
@@ -112,6 +118,23 @@ def with_logprobs(token: int, logits: torch.Tensor, params: SamplingParams) -> S
     return SampleResult(token, float(raw[token]), top)
 
 
+def prompt_logprobs(
+    logits: torch.Tensor, targets: list[int], top_n: int
+) -> list[tuple[float, list[tuple[int, float]], int]]:
+    """Each row's logprob of its target (the prompt token that follows the row's position)
+    in the raw distribution, its top_n alternatives (best first) and its rank."""
+    raw = logits.float().log_softmax(-1)
+    chosen = raw[torch.arange(len(targets)), torch.tensor(targets)]
+    ranks = (raw > chosen[:, None]).sum(-1).add(1).tolist()
+    tops = [[] for _ in targets]
+    if top_n > 0:
+        vals, ids = torch.topk(raw, top_n)
+        tops = [
+            list(zip(i, v, strict=True)) for i, v in zip(ids.tolist(), vals.tolist(), strict=True)
+        ]
+    return list(zip(chosen.tolist(), tops, ranks, strict=True))
+
+
 NO_HISTORY = torch.empty(0, dtype=torch.long)  # what sample_one gets without penalties
 
 
@@ -124,6 +147,9 @@ class ForwardOutput:
     # forward path took the choices itself (the C LM head keeps each row's best, writing
     # no logits); the same choice as argmax_rows of the logits
     argmax: torch.Tensor | None = None
+    # prompt logprobs (SamplingParams.prompt_logprobs): (sequence, the prompt position its
+    # first row predicts, logits [rows, V] of consecutive positions)
+    prompt: list[tuple] = field(default_factory=list)
 
 
 def argmax_only(seqs) -> bool:

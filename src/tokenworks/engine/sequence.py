@@ -17,7 +17,7 @@ from tokenworks.engine.request import (
     SamplingParams,
     TokenLogprob,
 )
-from tokenworks.engine.sampler import SampleResult
+from tokenworks.engine.sampler import SampleResult, prompt_logprobs
 
 
 class SequenceStatus(enum.Enum):
@@ -81,6 +81,10 @@ class Sequence:
         self.generator = torch.Generator().manual_seed(seed)
         self._prompt_tensor = torch.tensor(self.prompt_ids, dtype=torch.long)
         self.output = SequenceOutput(params, tokenizer, eos_token_ids, prompt_ids)
+        # each prompt token's logprob so far, where asked (the first token has none)
+        self.prompt_logprobs: list[TokenLogprob | None] | None = (
+            [None] if params.prompt_logprobs is not None else None
+        )
 
     def spawn(self, index: int) -> Sequence:
         """A sibling for parallel sampling, made right after the prompt: same prompt, own
@@ -103,6 +107,7 @@ class Sequence:
         )
         child.arrival_time, child.scheduled_time = self.arrival_time, self.scheduled_time
         child.status = self.status
+        child.prompt_logprobs = self.prompt_logprobs
         child.group = self.group
         self.group.append(child)
         return child
@@ -127,6 +132,33 @@ class Sequence:
         if end <= n:
             return self.prompt_ids[start:end]
         return self.prompt_ids[start:] + self.output_ids[: end - n]
+
+    def prompt_rows(self, n: int) -> range:
+        """The positions among the next n fed whose logits give a prompt token's logprob
+        not yet recorded (a row predicts the token after its position)."""
+        if self.prompt_logprobs is None:
+            return range(0)
+        start = max(self.n_cached, len(self.prompt_logprobs) - 1)
+        return range(start, min(self.n_cached + n, len(self.prompt_ids) - 1))
+
+    def record_prompt_logprobs(self, first: int, logits: torch.Tensor) -> None:
+        """The logprobs of prompt tokens first, first + 1, ... from the logits of the rows
+        before each (prompt_rows)."""
+        assert first == len(self.prompt_logprobs), "prompt logprobs recorded out of order"
+        targets = self.prompt_ids[first : first + logits.shape[0]]
+        found = prompt_logprobs(logits, targets, self.params.prompt_logprobs)
+        for token, (lp, top, rank) in zip(targets, found, strict=True):
+            self.prompt_logprobs.append(self.output.entry(token, lp, top, rank))
+
+    @property
+    def reusable_tokens(self) -> int:
+        """How many leading tokens may come from the prefix cache: all but the last (it must
+        run to give logits), and for prompt logprobs only those whose successors' logprobs
+        are recorded."""
+        n = self.num_tokens - 1
+        if self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_ids):
+            n = min(n, len(self.prompt_logprobs) - 1)
+        return n
 
     @property
     def num_tokens(self) -> int:
@@ -201,4 +233,5 @@ class Sequence:
             outputs=[s.completion() for s in self.group],
             finished=self.group_finished,
             num_cached_tokens=head.num_cached_prompt_tokens,
+            prompt_logprobs=head.prompt_logprobs,
         )

@@ -27,7 +27,7 @@ from tokenworks.serve.common import (
     tenant_salt,
 )
 from tokenworks.serve.errors import bad_request
-from tokenworks.serve.protocol import AnthropicMessagesRequest
+from tokenworks.serve.protocol import AnthropicMessagesRequest, AnthropicPrompt
 
 router = APIRouter()
 
@@ -53,7 +53,7 @@ def _result_text(content) -> str:
     return "" if content is None else str(content)
 
 
-def to_chat_messages(body: AnthropicMessagesRequest) -> list[dict]:
+def to_chat_messages(body: AnthropicPrompt) -> list[dict]:
     """Anthropic messages -> the OpenAI-shaped messages the chat template is fed."""
     out: list[dict] = []
     if body.system:
@@ -119,12 +119,9 @@ def _stop_reason(finish: str | None, stop_reason, has_calls: bool) -> tuple[str,
     return _STOP.get(finish or "stop", "end_turn"), None
 
 
-@router.post("/v1/messages")
-async def messages(body: AnthropicMessagesRequest, request: Request):
-    api_times.handler_entered()
-    state: ServerState = request.app.state.tokenworks
+def _prompt(state: ServerState, body: AnthropicPrompt, output_format=None) -> tuple:
+    """(prompt token ids, the tools offered, the output's grammar) of a request."""
     state.check_model(body.model)
-    state.limits.check_stop(list(body.stop_sequences or []), "stop_sequences")
     state.limits.check_tools(body.tools)
     tool_list = tools.anthropic_tools(body.tools)
     mode, name = tools.anthropic_choice(body.tool_choice, tool_list)
@@ -132,11 +129,28 @@ async def messages(body: AnthropicMessagesRequest, request: Request):
         tool_list,
         mode,
         name,
-        structured.from_anthropic(body),
+        output_format,
         "tool_choice any or tool cannot be combined with an output format",
     )
     prompt = render_chat(state, to_chat_messages(body), offered)
-    prompt_ids = state.encode(prompt)
+    return state.encode(prompt), offered, constraint
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(body: AnthropicPrompt, request: Request):
+    """The tokens a Messages request with this conversation, system prompt and tools would
+    read (its template and tool descriptions included)."""
+    api_times.handler_entered()
+    prompt_ids, _, _ = _prompt(request.app.state.tokenworks, body)
+    return {"input_tokens": len(prompt_ids)}
+
+
+@router.post("/v1/messages")
+async def messages(body: AnthropicMessagesRequest, request: Request):
+    api_times.handler_entered()
+    state: ServerState = request.app.state.tokenworks
+    prompt_ids, offered, constraint = _prompt(state, body, structured.from_anthropic(body))
+    state.limits.check_stop(list(body.stop_sequences or []), "stop_sequences")
     max_tokens = clamp_max_tokens(state, body.max_tokens, len(prompt_ids))
     params = sampling_params(
         {"stop": "stop_sequences"},

@@ -140,6 +140,27 @@ def build_app(state: ServerState) -> FastAPI:
         ids = state.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
         return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
 
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        """vLLM's endpoint: what a client needs to tokenise as the server does
+        (lm-evaluation-harness's remote tokenizer reads it)."""
+        tok = state.tokenizer
+
+        def text(token_id: int | None) -> str | None:
+            return tok.token_to_str(token_id) if token_id is not None else None
+
+        eos = tok.eos_token_ids[0] if tok.eos_token_ids else None
+        return {
+            "tokenizer_class": "TokenizerWrapper",
+            "eos_token": text(eos),
+            "bos_token": text(tok.bos_token_id),
+            "pad_token": None,
+            "add_bos_token": tok.add_bos,
+            "chat_template": tok.chat.source if tok.chat is not None else None,
+            "model_max_length": state.max_model_len,
+            "vocab_size": state.engine.engine.admission.vocab_size,
+        }
+
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
         if body.model is not None:

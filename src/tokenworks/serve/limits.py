@@ -36,6 +36,9 @@ class ServerLimits:
     max_logprobs: int = field(
         default=MAX_LOGPROBS, metadata=option("top alternatives per token", group=LIMITS)
     )
+    max_logit_bias: int = field(
+        default=300, metadata=option("tokens a logit_bias may name", group=LIMITS)
+    )
     max_messages: int = field(
         default=2048, metadata=option("messages a conversation", group=LIMITS)
     )
@@ -104,6 +107,27 @@ class ServerLimits:
             raise bad_request(
                 f"{field} is {logprobs}; at most {self.max_logprobs} here (--max-logprobs)", field
             )
+
+    def check_logit_bias(self, bias: dict[str, float] | None, vocab_size: int) -> None:
+        """OpenAI's logit_bias: token ids (as strings) to numbers in [-100, 100]."""
+        if not bias:
+            return
+        if len(bias) > self.max_logit_bias:
+            raise bad_request(
+                f"logit_bias names {len(bias)} tokens; at most {self.max_logit_bias} here "
+                "(--max-logit-bias)",
+                "logit_bias",
+            )
+        for key, value in bias.items():
+            if not (key.isascii() and key.isdigit() and int(key) < vocab_size):
+                raise bad_request(
+                    f"logit_bias key {key!r} is not a token id in [0, {vocab_size})", "logit_bias"
+                )
+            if not -100 <= value <= 100:
+                raise bad_request(
+                    f"logit_bias of token {key} is {value}; give a number in [-100, 100]",
+                    "logit_bias",
+                )
 
     def check_messages(self, messages: list) -> None:
         if len(messages) > self.max_messages:

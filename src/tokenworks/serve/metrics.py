@@ -1,5 +1,6 @@
-"""Prometheus metrics for /metrics, named the way vLLM names its own (`vllm:` -> `tokenworks:`),
-so dashboards and the benchmark harness built for vLLM read them unchanged.
+"""Prometheus metrics for /metrics, named the way vLLM names its own, under the prefix
+`tokenworks:` (`--metrics-prefix vllm` gives vLLM's own names, so dashboards and the
+benchmark harness built for vLLM read them unchanged).
 
 ServerMetrics is the engine front's observer: it hears every step (gauges, token and cache
 counters) and every finished request (latency histograms, finish reasons), in the engine
@@ -22,7 +23,7 @@ class ServerMetrics:
     replica's index behind a router, as vLLM labels its data-parallel engines). Its hooks
     are engine 0's; for_engine(i) is the observer of replica i."""
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str, prefix: str = "tokenworks"):
         self.registry = r = CollectorRegistry()
         self.model_name = model_name
         labels = ["model_name", "engine"]
@@ -38,77 +39,77 @@ class ServerMetrics:
 
         self.families = {
             "ttft": hist(
-                "tokenworks:time_to_first_token_seconds", "Arrival to first token.", _LATENCY
+                f"{prefix}:time_to_first_token_seconds", "Arrival to first token.", _LATENCY
             ),
             "itl": hist(
-                "tokenworks:inter_token_latency_seconds",
+                f"{prefix}:inter_token_latency_seconds",
                 "Time between streamed tokens.",
                 _PER_TOKEN,
             ),
             "tpot": hist(
-                "tokenworks:request_time_per_output_token_seconds",
+                f"{prefix}:request_time_per_output_token_seconds",
                 "Mean time per output token after the first, per request.",
                 _PER_TOKEN,
             ),
             "e2e": hist(
-                "tokenworks:e2e_request_latency_seconds", "Arrival to last token.", _LATENCY
+                f"{prefix}:e2e_request_latency_seconds", "Arrival to last token.", _LATENCY
             ),
             "queue": hist(
-                "tokenworks:request_queue_time_seconds", "Arrival to first scheduled.", _LATENCY
+                f"{prefix}:request_queue_time_seconds", "Arrival to first scheduled.", _LATENCY
             ),
-            "running": gauge("tokenworks:num_requests_running", "Sequences in the running set."),
-            "waiting": gauge("tokenworks:num_requests_waiting", "Sequences waiting to run."),
+            "running": gauge(f"{prefix}:num_requests_running", "Sequences in the running set."),
+            "waiting": gauge(f"{prefix}:num_requests_waiting", "Sequences waiting to run."),
             "kv_usage": gauge(
-                "tokenworks:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full)."
+                f"{prefix}:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full)."
             ),
             "prompt_tokens": counter(
-                "tokenworks:prompt_tokens", "Prompt tokens of finished requests."
+                f"{prefix}:prompt_tokens", "Prompt tokens of finished requests."
             ),
             "generation_tokens": counter(
-                "tokenworks:generation_tokens", "Generated tokens of finished requests."
+                f"{prefix}:generation_tokens", "Generated tokens of finished requests."
             ),
             "prefix_queries": counter(
-                "tokenworks:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+                f"{prefix}:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
             ),
             "prefix_hits": counter(
-                "tokenworks:prefix_cache_hits", "Prompt tokens found in the prefix cache."
+                f"{prefix}:prefix_cache_hits", "Prompt tokens found in the prefix cache."
             ),
-            "preemptions": counter("tokenworks:num_preemptions", "Sequences preempted."),
+            "preemptions": counter(f"{prefix}:num_preemptions", "Sequences preempted."),
             # speculative decoding (vLLM's spec_decode names), with the time each side took
             "num_drafts": counter(
-                "tokenworks:spec_decode_num_drafts", "Proposals verified (one per sequence-step)."
+                f"{prefix}:spec_decode_num_drafts", "Proposals verified (one per sequence-step)."
             ),
             "num_draft_tokens": counter(
-                "tokenworks:spec_decode_num_draft_tokens", "Proposed tokens verified."
+                f"{prefix}:spec_decode_num_draft_tokens", "Proposed tokens verified."
             ),
             "num_accepted_tokens": counter(
-                "tokenworks:spec_decode_num_accepted_tokens", "Proposed tokens accepted."
+                f"{prefix}:spec_decode_num_accepted_tokens", "Proposed tokens accepted."
             ),
             "num_emitted_tokens": counter(
-                "tokenworks:spec_decode_num_emitted_tokens",
+                f"{prefix}:spec_decode_num_emitted_tokens",
                 "Tokens verify steps produced (accepted plus the target's own).",
             ),
             "draft_seconds": counter(
-                "tokenworks:spec_decode_draft_seconds", "Seconds spent proposing."
+                f"{prefix}:spec_decode_draft_seconds", "Seconds spent proposing."
             ),
             "verify_seconds": counter(
-                "tokenworks:spec_decode_verify_seconds",
+                f"{prefix}:spec_decode_verify_seconds",
                 "Seconds of steps that verified proposals, less their proposing.",
             ),
             "per_pos": counter(
-                "tokenworks:spec_decode_num_accepted_tokens_per_pos",
+                f"{prefix}:spec_decode_num_accepted_tokens_per_pos",
                 "Accepted proposals by their position in the proposal.",
                 ["position"],
             ),
             "finished": counter(
-                "tokenworks:request_success",
+                f"{prefix}:request_success",
                 "Finished requests by finish reason.",
                 ["finished_reason"],
             ),
         }
         # the API process's own work per request, by phase (serve/api_times.py)
         self.api_seconds = Histogram(
-            "tokenworks:api_process_seconds",
+            f"{prefix}:api_process_seconds",
             "Seconds a request spent in the API process outside the engine, by phase.",
             ["model_name", "phase"],
             buckets=_API,

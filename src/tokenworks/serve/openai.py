@@ -52,10 +52,14 @@ def _check_limits(state: ServerState, body, logprobs: int | None, logprobs_field
     limits.check_stop(_stop_list(body))
     limits.check_n(body.n)
     limits.check_logprobs(logprobs, logprobs_field)
+    limits.check_logit_bias(body.logit_bias, state.engine.engine.admission.vocab_size)
 
 
-def _common_params(body, max_tokens: int, logprobs: int | None, constraint) -> dict:
+def _common_params(
+    body, max_tokens: int, logprobs: int | None, constraint, prompt_logprobs: int | None = None
+) -> dict:
     return dict(
+        prompt_logprobs=prompt_logprobs,
         max_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
@@ -73,6 +77,7 @@ def _common_params(body, max_tokens: int, logprobs: int | None, constraint) -> d
         skip_special_tokens=body.skip_special_tokens,
         n=body.n,
         structured=constraint,
+        logit_bias={int(k): v for k, v in body.logit_bias.items()} if body.logit_bias else None,
     )
 
 
@@ -113,9 +118,13 @@ async def completions(body: CompletionRequest, request: Request):
         raise bad_request("suffix is not supported (no fill-in-the-middle here)", "suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of must equal n here (no server-side ranking)", "best_of")
-    if body.echo and body.logprobs is not None:
-        raise bad_request("echo with logprobs needs prompt logprobs, not supported", "echo")
     _check_limits(state, body, body.logprobs, "logprobs")
+    state.limits.check_logprobs(body.prompt_logprobs, "prompt_logprobs")
+    # echo with logprobs reports the prompt's tokens too, as OpenAI's legacy API did
+    scored = [
+        k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None
+    ]
+    prompt_logprobs = max(scored) if scored else None
     prompts = _prompts(state, body.prompt)
     constraint = structured.from_openai(body)
     deadline = state.deadline(body.deadline)
@@ -123,7 +132,9 @@ async def completions(body: CompletionRequest, request: Request):
     try:
         for p in prompts:
             max_tokens = clamp_max_tokens(state, body.max_tokens, len(p), prompt_field="prompt")
-            params = sampling_params(**_common_params(body, max_tokens, body.logprobs, constraint))
+            params = sampling_params(
+                **_common_params(body, max_tokens, body.logprobs, constraint, prompt_logprobs)
+            )
             rid = state.engine.new_request_id("cmpl")
             streams.append(
                 await submit(
@@ -141,10 +152,12 @@ async def completions(body: CompletionRequest, request: Request):
         for s in streams:
             await s.aclose()
         raise
-    # the prompts as text, for echo only
-    echoed = (
-        [state.tokenizer.decode(p, skip_special_tokens=False) for p in prompts] if body.echo else []
-    )
+    # the prompts as text (and each one's first token, which has no logprob), for echo only
+    decode = state.tokenizer.decode
+    echoed = [
+        (decode(p, skip_special_tokens=False), p[0], decode(p[:1], False))
+        for p in (prompts if body.echo else [])
+    ]
     chunks = completion_chunks(body, merge(streams), echoed)
     top = head("cmpl-" + secrets.token_hex(12), "text_completion", body.model)
     return await answer(

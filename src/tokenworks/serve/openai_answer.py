@@ -54,18 +54,61 @@ def chat_logprobs(lps: list[TokenLogprob], top: int) -> dict:
 # ------------------------------------------------------------------ the chunks
 
 
-async def completion_chunks(body, updates, echoed: list[str]):
+def prompt_logprobs_of(lps: list[TokenLogprob | None]) -> list[dict | None]:
+    """vLLM's prompt_logprobs: per prompt token (None for the first), the token and its top
+    alternatives by id, each {"logprob", "rank", "decoded_token"}."""
+
+    def entry(lp: TokenLogprob) -> dict:
+        out = {str(i): {"logprob": v, "rank": r, "decoded_token": t}
+               for r, (i, t, v) in enumerate(lp.top, 1)}  # fmt: skip
+        out.setdefault(
+            str(lp.token_id), {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.token}
+        )
+        return out
+
+    return [None if lp is None else entry(lp) for lp in lps]
+
+
+def _echo(index: int, echoed: tuple, lps: list | None, as_ids: bool) -> dict:
+    """The choice that echoes a prompt, with its tokens' logprobs where asked (the first
+    token's logprob and alternatives are null, as in OpenAI's legacy API)."""
+    text, first_id, first_text = echoed
+    logprobs = None
+    if lps is not None:
+        logprobs = completion_logprobs(
+            [TokenLogprob(first_id, first_text, None, []), *lps[1:]], 0, as_ids
+        )
+        logprobs["top_logprobs"][0] = None
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}
+
+
+async def completion_chunks(body, updates, echoed: list[tuple]):
     """/v1/completions: `updates` yields (prompt number, RequestUpdate) of every prompt's
-    request; `echoed`, each prompt's text where the request asks for echo."""
+    request; `echoed`, each prompt's (text, first token id, first token's text) where the
+    request asks for echo. With logprobs the echo waits for the prompt's logprobs, which
+    come in its request's first update."""
     n, as_ids = body.n, body.return_tokens_as_token_ids
+    scored = body.logprobs is not None
     prompt_tokens, cached, completion_tokens, offsets = {}, {}, 0, {}
-    for i, text in enumerate(echoed):
+    for i, e in enumerate(echoed):
         for k in range(n):
-            offsets[i * n + k] = len(text)
-            choice = {"index": i * n + k, "text": text, "logprobs": None, "finish_reason": None}
-            yield {"choices": [choice]}
+            offsets[i * n + k] = len(e[0])
+            if not scored:
+                yield {"choices": [_echo(i * n + k, e, None, as_ids)]}
     async for i, u in updates:
         prompt_tokens[i], cached[i] = u.prompt_tokens, u.cached_tokens
+        lps, vllm_style = u.prompt_logprobs, body.prompt_logprobs is not None
+        if lps is not None and (echoed and scored or vllm_style):
+            firsts = []
+            for index in range(i * n, i * n + n):
+                if echoed and scored:
+                    c = _echo(index, echoed[i], lps, as_ids)
+                else:
+                    c = {"index": index, "text": "", "logprobs": None, "finish_reason": None}
+                if vllm_style:
+                    c["prompt_logprobs"] = prompt_logprobs_of(lps)
+                firsts.append(c)
+            yield {"choices": firsts}
         choices = []
         for d in u.deltas:
             index = i * n + d.index
@@ -103,6 +146,7 @@ async def chat_chunks(body, updates, parse: bool):
     n = body.n
     parsers = {k: tools.ToolCallParser() if parse else None for k in range(n)}
     calls = dict.fromkeys(range(n), 0)  # tool calls each completion has finished
+    single = body.parallel_tool_calls is False  # then calls after the first are dropped
     completion_tokens, last = 0, None
 
     def choice(index, delta, finish=None, logprobs=None, stop_reason=None):
@@ -114,6 +158,8 @@ async def chat_chunks(body, updates, parse: bool):
     def deltas_of(k, events) -> list[dict]:
         out = []
         for kind, value in events:
+            if single and calls[k] and kind != "text":
+                continue
             if kind == "text":
                 out.append({"content": value})
             elif kind == "call_start":  # id, name and empty arguments, then the pieces
@@ -195,6 +241,8 @@ def fold_completion(chunks: list[dict], head: dict) -> dict:
                  "stop_reason": None},
             )  # fmt: skip
             out["text"] += piece["text"]
+            if "prompt_logprobs" in piece:
+                out["prompt_logprobs"] = piece["prompt_logprobs"]
             if piece["logprobs"] is not None:
                 if out["logprobs"] is None:
                     out["logprobs"] = {key: [] for key in piece["logprobs"]}

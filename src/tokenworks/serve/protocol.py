@@ -95,6 +95,7 @@ class _SamplingFields(_Request):
     presence_penalty: float = Field(default=0.0, ge=-2, le=2)
     frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
     user: str | None = None
+    logit_bias: dict[str, float] | None = None  # bounded in serve/limits.py
     # extensions
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0, le=1)
@@ -115,8 +116,10 @@ class _SamplingFields(_Request):
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
+    max_tokens: int | None = Field(default=16, ge=0)  # 0, with echo: score the prompt alone
     logprobs: int | None = Field(default=None, ge=0, le=5)
+    # vLLM's extension: each prompt token's logprob and top alternatives
+    prompt_logprobs: int | None = Field(default=None, ge=0)
     # vLLM's extension: logprob tokens as "token_id:N", so a client can tell tokens apart
     return_tokens_as_token_ids: bool = False
     echo: bool = False
@@ -139,18 +142,23 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class AnthropicMessagesRequest(_Request):
+class AnthropicPrompt(_Request):
+    """What makes an Anthropic prompt (all /v1/messages/count_tokens reads)."""
+
     model: str
-    max_tokens: int = Field(ge=1)
     messages: list[dict[str, Any]] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+
+
+class AnthropicMessagesRequest(AnthropicPrompt):
+    max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: float | None = Field(default=None, ge=0, le=1)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
     output_format: dict[str, Any] | None = None  # the structured-outputs beta's spelling

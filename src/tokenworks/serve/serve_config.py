@@ -4,6 +4,7 @@ EngineConfig's, the request limits ServerLimits'."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from tokenworks.engine.replicas import POLICIES
@@ -27,6 +28,14 @@ class ServeConfig:
     )
     metrics_require_key: bool = field(
         default=False, metadata=option("guard /metrics with the key too")
+    )
+    metrics_prefix: str = field(
+        default="tokenworks",
+        metadata=option(
+            "the prefix of the /metrics series (vllm: vLLM's own names, for dashboards "
+            "built for vLLM)",
+            metavar="NAME",
+        ),
     )
     shared_prefix_cache: bool = field(
         default=False,
@@ -111,6 +120,10 @@ class ServeConfig:
             raise ValueError(
                 f"--distributed-executor-backend {self.distributed_executor_backend!r}: "
                 f"expected one of {', '.join(PROCESS_BACKENDS)}"
+            )
+        if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.metrics_prefix):
+            raise ValueError(
+                f"--metrics-prefix {self.metrics_prefix!r}: give a name of letters, digits and _"
             )
         if self.router not in POLICIES:
             raise ValueError(f"--router {self.router!r}: expected one of {', '.join(POLICIES)}")

@@ -33,8 +33,9 @@ def make_state(
     api_keys: tuple[str, ...] | list[str] = (),
     metrics_require_key: bool = False,
     tenant_salts: bool = True,
+    metrics_prefix: str = "tokenworks",
 ) -> ServerState:
-    metrics = ServerMetrics(names[0])
+    metrics = ServerMetrics(names[0], metrics_prefix)
     limits = limits or ServerLimits()
     front = engine if isinstance(engine, (CoreClient, ReplicaRouter)) else CoreClient(engine=engine)
     front.configure(metrics, limits.max_stream_backlog, limits.max_stream_stall_s)
@@ -79,6 +80,7 @@ def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits)
         api_keys=options.api_key,
         metrics_require_key=options.metrics_require_key,
         tenant_salts=not options.shared_prefix_cache,
+        metrics_prefix=options.metrics_prefix,
     )
     app = build_app(state)
     if options.host not in ("127.0.0.1", "localhost", "::1") and not options.api_key:

@@ -35,6 +35,13 @@ class DraftState:
     def num_tokens(self) -> int:
         return self.seq.num_tokens + len(self.guesses)
 
+    @property
+    def reusable_tokens(self) -> int:
+        return self.num_tokens - 1
+
+    def prompt_rows(self, n: int) -> range:
+        return range(0)  # the drafter reports no prompt logprobs
+
     def ids_between(self, start: int, end: int) -> list[int]:
         real = self.seq.num_tokens
         ids = self.seq.ids_between(start, min(end, real))

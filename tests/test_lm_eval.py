@@ -1,0 +1,100 @@
+"""lm-evaluation-harness itself against `tokenworks serve`: its `local-completions` model
+scores a small multiple-choice task (a local file) through /v1/completions with echo and
+logprobs, tokenising through the server's /tokenize and /tokenizer_info, and gets the
+log-likelihoods the engine gives the same continuations in-process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tokenworks import SamplingParams
+
+CAPITALS = [
+    ("France", ["Paris", "Rome", "Berlin", "Madrid"], 0),
+    ("Italy", ["Vienna", "Rome", "Lisbon", "Oslo"], 1),
+    ("Germany", ["Prague", "Warsaw", "Berlin", "Paris"], 2),
+    ("Spain", ["Athens", "Dublin", "Brussels", "Madrid"], 3),
+    ("Japan", ["Tokyo", "Seoul", "Beijing", "Bangkok"], 0),
+    ("Egypt", ["Nairobi", "Cairo", "Lagos", "Tunis"], 1),
+]
+TASK = """task: tokenworks_capitals
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "Question: What is the capital of {{{{country}}}}?\\nAnswer:"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+target_delimiter: " "
+metric_list:
+  - metric: acc
+"""
+
+
+def engine_loglikelihood(llm, context: str, continuation: str) -> float:
+    """The continuation's log-likelihood after the context, split into tokens as
+    lm-evaluation-harness splits a pair (the context's trailing spaces go with the
+    continuation; the continuation is what the whole adds to the context's tokens)."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    tok = llm.tokenizer
+    whole = tok.encode(context + continuation, add_special_tokens=False)
+    n_context = len(tok.encode(context, add_special_tokens=False))
+    (out,) = llm.generate([whole], SamplingParams(max_tokens=0, prompt_logprobs=0), False)
+    return sum(lp.logprob for lp in out.prompt_logprobs[n_context:])
+
+
+@pytest.fixture(scope="module")
+def float32_server(smol_loaded):
+    from conftest import start_server
+
+    srv = start_server(smol_loaded, quantization="none")  # float32, as smol_llm
+    yield srv
+    srv.stop()
+
+
+def test_lm_eval_local_completions_scores_as_the_engine_does(
+    float32_server, smol_llm, tmp_path, monkeypatch
+):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # a local file: nothing to fetch
+    data = tmp_path / "capitals.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"country": c, "choices": choices, "answer": a}) + "\n"
+            for c, choices, a in CAPITALS
+        )
+    )
+    (tmp_path / "capitals.yaml").write_text(TASK.format(data=data))
+    results = lm_eval.simple_evaluate(
+        model="local-completions",
+        model_args={
+            "base_url": float32_server.url + "/v1/completions",
+            "model": "smollm2-135m",
+            "tokenizer_backend": "remote",
+            "tokenized_requests": True,
+            "num_concurrent": 1,
+            "max_retries": 1,
+        },
+        tasks=["tokenworks_capitals"],
+        task_manager=TaskManager(include_path=str(tmp_path)),
+        log_samples=True,
+    )
+    samples = results["samples"]["tokenworks_capitals"]
+    assert len(samples) == len(CAPITALS)
+    scored = 0
+    for sample in samples:
+        for (context, continuation), resp in zip(sample["arguments"], sample["resps"], strict=True):
+            got = resp[0][0]
+            want = engine_loglikelihood(smol_llm, context, continuation)
+            assert abs(got - want) < 1e-3, (context, continuation, got, want)
+            scored += 1
+    assert scored == 4 * len(CAPITALS)
+    assert results["results"]["tokenworks_capitals"]["acc,none"] >= 0.5  # a 135M model knows some
