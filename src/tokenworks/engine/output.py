@@ -64,7 +64,7 @@ class SequenceOutput:
         self, token: int, logprob: float | None, top: list[tuple[int, float]] | None
     ) -> tuple[FinishReason, str | int] | None:
         if self.logprobs is not None:
-            self.logprobs.append(self.entry(token, logprob, top))
+            self.logprobs.append(token_logprob(self.tokenizer, token, logprob, top))
         if token in self._stop_ids:
             self.text += self._detok.flush() if self._detok is not None else ""
             return FinishReason.STOP, token
@@ -72,15 +72,6 @@ class SequenceOutput:
             return None
         self.text += self._detok.step(token)
         return self._stop_string()
-
-    def entry(
-        self,
-        token: int,
-        logprob: float | None,
-        top: list[tuple[int, float]] | None,
-        rank: int | None = None,
-    ) -> TokenLogprob:
-        return token_logprob(self.tokenizer, token, logprob, top, rank)
 
     def end(self) -> tuple[FinishReason, str] | None:
         """The sequence ends for another reason (length, grammar): the rest of the text,

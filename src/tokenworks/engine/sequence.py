@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from tokenworks.engine.output import SequenceOutput
+from tokenworks.engine.output import SequenceOutput, token_logprob
 from tokenworks.engine.request import (
     CompletionOutput,
     FinishReason,
@@ -148,7 +148,7 @@ class Sequence:
         targets = self.prompt_ids[first : first + logits.shape[0]]
         found = prompt_logprobs(logits, targets, self.params.prompt_logprobs)
         for token, (lp, top, rank) in zip(targets, found, strict=True):
-            self.prompt_logprobs.append(self.output.entry(token, lp, top, rank))
+            self.prompt_logprobs.append(token_logprob(self.tokenizer, token, lp, top, rank))
 
     @property
     def reusable_tokens(self) -> int:
