@@ -205,6 +205,8 @@ def test_api_keys_guard_every_endpoint_but_health_and_metrics(guarded):
         ("GET", "/openapi.json", None),
         ("GET", "/v1/models", None),
         ("GET", "/tokenizer_info", None),
+        ("POST", "/v1/embeddings", {"model": MODEL, "input": "hi"}),
+        ("POST", "/v1/messages/count_tokens", {"model": MODEL, "messages": USER}),
         ("POST", "/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": USER}),
     ]:
         r = httpx.request(method, url + path, json=body)

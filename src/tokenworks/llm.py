@@ -1,4 +1,5 @@
-"""The offline API: LLM(...).generate(prompts, params) and .chat(messages, params)."""
+"""The offline API: LLM(...).generate(prompts, params), .chat(messages, params) and
+.embed(prompts)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,14 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [self.render_chat(c) for c in conversations]
         return self.generate(prompts, params, use_tqdm)
+
+    def embed(
+        self, prompts: str | list[str] | list[list[int]], pooling: str = "mean", use_tqdm=True
+    ) -> list[list[float]]:
+        """Each prompt's embedding: its final hidden states pooled ("mean" or "last") and
+        scaled to unit length, the prompts batched like any requests."""
+        params = SamplingParams(max_tokens=0, pooling=pooling)
+        return [o.embedding for o in self.generate(prompts, params, use_tqdm)]
 
     def render_chat(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)

@@ -101,6 +101,7 @@ def request_update(head: Sequence, seqs: list[Sequence], emitted: dict[int, int]
         len(head.prompt_ids),
         head.num_cached_prompt_tokens,
         head.prompt_logprobs if first else None,
+        head.embedding if head.group_finished else None,
     )
 
 

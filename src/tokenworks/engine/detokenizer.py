@@ -68,6 +68,7 @@ class RequestText:
                 update.prompt_tokens,
                 update.cached_tokens,
                 self._prompt_logprobs(update.prompt_logprobs),
+                update.embedding,
             ),
             stops,
         )

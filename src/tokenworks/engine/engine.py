@@ -368,6 +368,8 @@ class LLMEngine:
                         self.blocks.computed(item.seq, item.n_tokens)
                 for seq, first, rows in forward.prompt:
                     seq.record_prompt_logprobs(first, rows)
+                for seq, first, hidden in forward.pooled:
+                    seq.pool(first, hidden)
                 sampled = self._sample_all(items, forward, counts)
             except Exception:
                 self._fail(out)

@@ -62,6 +62,7 @@ class RequestUpdate:
     # in a request's first update, where it asked for them: one per prompt token, the
     # first None
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    embedding: list[float] | None = None  # in a pooling request's last update
 
 
 @dataclass

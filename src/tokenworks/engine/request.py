@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20
+POOLINGS = (None, "mean", "last")  # how a prompt's hidden states become one embedding
 # A temperature below this samples as greedy (vLLM's _SAMPLING_EPS): dividing logits by
 # 1e-45 gives infinities, and no distribution is left to draw from.
 MIN_TEMPERATURE = 1e-5
@@ -114,6 +115,10 @@ class SamplingParams:
     # token id -> a number in [-100, 100] added to its logit before sampling (OpenAI's
     # logit_bias); logprobs are still reported from the model's own distribution
     logit_bias: dict[int, float] | None = None
+    # embed the prompt instead of generating (max_tokens 0): its final hidden states (after
+    # the last norm) pooled by "mean" over every position or "last" (the last position's),
+    # then scaled to unit length
+    pooling: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -159,6 +164,11 @@ class SamplingParams:
                     for t, b in (self.logit_bias or {}).items()
                 ),
                 "logit_bias maps token ids (integers >= 0) to numbers in [-100, 100]",
+            ),
+            (self.pooling in POOLINGS, f"pooling must be one of {', '.join(POOLINGS[1:])}"),
+            (
+                self.pooling is None or self.max_tokens == 0,
+                "pooling embeds the prompt: it needs max_tokens 0",
             ),
             (
                 self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED),
@@ -232,6 +242,7 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
     # where asked (SamplingParams.prompt_logprobs): one per prompt token, None for the first
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    embedding: list[float] | None = None  # where asked (SamplingParams.pooling), unit length
 
 
 class StructuredOutputError(ValueError):

@@ -56,13 +56,16 @@ class ModelRunner:
         argmax_only: every sampling row is plain greedy, and a forward path that can may
         hand back each row's argmax instead (the C decode step writes no logits then)."""
         ids, positions, q_lens, ctx_lens, tables, last_rows = [], [], [], [], [], []
-        prompt_rows = []  # (sequence, its rows' positions, the flat row of the first)
+        # rows for prompt logprobs and for embeddings: (sequence, the rows' positions, the
+        # flat row of the first)
+        prompt_rows, pooled_rows = [], []
         end = 0
         for item in batch:
             s, n, draft = item.seq, item.n_tokens, item.draft
-            wanted = s.prompt_rows(n) if not draft else range(0)
-            if wanted:
-                prompt_rows.append((s, wanted, end + wanted.start - s.n_cached))
+            for rows_of, found in ((s.prompt_rows, prompt_rows), (s.pooled_rows, pooled_rows)):
+                wanted = rows_of(n) if not draft else range(0)
+                if wanted:
+                    found.append((s, wanted, end + wanted.start - s.n_cached))
             ids.extend(s.ids_between(s.n_cached, s.n_cached + n - len(draft)))
             ids.extend(draft)
             positions.extend(range(s.n_cached, s.n_cached + n))
@@ -78,22 +81,27 @@ class ModelRunner:
             q_lens, ctx_lens, tables = rows_as_decodes(split, q_lens, ctx_lens, tables)
         ids_t = torch.tensor(ids, device=self.device)
         pos_t = torch.tensor(positions, device=self.device)
-        head_rows = last_rows
-        if prompt_rows:  # the head runs for those rows too, all in ascending order
-            head_rows = sorted(
-                {*last_rows, *(r + j for _, w, r in prompt_rows for j in range(len(w)))}
-            )
+        head_rows = _rows(last_rows, prompt_rows)  # ascending, where any prompt rows join
+        if prompt_rows or pooled_rows:
             argmax_only = False
         rows = torch.tensor(head_rows, dtype=torch.long, device=self.device)
         out = None
-        if self.kernels is not None:
+        if self.kernels is not None and not pooled_rows:  # C hands back no hidden states
             layout = self.kernels.layout(q_lens, ctx_lens, tables)
             if layout is not None:
                 out = ForwardOutput(*self.kernels.forward(ids_t, pos_t, layout, rows, argmax_only))
         if out is None:
             meta = self.metadata(q_lens, ctx_lens, tables)
-            logits = self.model(ids_t, pos_t, meta, self.pool, logits_rows=rows, float_logits=False)
-            out = ForwardOutput(logits)
+            if pooled_rows:
+                hidden_rows = _rows(head_rows, pooled_rows)
+                h = self.model.final_hidden(ids_t, pos_t, meta, self.pool, hidden_rows)
+                at = {r: i for i, r in enumerate(hidden_rows)}
+                out = ForwardOutput(self.model.head(h[[at[r] for r in head_rows]]))
+                out.pooled = [(s, w.start, h[at[r] : at[r] + len(w)]) for s, w, r in pooled_rows]
+            else:
+                out = ForwardOutput(
+                    self.model(ids_t, pos_t, meta, self.pool, logits_rows=rows, float_logits=False)
+                )
         if prompt_rows:
             at = {r: i for i, r in enumerate(head_rows)}
             logits = out.logits
@@ -131,6 +139,14 @@ class ModelRunner:
             AttentionMetadata.single(n),
             None,
         )
+
+
+def _rows(rows: list[int], extra: list[tuple]) -> list[int]:
+    """rows and every row of the (sequence, positions, first row) runs in extra, ascending
+    (rows alone, unsorted, where extra is empty)."""
+    if not extra:
+        return rows
+    return sorted({*rows, *(r + j for _, w, r in extra for j in range(len(w)))})
 
 
 def rows_as_decodes(split, query_lens, context_lens, tables) -> tuple[list, list, list]:

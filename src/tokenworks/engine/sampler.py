@@ -150,6 +150,9 @@ class ForwardOutput:
     # prompt logprobs (SamplingParams.prompt_logprobs): (sequence, the prompt position its
     # first row predicts, logits [rows, V] of consecutive positions)
     prompt: list[tuple] = field(default_factory=list)
+    # embeddings (SamplingParams.pooling): (sequence, the position of its first row, final
+    # hidden states [rows, hidden] of consecutive positions)
+    pooled: list[tuple] = field(default_factory=list)
 
 
 def argmax_only(seqs) -> bool:

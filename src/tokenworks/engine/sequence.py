@@ -85,6 +85,9 @@ class Sequence:
         self.prompt_logprobs: list[TokenLogprob | None] | None = (
             [None] if params.prompt_logprobs is not None else None
         )
+        # pooling: the sum of the final hidden states of the positions read so far (float64)
+        self._pooled: torch.Tensor | None = None
+        self._pooled_upto = 0  # positions summed
 
     def spawn(self, index: int) -> Sequence:
         """A sibling for parallel sampling, made right after the prompt: same prompt, own
@@ -150,14 +153,39 @@ class Sequence:
         for token, (lp, top, rank) in zip(targets, found, strict=True):
             self.prompt_logprobs.append(token_logprob(self.tokenizer, token, lp, top, rank))
 
+    def pooled_rows(self, n: int) -> range:
+        """The positions among the next n fed whose final hidden states an embedding pools
+        and has not yet: every prompt position for mean pooling, the last for last."""
+        pooling, last = self.params.pooling, len(self.prompt_ids) - 1
+        if pooling is None:
+            return range(0)
+        start = max(self.n_cached, self._pooled_upto if pooling == "mean" else last)
+        return range(start, min(self.n_cached + n, last + 1))
+
+    def pool(self, first: int, hidden: torch.Tensor) -> None:
+        """Add the final hidden states of positions first, first + 1, ... (pooled_rows)."""
+        assert first == self._pooled_upto or self.params.pooling == "last", "pooled out of order"
+        h = hidden.double().sum(0)
+        self._pooled = h if self._pooled is None else self._pooled + h
+        self._pooled_upto = first + hidden.shape[0]
+
+    @property
+    def embedding(self) -> list[float] | None:
+        """The pooled prompt, unit length, once every position it needs is in."""
+        if self._pooled is None or self._pooled_upto < len(self.prompt_ids):
+            return None
+        return torch.nn.functional.normalize(self._pooled, dim=0).float().tolist()
+
     @property
     def reusable_tokens(self) -> int:
         """How many leading tokens may come from the prefix cache: all but the last (it must
-        run to give logits), and for prompt logprobs only those whose successors' logprobs
-        are recorded."""
+        run to give logits), and only those whose successors' prompt logprobs are recorded
+        and whose hidden states a mean pooling has summed."""
         n = self.num_tokens - 1
         if self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_ids):
             n = min(n, len(self.prompt_logprobs) - 1)
+        if self.params.pooling == "mean" and self._pooled_upto < len(self.prompt_ids):
+            n = min(n, self._pooled_upto)
         return n
 
     @property
@@ -234,4 +262,5 @@ class Sequence:
             finished=self.group_finished,
             num_cached_tokens=head.num_cached_prompt_tokens,
             prompt_logprobs=head.prompt_logprobs,
+            embedding=head.embedding,
         )

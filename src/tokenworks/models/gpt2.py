@@ -77,10 +77,17 @@ class GPT2Model(nn.Module):
         float_logits: bool = True,  # False: logits in the weights' dtype (no float32 copy)
         greedy: bool = False,  # (LlamaModel's option; logits here whatever it says)
     ) -> torch.Tensor:
+        logits = self.head(self.final_hidden(input_ids, positions, meta, cache, logits_rows))
+        return logits.float() if float_logits else logits
+
+    def final_hidden(self, input_ids, positions, meta, cache=None, rows=None) -> torch.Tensor:
+        """The hidden states of `rows` (None: all) after the final norm."""
         x = self.wte(input_ids) + self.wpe(positions)
         for b in self.blocks:
             x = b(x, meta, cache)
-        if logits_rows is not None:
-            x = x[logits_rows]
-        logits = self.lm_head(self.ln_f(x))
-        return logits.float() if float_logits else logits
+        if rows is not None:
+            x = x[rows]
+        return self.ln_f(x)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(x)

@@ -188,6 +188,14 @@ class LlamaModel(nn.Module):
         logits_rows: torch.Tensor | None = None,  # which of the T rows need logits; None: all
         float_logits: bool = True,  # False: logits in the weights' dtype (no float32 copy)
     ) -> torch.Tensor:  # [N, vocab]
+        logits = self.head(self.final_hidden(input_ids, positions, meta, cache, logits_rows))
+        return logits.float() if float_logits else logits
+
+    def final_hidden(
+        self, input_ids, positions, meta: AttentionMetadata, cache=None, rows=None
+    ) -> torch.Tensor:  # [N, hidden]
+        """The hidden states of `rows` (None: all) after the final norm: what the head
+        reads, and what an embedding pools."""
         x = self.embed(input_ids)
         if self.spec.embed_scale:  # Gemma: sqrt(hidden), rounded to the model's dtype first
             x = x * torch.tensor(self.spec.hidden_size**0.5, dtype=x.dtype)
@@ -198,11 +206,13 @@ class LlamaModel(nn.Module):
         ]  # each [T, 1, D]
         for i, layer in enumerate(self.layers):
             x = layer(x, *rope[layer.rope_table], meta.for_layer(i), cache)
-        if logits_rows is not None:
-            x = x[logits_rows]
-        x = F.rms_norm(x, (self.spec.hidden_size,), self.norm, self.spec.norm_eps)
+        if rows is not None:
+            x = x[rows]
+        return F.rms_norm(x, (self.spec.hidden_size,), self.norm, self.spec.norm_eps)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         logits = self.lm_head(x)
         if self.spec.final_softcap is not None:  # Gemma 2
             cap = self.spec.final_softcap
             logits = torch.tanh(logits / cap) * cap
-        return logits.float() if float_logits else logits
+        return logits

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenworks.serve import anthropic, openai
+from tokenworks.serve import anthropic, embeddings, openai
 from tokenworks.serve.api_times import APITimesMiddleware
 from tokenworks.serve.common import ServerState, render_chat
 from tokenworks.serve.errors import APIError, is_anthropic_path
@@ -109,6 +109,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_middleware(APITimesMiddleware, report=state.metrics.on_api_times)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
+    app.include_router(embeddings.router)
 
     @app.get("/health")
     async def health():

@@ -46,6 +46,7 @@ class ServerState:
     api_keys: tuple[str, ...] = ()
     metrics_require_key: bool = False
     tenant_salts: bool = True
+    embedding_pooling: str = "mean"  # how /v1/embeddings pools (SamplingParams.pooling)
     draining: bool = False  # shutting down: new requests get 503 (serve/guards.py's Drain)
     active: int = 0  # HTTP requests in flight, streams until their last event
 

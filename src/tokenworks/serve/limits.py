@@ -48,7 +48,10 @@ class ServerLimits:
         metadata=option("the tools' definitions as JSON, KiB in all", group=LIMITS),
     )
     max_prompts: int = field(
-        default=256, metadata=option("prompts a /v1/completions call", group=LIMITS)
+        default=256,
+        metadata=option(
+            "prompts a /v1/completions call, inputs a /v1/embeddings call", group=LIMITS
+        ),  # fmt: skip
     )
     # slow readers: output a stream may hold undelivered before its client is dropped
     max_stream_backlog: int = field(
@@ -153,9 +156,9 @@ class ServerLimits:
                 "tools",
             )
 
-    def check_prompts(self, count: int) -> None:
+    def check_prompts(self, count: int, field: str = "prompt") -> None:
         if count > self.max_prompts:
             raise bad_request(
-                f"prompt holds {count} prompts; at most {self.max_prompts} here (--max-prompts)",
-                "prompt",
+                f"{field} holds {count} prompts; at most {self.max_prompts} here (--max-prompts)",
+                field,
             )

@@ -125,7 +125,7 @@ async def completions(body: CompletionRequest, request: Request):
         k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None
     ]
     prompt_logprobs = max(scored) if scored else None
-    prompts = _prompts(state, body.prompt)
+    prompts = prompt_token_lists(state, body.prompt)
     constraint = structured.from_openai(body)
     deadline = state.deadline(body.deadline)
     streams, ids = [], []
@@ -171,19 +171,21 @@ def _include_usage(body) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
 
 
-def _prompts(state: ServerState, prompt) -> list[list[int]]:
+def prompt_token_lists(state: ServerState, prompt, field: str = "prompt") -> list[list[int]]:
+    """A text, texts, token ids or lists of them (the OpenAI API's prompt, and input): each
+    one's tokens."""
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
-        raise bad_request("prompt is empty", "prompt")
+        raise bad_request(f"{field} is empty", field)
     if all(isinstance(t, int) for t in prompt):
         prompt = [prompt]
-    state.limits.check_prompts(len(prompt))
+    state.limits.check_prompts(len(prompt), field)
     out = []
     for p in prompt:
         ids = state.encode(p) if isinstance(p, str) else list(p)
         if not ids:
-            raise bad_request("a prompt is empty: give at least one token", "prompt")
+            raise bad_request(f"one {field} is empty: give at least one token", field)
         out.append(ids)
     return out
 

@@ -8,7 +8,7 @@ as vLLM and the OpenAI API do.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -140,6 +140,14 @@ class ChatCompletionRequest(_SamplingFields):
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+
+
+class EmbeddingRequest(_Request):
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)  # only the model's own width
+    user: str | None = None
 
 
 class AnthropicPrompt(_Request):

@@ -29,6 +29,14 @@ class ServeConfig:
     metrics_require_key: bool = field(
         default=False, metadata=option("guard /metrics with the key too")
     )
+    embedding_pooling: str = field(
+        default="mean",
+        metadata=option(
+            "how /v1/embeddings pools a text's final hidden states: the mean over every "
+            "position, or the last position's (then scaled to unit length)",
+            choices=["mean", "last"],
+        ),
+    )
     metrics_prefix: str = field(
         default="tokenworks",
         metadata=option(

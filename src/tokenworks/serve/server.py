@@ -34,6 +34,7 @@ def make_state(
     metrics_require_key: bool = False,
     tenant_salts: bool = True,
     metrics_prefix: str = "tokenworks",
+    embedding_pooling: str = "mean",
 ) -> ServerState:
     metrics = ServerMetrics(names[0], metrics_prefix)
     limits = limits or ServerLimits()
@@ -48,6 +49,7 @@ def make_state(
         api_keys=tuple(api_keys),
         metrics_require_key=metrics_require_key,
         tenant_salts=tenant_salts,
+        embedding_pooling=embedding_pooling,
     )
 
 
@@ -81,6 +83,7 @@ def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits)
         metrics_require_key=options.metrics_require_key,
         tenant_salts=not options.shared_prefix_cache,
         metrics_prefix=options.metrics_prefix,
+        embedding_pooling=options.embedding_pooling,
     )
     app = build_app(state)
     if options.host not in ("127.0.0.1", "localhost", "::1") and not options.api_key:

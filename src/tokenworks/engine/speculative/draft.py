@@ -40,7 +40,9 @@ class DraftState:
         return self.num_tokens - 1
 
     def prompt_rows(self, n: int) -> range:
-        return range(0)  # the drafter reports no prompt logprobs
+        return range(0)  # the drafter reports no prompt logprobs and pools nothing
+
+    pooled_rows = prompt_rows
 
     def ids_between(self, start: int, end: int) -> list[int]:
         real = self.seq.num_tokens
