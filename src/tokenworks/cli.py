@@ -77,7 +77,7 @@ def cmd_chat(args) -> int:
     )
     while True:
         try:
-            line = input("> ")
+            line = _read_line("> ")
         except EOFError:
             print()
             return 0
@@ -92,6 +92,24 @@ def cmd_chat(args) -> int:
         messages.append({"role": "user", "content": line})
         reply = "".join(_answer(llm, llm.render_chat(messages), params))
         messages.append({"role": "assistant", "content": reply})
+
+
+def _read_line(prompt: str) -> str:
+    """input(prompt), but where stdin is not a terminal, a read that wakes every 0.1 s: a
+    Ctrl-C the kernel hands to another thread (torch's workers) only sets a flag, which a
+    main thread blocked in read() would never look at."""
+    import select
+
+    if sys.stdin.isatty():
+        return input(prompt)
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    while not select.select([sys.stdin], [], [], 0.1)[0]:
+        pass
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line.rstrip("\n")
 
 
 def _answer(llm, prompt: str, params):
