@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 MODEL = "smollm2-135m"
 POSTS = [
     "/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/messages/count_tokens",
-    "/v1/embeddings", "/tokenize", "/detokenize",
+    "/v1/embeddings", "/v1/responses", "/tokenize", "/detokenize",
 ]  # fmt: skip
 GETS = ["/v1/models", "/v1/models/" + MODEL, "/health", "/metrics", "/tokenizer_info"]
 
@@ -54,7 +54,7 @@ def test_schemathesis_finds_no_server_error(api_schema):
     """Cases schemathesis generates from each operation of the schema (bounded: 30 an
     operation, the same on every run)."""
     operations = [result.ok() for result in api_schema.get_all_operations()]
-    assert len(operations) >= 12
+    assert len(operations) >= 15
     for operation in operations:
 
         @settings(
@@ -88,7 +88,8 @@ FIELDS = [
     "echo", "tokens", "deadline", "priority", "cache_salt", "stop_token_ids", "ignore_eos",
     "add_generation_prompt", "best_of", "suffix", "metadata", "output_format",
     "prompt_logprobs", "logit_bias", "parallel_tool_calls", "input", "encoding_format",
-    "dimensions",
+    "dimensions", "reasoning_effort", "max_reasoning_tokens", "thinking", "instructions",
+    "previous_response_id", "text", "max_output_tokens", "store", "reasoning",
 ]  # fmt: skip
 SMALL_INT = st.integers(-3, 40) | st.sampled_from([10**30, -(2**63), 2**64])
 USER = [{"role": "user", "content": "hi"}]
@@ -100,6 +101,7 @@ VALID = {
     "/v1/messages": {"model": MODEL, "messages": USER, "max_tokens": 4},
     "/v1/messages/count_tokens": {"model": MODEL, "messages": USER},
     "/v1/embeddings": {"model": MODEL, "input": "Once upon"},
+    "/v1/responses": {"model": MODEL, "input": "Once upon", "max_output_tokens": 4},
     "/tokenize": {"prompt": "Once upon"},
     "/detokenize": {"tokens": [1, 2, 3]},
 }

@@ -288,8 +288,10 @@ def test_parallel_tool_calls_false_keeps_the_first_call(parallel):
     import asyncio
 
     from tokenworks.engine.messages import CompletionDelta, RequestUpdate
+    from tokenworks.serve.answer_parser import AnswerParser
     from tokenworks.serve.openai_answer import chat_chunks, fold_chat, head
     from tokenworks.serve.protocol import ChatCompletionRequest
+    from tokenworks.serve.tools import ToolCallParser
 
     text = "".join(
         f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{c}"}}}}\n</tool_call>\n'
@@ -306,7 +308,8 @@ def test_parallel_tool_calls_false_keeps_the_first_call(parallel):
             yield RequestUpdate("r", [delta], done, 3, 0)
 
     async def chunks():
-        return [c async for c in chat_chunks(body, updates(), parse=True)]
+        parsers = lambda: AnswerParser(calls=ToolCallParser())  # noqa: E731
+        return [c async for c in chat_chunks(body, updates(), parsers)]
 
     answer = fold_chat(
         asyncio.run(chunks()), head("chatcmpl-x", "chat.completion", MODEL), True, False

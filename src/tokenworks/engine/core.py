@@ -92,7 +92,15 @@ def request_update(head: Sequence, seqs: list[Sequence], emitted: dict[int, int]
         emitted[s.index] = len(s.output_ids)
         logprobs = s.logprobs[k:] if s.logprobs is not None else None
         deltas.append(
-            CompletionDelta(s.index, "", s.output_ids[k:], logprobs, s.finish_reason, s.stop_reason)
+            CompletionDelta(
+                s.index,
+                "",
+                s.output_ids[k:],
+                logprobs,
+                s.finish_reason,
+                s.stop_reason,
+                s.reasoning_tokens,
+            )  # fmt: skip
         )
     return RequestUpdate(
         head.request_id,

@@ -121,4 +121,7 @@ class RequestText:
             self.stopped |= isinstance(stop_reason, str)
         logprobs = out.logprobs[had:] if out.logprobs is not None else None
         text = out.take_stream_text(reason is not None)
-        return CompletionDelta(d.index, text, token_ids, logprobs, reason, stop_reason), stop
+        delta = CompletionDelta(
+            d.index, text, token_ids, logprobs, reason, stop_reason, d.reasoning_tokens
+        )
+        return delta, stop

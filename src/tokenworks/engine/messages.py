@@ -50,6 +50,7 @@ class CompletionDelta:
     logprobs: list[TokenLogprob] | None
     finish_reason: str | None
     stop_reason: str | int | None
+    reasoning_tokens: int = 0  # of the completion's tokens so far, those of its thinking
 
 
 @dataclass

@@ -30,6 +30,23 @@ class SamplingError(ValueError):
 
 
 @dataclass(frozen=True)
+class Thinking:
+    """A reasoning model's thinking, between its think markers (as token ids: single
+    tokens in Qwen3 and DeepSeek-R1). Its tokens are counted (reasoning_tokens), and with
+    a budget the end marker is forced once `budget` tokens have been thought, so the
+    answer follows (engine/thinking.py)."""
+
+    end_ids: tuple[int, ...]
+    start_ids: tuple[int, ...] = ()  # output that starts with these opens thinking
+    opened: bool = False  # the prompt already opened it (a template ending in the marker)
+    budget: int | None = None  # tokens between the markers at most; None: no bound
+
+    def __post_init__(self) -> None:
+        if not self.end_ids or (self.budget is not None and self.budget < 0):
+            raise SamplingError("thinking needs end marker ids and a budget >= 0 (or None)")
+
+
+@dataclass(frozen=True)
 class StructuredOutput:
     """Constrain the output to a language (engine/structured.py applies it as a token mask).
 
@@ -119,6 +136,7 @@ class SamplingParams:
     # the last norm) pooled by "mean" over every position or "last" (the last position's),
     # then scaled to unit length
     pooling: str | None = None
+    thinking: Thinking | None = None  # count (and bound) a reasoning model's thinking
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -230,6 +248,7 @@ class CompletionOutput:
     finish_reason: FinishReason | None
     stop_reason: str | int | None = None  # the stop string or token id that ended it
     logprobs: list[TokenLogprob] | None = None
+    reasoning_tokens: int = 0  # of token_ids, those of the thinking (SamplingParams.thinking)
 
 
 @dataclass

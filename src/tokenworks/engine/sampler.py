@@ -190,6 +190,13 @@ def prepare_rows(
 def sample_row(logits: torch.Tensor | None, r: int, seq, argmax: int) -> SampleResult:
     """seq's next token from row r (argmax: that row's, for plain greedy)."""
     p = seq.params
+    forced = seq.forced_token  # a spent thinking budget's end marker
+    if forced is not None:
+        return (
+            SampleResult(forced, None, None)
+            if logits is None
+            else with_logprobs(forced, logits[r], p)
+        )
     if p.fast_greedy:
         return SampleResult(argmax, None, None)
     if p.uses_penalties:  # only penalties read the token history

@@ -18,6 +18,7 @@ from tokenworks.engine.request import (
     TokenLogprob,
 )
 from tokenworks.engine.sampler import SampleResult, prompt_logprobs
+from tokenworks.engine.thinking import ThinkingState
 
 
 class SequenceStatus(enum.Enum):
@@ -88,6 +89,7 @@ class Sequence:
         # pooling: the sum of the final hidden states of the positions read so far (float64)
         self._pooled: torch.Tensor | None = None
         self._pooled_upto = 0  # positions summed
+        self.thinking = ThinkingState(params.thinking) if params.thinking is not None else None
 
     def spawn(self, index: int) -> Sequence:
         """A sibling for parallel sampling, made right after the prompt: same prompt, own
@@ -219,6 +221,8 @@ class Sequence:
         """Record one sampled token and decide whether the sequence stops."""
         token = result.token_id
         self.output_ids.append(token)
+        if self.thinking is not None:
+            self.thinking.observe(self.output_ids)
         if self.matcher is not None:
             self.matcher.accept(token)
         stop = self.output.add(result)
@@ -237,6 +241,22 @@ class Sequence:
             else:
                 self.finish(FinishReason.STOP if grammar_done else FinishReason.LENGTH)
 
+    @property
+    def forced_token(self) -> int | None:
+        """The token this sequence must take next (a thinking budget's end marker)."""
+        return self.thinking.forced if self.thinking is not None else None
+
+    @property
+    def free_tokens(self) -> int | None:
+        """Tokens it may generate before one is forced (None: no bound)."""
+        return self.thinking.free_tokens if self.thinking is not None else None
+
+    @property
+    def reasoning_tokens(self) -> int:
+        if self.thinking is None:
+            return 0
+        return self.thinking.reasoning_tokens(len(self.output_ids))
+
     def take_stream_text(self) -> str:
         """Text not yet streamed (engine/output.py holds back a possible stop string)."""
         return self.output.take_stream_text(self.finished)
@@ -249,6 +269,7 @@ class Sequence:
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
             logprobs=self.logprobs,
+            reasoning_tokens=self.reasoning_tokens,
         )
 
     def to_output(self) -> RequestOutput:

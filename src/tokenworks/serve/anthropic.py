@@ -15,6 +15,7 @@ import secrets
 from fastapi import APIRouter, Request
 
 from tokenworks.serve import api_times, structured, tools
+from tokenworks.serve.answer_parser import answer_parser, request_thinking, skip_special
 from tokenworks.serve.common import (
     ServerState,
     answer,
@@ -120,7 +121,9 @@ def _stop_reason(finish: str | None, stop_reason, has_calls: bool) -> tuple[str,
 
 
 def _prompt(state: ServerState, body: AnthropicPrompt, output_format=None) -> tuple:
-    """(prompt token ids, the tools offered, the output's grammar) of a request."""
+    """(prompt token ids, the tools offered, the output's grammar, its thinking) of a
+    request. thinking disabled: a budget of 0, and the template is told (Qwen3's
+    enable_thinking)."""
     state.check_model(body.model)
     state.limits.check_tools(body.tools)
     tool_list = tools.anthropic_tools(body.tools)
@@ -131,9 +134,15 @@ def _prompt(state: ServerState, body: AnthropicPrompt, output_format=None) -> tu
         name,
         output_format,
         "tool_choice any or tool cannot be combined with an output format",
+        state.tool_format,
     )
-    prompt = render_chat(state, to_chat_messages(body), offered)
-    return state.encode(prompt), offered, constraint
+    think = body.thinking
+    disabled = think is not None and think.type == "disabled"
+    kwargs = {"enable_thinking": False} if disabled else {}
+    prompt = render_chat(state, to_chat_messages(body), offered, **kwargs)
+    budget = 0 if disabled else (think.budget_tokens if think is not None else None)
+    thinking = request_thinking(state, prompt, [("thinking.budget_tokens", budget)])
+    return state.encode(prompt), offered, constraint, thinking
 
 
 @router.post("/v1/messages/count_tokens")
@@ -141,7 +150,7 @@ async def count_tokens(body: AnthropicPrompt, request: Request):
     """The tokens a Messages request with this conversation, system prompt and tools would
     read (its template and tool descriptions included)."""
     api_times.handler_entered()
-    prompt_ids, _, _ = _prompt(request.app.state.tokenworks, body)
+    prompt_ids, *_ = _prompt(request.app.state.tokenworks, body)
     return {"input_tokens": len(prompt_ids)}
 
 
@@ -149,7 +158,9 @@ async def count_tokens(body: AnthropicPrompt, request: Request):
 async def messages(body: AnthropicMessagesRequest, request: Request):
     api_times.handler_entered()
     state: ServerState = request.app.state.tokenworks
-    prompt_ids, offered, constraint = _prompt(state, body, structured.from_anthropic(body))
+    prompt_ids, offered, constraint, thinking = _prompt(
+        state, body, structured.from_anthropic(body)
+    )
     state.limits.check_stop(list(body.stop_sequences or []), "stop_sequences")
     max_tokens = clamp_max_tokens(state, body.max_tokens, len(prompt_ids))
     params = sampling_params(
@@ -161,6 +172,8 @@ async def messages(body: AnthropicMessagesRequest, request: Request):
         seed=body.seed,
         stop=list(body.stop_sequences or []),
         structured=constraint,
+        thinking=thinking,
+        skip_special_tokens=skip_special(state, offered, True),
     )
     rid = state.engine.new_request_id("msg")
     updates = await submit(
@@ -172,7 +185,8 @@ async def messages(body: AnthropicMessagesRequest, request: Request):
         deadline=state.deadline(body.deadline),
         cache_salt=tenant_salt(state, request, None),
     )
-    items = message_events(body, updates, "msg_" + secrets.token_hex(12), bool(offered))
+    parser = answer_parser(state, thinking, offered, "toolu_")
+    items = message_events(body, updates, "msg_" + secrets.token_hex(12), parser)
     return await answer(state, request, [rid], items, body.stream, stream_body, fold_message)
 
 
@@ -185,31 +199,39 @@ def _usage(input_tokens: int, output_tokens: int, cached: int) -> dict:
     }
 
 
-async def message_events(body, updates, message_id: str, parse: bool):
+_BLOCKS = {  # an answer event -> its content block, and its deltas' type and field
+    "text": ({"type": "text", "text": ""}, "text_delta", "text"),
+    "reasoning": ({"type": "thinking", "thinking": "", "signature": ""}, "thinking_delta",
+                  "thinking"),
+}  # fmt: skip
+
+
+async def message_events(body, updates, message_id: str, parser):
     """The answer as the Messages API's stream events, (type, data), from the engine's
-    updates: message_start; per content block content_block_start, content_block_delta
-    (text_delta, or input_json_delta for a tool_use block) and content_block_stop; then
+    updates read through parser (serve/answer_parser.py): message_start; per content block
+    content_block_start, content_block_delta (thinking_delta for a thinking block,
+    text_delta, or input_json_delta for a tool_use block) and content_block_stop; then
     message_delta (stop reason, output tokens) and message_stop."""
-    parser = tools.ToolCallParser("toolu_") if parse else None
     index = -1  # the open content block, if any
-    open_text = has_calls = False
+    open_kind = None  # "text" or "reasoning" while such a block is open
+    has_calls = False
     output_tokens = 0
 
     def blocks_for(events):
-        nonlocal index, open_text, has_calls
+        nonlocal index, open_kind, has_calls
         for kind, value in events:
-            if kind == "text":
-                if not open_text:
+            if open_kind is not None and kind != open_kind:
+                yield "content_block_stop", {"index": index}
+                open_kind = None
+            if kind in _BLOCKS:
+                block, delta_type, key = _BLOCKS[kind]
+                if open_kind is None:
                     index += 1
-                    open_text = True
-                    block = {"type": "text", "text": ""}
-                    yield "content_block_start", {"index": index, "content_block": block}
-                delta = {"type": "text_delta", "text": value}
+                    open_kind = kind
+                    yield "content_block_start", {"index": index, "content_block": dict(block)}
+                delta = {"type": delta_type, key: value}
                 yield "content_block_delta", {"index": index, "delta": delta}
                 continue
-            if open_text:
-                yield "content_block_stop", {"index": index}
-                open_text = False
             if kind == "call_start":
                 has_calls = True
                 index += 1
@@ -235,12 +257,12 @@ async def message_events(body, updates, message_id: str, parse: bool):
             for d in u.deltas:
                 output_tokens += len(d.token_ids)
                 finished = d.finish_reason is not None
-                for event in blocks_for(tools.text_events(parser, d.text, finished)):
+                for event in blocks_for(parser.feed(d.text, finished)):
                     yield event
                 if finished:
-                    if open_text:
+                    if open_kind is not None:
                         yield "content_block_stop", {"index": index}
-                        open_text = False
+                        open_kind = None
                     reason, sequence = _stop_reason(d.finish_reason, d.stop_reason, has_calls)
                     delta = {"stop_reason": reason, "stop_sequence": sequence}
                     yield (
@@ -279,6 +301,8 @@ def fold_message(events: list[tuple[str, dict]]) -> dict:
             delta, block = data["delta"], message["content"][data["index"]]
             if delta["type"] == "text_delta":
                 block["text"] += delta["text"]
+            elif delta["type"] == "thinking_delta":
+                block["thinking"] += delta["thinking"]
             else:
                 partial[data["index"]] = partial.get(data["index"], "") + delta["partial_json"]
         elif kind == "content_block_stop" and data["index"] in partial:

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenworks.serve import anthropic, embeddings, openai
+from tokenworks.serve import anthropic, embeddings, openai, responses
 from tokenworks.serve.api_times import APITimesMiddleware
 from tokenworks.serve.common import ServerState, render_chat
 from tokenworks.serve.errors import APIError, is_anthropic_path
@@ -110,6 +110,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.include_router(openai.router)
     app.include_router(anthropic.router)
     app.include_router(embeddings.router)
+    app.include_router(responses.router)
 
     @app.get("/health")
     async def health():
@@ -157,7 +158,7 @@ def build_app(state: ServerState) -> FastAPI:
             "bos_token": text(tok.bos_token_id),
             "pad_token": None,
             "add_bos_token": tok.add_bos,
-            "chat_template": tok.chat.source if tok.chat is not None else None,
+            "chat_template": state.chat.source if state.chat is not None else None,
             "model_max_length": state.max_model_len,
             "vocab_size": state.engine.engine.admission.vocab_size,
         }

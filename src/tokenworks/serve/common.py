@@ -26,8 +26,11 @@ from tokenworks.serve import api_times
 from tokenworks.serve.errors import APIError, bad_request
 from tokenworks.serve.limits import ServerLimits
 from tokenworks.serve.metrics import ServerMetrics
+from tokenworks.serve.reasoning import Reasoning
+from tokenworks.serve.response_store import ResponseStore
+from tokenworks.serve.tool_formats import ToolFormat
 from tokenworks.serve.tools import Tool, prepare_messages
-from tokenworks.tokenizer.chat import ChatTemplateError
+from tokenworks.tokenizer.chat import ChatTemplate, ChatTemplateError
 
 
 @dataclass
@@ -47,12 +50,29 @@ class ServerState:
     metrics_require_key: bool = False
     tenant_salts: bool = True
     embedding_pooling: str = "mean"  # how /v1/embeddings pools (SamplingParams.pooling)
+    reasoning: Reasoning | None = None  # the model's think markers (serve/reasoning.py)
+    chat_template: ChatTemplate | None = None  # --chat-template, over the model's own
+    tool_format: ToolFormat = field(default_factory=ToolFormat)  # how the model writes calls
+    responses: ResponseStore | None = None  # made from the limits
+
+    def __post_init__(self) -> None:
+        if self.responses is None:
+            limits = self.limits
+            self.responses = ResponseStore(
+                limits.max_stored_responses, limits.stored_response_ttl_s
+            )
+
     draining: bool = False  # shutting down: new requests get 503 (serve/guards.py's Drain)
     active: int = 0  # HTTP requests in flight, streams until their last event
 
     @property
     def tokenizer(self):
         return self.engine.engine.tokenizer
+
+    @property
+    def chat(self) -> ChatTemplate | None:
+        """The chat template requests are rendered with."""
+        return self.chat_template or self.tokenizer.chat
 
     def encode(self, text: str) -> list[int]:
         """A prompt's tokens (timed as the request's tokenize phase)."""
@@ -125,14 +145,14 @@ CHAT_TEMPLATE_RESERVED = ("messages", "tools", "add_generation_prompt", "bos_tok
 
 
 def render_chat(state: ServerState, messages: list[dict], tools: list[Tool], **kwargs) -> str:
-    tokenizer = state.tokenizer
-    if tokenizer.chat is None:
+    chat = state.chat
+    if chat is None:
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
     state.limits.check_messages(messages)
     with api_times.timing("template"):
-        prepared, extra = prepare_messages(messages, tools, tokenizer.chat.source)
+        prepared, extra = prepare_messages(messages, tools, chat.source, state.tool_format)
         try:
-            return tokenizer.apply_chat_template(prepared, **extra, **kwargs)
+            return chat.render(prepared, **extra, **kwargs)
         except ChatTemplateError as e:
             raise bad_request(str(e), "messages") from e
 

@@ -53,6 +53,18 @@ class ServerLimits:
             "prompts a /v1/completions call, inputs a /v1/embeddings call", group=LIMITS
         ),  # fmt: skip
     )
+    max_stored_responses: int = field(
+        default=1000,
+        metadata=option(
+            "responses /v1/responses keeps for previous_response_id (the oldest go first; "
+            "0 keeps none)",
+            group=LIMITS,
+        ),
+    )
+    stored_response_ttl_s: float = field(
+        default=3600.0,
+        metadata=option("seconds a stored response is kept", group=LIMITS, metavar="S"),
+    )
     # slow readers: output a stream may hold undelivered before its client is dropped
     max_stream_backlog: int = field(
         default=4096,

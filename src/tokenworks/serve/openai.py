@@ -12,6 +12,7 @@ import secrets
 from fastapi import APIRouter, Request
 
 from tokenworks.serve import api_times, structured, tools
+from tokenworks.serve.answer_parser import answer_parser, request_thinking, skip_special
 from tokenworks.serve.common import (
     CHAT_TEMPLATE_RESERVED,
     ServerState,
@@ -277,6 +278,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         name,
         structured.from_openai(body),
         "tool_choice required or named cannot be combined with response_format",
+        state.tool_format,
     )
     prompt = render_chat(
         state,
@@ -286,13 +288,21 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         **(body.chat_template_kwargs or {}),
     )
     prompt_ids = state.encode(prompt)
+    thinking = request_thinking(
+        state,
+        prompt,
+        [("max_reasoning_tokens", body.max_reasoning_tokens),
+         ("reasoning_effort", body.reasoning_effort)],
+    )  # fmt: skip
     requested = body.max_completion_tokens or body.max_tokens
     field_name = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     max_tokens = clamp_max_tokens(state, requested, len(prompt_ids), field_name)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(
         {"logprobs": "top_logprobs"},
-        **_common_params(body, max_tokens, logprobs, constraint),
+        **_common_params(body, max_tokens, logprobs, constraint)
+        | {"skip_special_tokens": skip_special(state, offered, body.skip_special_tokens)},
+        thinking=thinking,
     )
     rid = state.engine.new_request_id("chatcmpl")
     updates = await submit(
@@ -305,7 +315,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         cache_salt=tenant_salt(state, request, body.cache_salt),
     )
     parse = bool(offered)
-    chunks = chat_chunks(body, updates, parse)
+    chunks = chat_chunks(body, updates, lambda: answer_parser(state, thinking, offered))
     top = head("chatcmpl-" + secrets.token_hex(12), "chat.completion.chunk", body.model)
     return await answer(
         state, request, [rid], chunks, body.stream,

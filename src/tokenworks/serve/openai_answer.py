@@ -14,13 +14,19 @@ from tokenworks.serve import tools
 from tokenworks.serve.common import sse, stream_error
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached: int) -> dict:
-    return {
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached: int, reasoning: int | None = None
+) -> dict:
+    """reasoning: of the completion tokens, the thinking's (chat answers say it)."""
+    out = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+    if reasoning is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning}
+    return out
 
 
 def completion_logprobs(lps: list[TokenLogprob], offset: int, as_ids: bool = False) -> dict:
@@ -141,10 +147,12 @@ def _tool_call(c: tools.ToolCall, index: int) -> dict:
     return {"index": index, "id": c.id, "type": "function", "function": function}
 
 
-async def chat_chunks(body, updates, parse: bool):
-    """/v1/chat/completions: parse, whether tool calls are split out of the text."""
+async def chat_chunks(body, updates, new_parser):
+    """/v1/chat/completions: new_parser() makes each completion's AnswerParser (thinking,
+    text and tool calls)."""
     n = body.n
-    parsers = {k: tools.ToolCallParser() if parse else None for k in range(n)}
+    parsers = {k: new_parser() for k in range(n)}
+    reasoning = dict.fromkeys(range(n), 0)  # each completion's thinking tokens
     calls = dict.fromkeys(range(n), 0)  # tool calls each completion has finished
     single = body.parallel_tool_calls is False  # then calls after the first are dropped
     completion_tokens, last = 0, None
@@ -162,6 +170,8 @@ async def chat_chunks(body, updates, parse: bool):
                 continue
             if kind == "text":
                 out.append({"content": value})
+            elif kind == "reasoning":
+                out.append({"reasoning_content": value})
             elif kind == "call_start":  # id, name and empty arguments, then the pieces
                 out.append({"tool_calls": [_tool_call(value, calls[k])]})
             elif kind == "call_args":
@@ -176,11 +186,12 @@ async def chat_chunks(body, updates, parse: bool):
             last = u
             for d in u.deltas:
                 completion_tokens += len(d.token_ids)
+                reasoning[d.index] = d.reasoning_tokens
                 logprobs = None
                 if body.logprobs:
                     logprobs = chat_logprobs(d.logprobs or [], body.top_logprobs or 0)
                 finished = d.finish_reason is not None
-                pieces = deltas_of(d.index, tools.text_events(parsers[d.index], d.text, finished))
+                pieces = deltas_of(d.index, parsers[d.index].feed(d.text, finished))
                 if logprobs and not pieces:
                     pieces = [{"content": ""}]
                 for j, delta in enumerate(pieces):
@@ -195,7 +206,12 @@ async def chat_chunks(body, updates, parse: bool):
         if last is not None:
             yield {
                 "choices": [],
-                "usage": usage(last.prompt_tokens, completion_tokens, last.cached_tokens),
+                "usage": usage(
+                    last.prompt_tokens,
+                    completion_tokens,
+                    last.cached_tokens,
+                    sum(reasoning.values()),
+                ),  # fmt: skip
             }
     finally:
         await updates.aclose()  # the request ends with its answer, however that ends
@@ -274,6 +290,10 @@ def fold_chat(chunks: list[dict], head: dict, parse: bool, logprobs: bool) -> di
             )  # fmt: skip
             message = out["message"]
             message["content"] += delta.get("content") or ""
+            if "reasoning_content" in delta:
+                message["reasoning_content"] = (
+                    message.get("reasoning_content", "") + delta["reasoning_content"]
+                )
             for call in delta.get("tool_calls", ()):
                 made = message.setdefault("tool_calls", [])
                 if call["index"] == len(made):  # the opening delta: id, type, name

@@ -140,6 +140,31 @@ class ChatCompletionRequest(_SamplingFields):
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # a reasoning model's thinking: its budget in tokens, or an effort mapped to one
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    max_reasoning_tokens: int | None = Field(default=None, ge=0)
+
+
+class ResponsesRequest(_Request):
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None  # {"format": {...}}: structured output
+    reasoning: dict[str, Any] | None = None  # {"effort": ...}
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    # extensions
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    deadline: float | None = Field(default=None, gt=0)
 
 
 class EmbeddingRequest(_Request):
@@ -150,6 +175,11 @@ class EmbeddingRequest(_Request):
     user: str | None = None
 
 
+class AnthropicThinking(_Body):
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = Field(default=None, ge=0)
+
+
 class AnthropicPrompt(_Request):
     """What makes an Anthropic prompt (all /v1/messages/count_tokens reads)."""
 
@@ -158,6 +188,7 @@ class AnthropicPrompt(_Request):
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
+    thinking: AnthropicThinking | None = None
 
 
 class AnthropicMessagesRequest(AnthropicPrompt):

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from tokenworks.engine.replicas import POLICIES
 from tokenworks.options import option
+from tokenworks.serve.reasoning import REASONING_PARSERS
+from tokenworks.serve.tool_formats import TOOL_CALL_PARSERS
 
 PROCESS_BACKENDS = ("mp", "ray")  # where cores of their own run (CoreClient's other than thread)
 
@@ -35,6 +37,41 @@ class ServeConfig:
             "how /v1/embeddings pools a text's final hidden states: the mean over every "
             "position, or the last position's (then scaled to unit length)",
             choices=["mean", "last"],
+        ),
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata=option(
+            "render chats with this Jinja template (a file, or the template itself) instead "
+            "of the model's own",
+            metavar="TEMPLATE",
+        ),
+    )
+    reasoning_parser: str = field(
+        default="auto",
+        metadata=option(
+            "the model's think markers, whose text comes back as reasoning_content and "
+            "Anthropic thinking blocks: auto (Qwen3's <think> </think> where the chat "
+            "template writes them), none, qwen3, or deepseek_r1 (the answer is thinking "
+            "until </think>, opened or not)",
+            choices=REASONING_PARSERS,
+        ),
+    )
+    tool_call_parser: str = field(
+        default="auto",
+        metadata=option(
+            "how the model writes tool calls: auto (read from the chat template), hermes "
+            "(<tool_call> JSON, Qwen and SmolLM), llama3_json, mistral ([TOOL_CALLS]), "
+            "qwen3_coder (<function=...> XML)",
+            choices=TOOL_CALL_PARSERS,
+        ),
+    )
+    reasoning_budget: int | None = field(
+        default=None,
+        metadata=option(
+            "think at most N tokens where a request does not say (then the end marker is "
+            "forced and the answer follows); default: no bound",
+            metavar="N",
         ),
     )
     metrics_prefix: str = field(
@@ -132,6 +169,18 @@ class ServeConfig:
         if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.metrics_prefix):
             raise ValueError(
                 f"--metrics-prefix {self.metrics_prefix!r}: give a name of letters, digits and _"
+            )
+        if self.reasoning_budget is not None and self.reasoning_budget < 0:
+            raise ValueError(f"--reasoning-budget {self.reasoning_budget}: give 0 or more")
+        if self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(
+                f"--reasoning-parser {self.reasoning_parser!r}: expected one of "
+                f"{', '.join(REASONING_PARSERS)}"
+            )
+        if self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(
+                f"--tool-call-parser {self.tool_call_parser!r}: expected one of "
+                f"{', '.join(TOOL_CALL_PARSERS)}"
             )
         if self.router not in POLICIES:
             raise ValueError(f"--router {self.router!r}: expected one of {', '.join(POLICIES)}")

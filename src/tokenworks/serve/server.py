@@ -10,17 +10,20 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import uvicorn
 
 from tokenworks.config import EngineConfig
 from tokenworks.engine.core_client import CoreClient
 from tokenworks.engine.replicas import ReplicaRouter
+from tokenworks.serve import reasoning, tool_formats
 from tokenworks.serve.app import build_app
 from tokenworks.serve.common import ServerState
 from tokenworks.serve.limits import ServerLimits
 from tokenworks.serve.metrics import ServerMetrics
 from tokenworks.serve.serve_config import ServeConfig
+from tokenworks.tokenizer.chat import ChatTemplate
 
 log = logging.getLogger("tokenworks.serve")
 
@@ -35,11 +38,18 @@ def make_state(
     tenant_salts: bool = True,
     metrics_prefix: str = "tokenworks",
     embedding_pooling: str = "mean",
+    chat_template: str | None = None,
+    reasoning_parser: str = "auto",
+    reasoning_budget: int | None = None,
+    tool_call_parser: str = "auto",
 ) -> ServerState:
     metrics = ServerMetrics(names[0], metrics_prefix)
     limits = limits or ServerLimits()
     front = engine if isinstance(engine, (CoreClient, ReplicaRouter)) else CoreClient(engine=engine)
     front.configure(metrics, limits.max_stream_backlog, limits.max_stream_stall_s)
+    tokenizer = front.engine.tokenizer
+    chat = ChatTemplate(template_text(chat_template), tokenizer) if chat_template else None
+    source = (chat or tokenizer.chat).source if (chat or tokenizer.chat) else None
     return ServerState(
         front,
         names,
@@ -50,7 +60,23 @@ def make_state(
         metrics_require_key=metrics_require_key,
         tenant_salts=tenant_salts,
         embedding_pooling=embedding_pooling,
+        reasoning=reasoning.resolve(reasoning_parser, source, reasoning_budget),
+        chat_template=chat,
+        tool_format=tool_formats.resolve(tool_call_parser, source, tokenizer),
     )
+
+
+def template_text(value: str) -> str:
+    """--chat-template: a file's contents, or the template itself (as vLLM reads it)."""
+    path = Path(value)
+    try:
+        if path.is_file():
+            return path.read_text()
+    except OSError:  # a template too long to be a file name
+        pass
+    if "{" not in value:
+        raise SystemExit(f"--chat-template {value!r}: no such file, and not a Jinja template")
+    return value
 
 
 def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits) -> int:
@@ -84,6 +110,10 @@ def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits)
         tenant_salts=not options.shared_prefix_cache,
         metrics_prefix=options.metrics_prefix,
         embedding_pooling=options.embedding_pooling,
+        chat_template=options.chat_template,
+        reasoning_parser=options.reasoning_parser,
+        reasoning_budget=options.reasoning_budget,
+        tool_call_parser=options.tool_call_parser,
     )
     app = build_app(state)
     if options.host not in ("127.0.0.1", "localhost", "::1") and not options.api_key:

@@ -1,19 +1,20 @@
 """Tool calling: tell the model its tools, read its calls back, and force a call when asked.
 
-The format is the one the Hermes / Qwen / SmolLM family is trained on: the model answers a
-call as a JSON object inside tags,
+How a model writes a call depends on its family (serve/tool_formats.py); the one here,
+streamed as it is generated, is the Hermes / Qwen / SmolLM form, a JSON object inside tags,
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-and sees results inside <tool_response> tags. A chat template that knows about tools gets
-them as the `tools` variable; otherwise the tools are described in the system message.
+with results shown to the model inside <tool_response> tags. A chat template that knows
+about tools gets them as the `tools` variable; otherwise the tools are described in the
+system message.
 
 `tool_choice` "required" (Anthropic "any") or a named function is enforced with a grammar
-(engine/structured.py): the output must be exactly one call block whose JSON validates
-against that tool's parameter schema (objects closed to undeclared keys, as in OpenAI's
-strict mode), so the call always parses. "auto" leaves it to the
+(engine/structured.py): the output must be exactly one call in the format's syntax whose
+arguments validate against that tool's parameter schema (objects closed to undeclared
+keys, as in OpenAI's strict mode), so the call always parses. "auto" leaves it to the
 model; "none" hides the tools.
 """
 
@@ -24,7 +25,6 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from tokenworks.engine.grammars import JSON_OPTIONS, close_objects
 from tokenworks.engine.request import StructuredOutput
 from tokenworks.serve.errors import bad_request
 
@@ -95,8 +95,9 @@ def anthropic_tools(tools: list[dict] | None) -> list[Tool]:
 # ------------------------------------------------------------------ choice -> constraint
 
 
-def choose(tools: list[Tool], mode: str, name: str | None = None) -> StructuredOutput | None:
-    """The grammar that enforces a tool choice: mode "required" (any tool) or "named"."""
+def choose(tools: list[Tool], mode: str, name: str | None, fmt) -> StructuredOutput | None:
+    """The grammar that enforces a tool choice, mode "required" (any tool) or "named", in
+    the call syntax of fmt (a serve/tool_formats.py ToolFormat)."""
     if mode == "named":
         chosen = [t for t in tools if t.name == name]
         if not chosen:
@@ -110,28 +111,16 @@ def choose(tools: list[Tool], mode: str, name: str | None = None) -> StructuredO
         return None
     if not chosen:
         raise bad_request(f"tool_choice {mode!r} needs at least one tool in tools", "tool_choice")
-    schemas = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": t.name}, "arguments": close_objects(t.parameters)},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for t in chosen
-    ]
-    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    schema["x-guidance"] = JSON_OPTIONS
-    grammar = f'start: "{OPEN}\\n" call "\\n{CLOSE}"\ncall: %json {json.dumps(schema)}\n'
-    return StructuredOutput.lark(grammar)
+    return StructuredOutput.lark(fmt.grammar(chosen))
 
 
 def resolve(
-    tool_list: list[Tool], mode: str, name: str | None, constraint, conflict: str
+    tool_list: list[Tool], mode: str, name: str | None, constraint, conflict: str, fmt
 ) -> tuple[list[Tool], StructuredOutput | None]:
     """The tools the prompt offers and the one grammar the output must follow: a forced
     tool choice's, or the request's own output format. Both at once is a 400 (`conflict`
     says so in the protocol's words)."""
-    forced = choose(tool_list, mode, name)
+    forced = choose(tool_list, mode, name, fmt)
     if forced is not None and constraint is not None:
         raise bad_request(conflict, "tool_choice")
     return (tool_list if mode != "none" else []), forced or constraint
@@ -175,36 +164,15 @@ def anthropic_choice(tool_choice, tools: list[Tool]) -> tuple[str, str | None]:
 # ------------------------------------------------------------------ the prompt
 
 
-def describe_tools(tools: list[Tool]) -> str:
-    """The system-message text for a chat template that does not render tools itself."""
-    lines = "\n".join(json.dumps(t.as_openai()) for t in tools)
-    return (
-        "You can call functions to help answer. These are the functions you can call, "
-        "each described as JSON inside <tools></tools>:\n"
-        f"<tools>\n{lines}\n</tools>\n\n"
-        "To call a function, answer with a JSON object holding its name and arguments "
-        f"inside {OPEN}{CLOSE} tags, one block per call:\n"
-        f'{OPEN}\n{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}\n{CLOSE}'
-    )
-
-
-def render_call(name: str, arguments) -> str:
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass
-    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments})}\n{CLOSE}"
-
-
 def prepare_messages(
-    messages: list[dict], tools: list[Tool], template_source: str
+    messages: list[dict], tools: list[Tool], template_source: str, fmt
 ) -> tuple[list[dict], dict]:
     """Messages (OpenAI shape) -> what the chat template gets: messages and extra kwargs.
 
     A template that mentions tools renders them itself. For one that does not, the tools
-    go into the system message, assistant tool calls become <tool_call> blocks and tool
-    results become <tool_response> blocks in a user turn.
+    go into the system message in fmt's words (a serve/tool_formats.py ToolFormat),
+    assistant tool calls are written in its call syntax and tool results become
+    <tool_response> blocks in a user turn.
     """
     if "tool" in template_source:
         return messages, ({"tools": [t.as_openai() for t in tools]} if tools else {})
@@ -215,7 +183,7 @@ def prepare_messages(
             blocks = [m.get("content") or ""]
             for c in m["tool_calls"]:
                 fn = c.get("function", {})
-                blocks.append(render_call(fn.get("name", ""), fn.get("arguments", {})))
+                blocks.append(fmt.render_call(fn.get("name", ""), _arguments(fn)))
             out.append({"role": "assistant", "content": "\n".join(b for b in blocks if b)})
         elif role == "tool":
             piece = f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"
@@ -228,12 +196,23 @@ def prepare_messages(
     for m in out:
         m.pop("_tool", None)
     if tools:
-        text = describe_tools(tools)
+        text = fmt.describe(tools)
         if out and out[0]["role"] == "system":
             out[0]["content"] = f"{out[0]['content']}\n\n{text}"
         else:
             out.insert(0, {"role": "system", "content": text})
     return out, {}
+
+
+def _arguments(fn: dict):
+    """A call's arguments as a value (they come as JSON text, or already parsed)."""
+    arguments = fn.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    return arguments
 
 
 # ------------------------------------------------------------------ reading calls back
@@ -243,14 +222,6 @@ def prepare_messages(
 # Once this much is seen, the arguments can stream as they are generated.
 _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
 _TAIL = re.compile(r"\s*\}?\s*$")  # what may still be the call's closing brace
-
-
-def text_events(parser: ToolCallParser | None, text: str, finished: bool) -> list[tuple]:
-    """A completion's new text as ToolCallParser events (("text", str) alone where no tools
-    were offered: parser None); `finished` flushes what the parser held back."""
-    if parser is None:
-        return [("text", text)] if text else []
-    return parser.feed(text) + (parser.finish() if finished else [])
 
 
 class ToolCallParser:
@@ -292,7 +263,7 @@ class ToolCallParser:
                 self._buf = self._buf[i + len(OPEN) :]
                 self._in_call = True
                 continue
-            keep = _partial_suffix(self._buf, OPEN)
+            keep = partial_suffix(self._buf, OPEN)
             events += self._text(self._buf[: len(self._buf) - keep])
             self._buf = self._buf[len(self._buf) - keep :]
             return events
@@ -322,7 +293,7 @@ class ToolCallParser:
             self._args_at, self._sent = head.end(), ""
             events.append(("call_start", self._current))
         pending = self._buf[self._args_at :]
-        pending = pending[: len(pending) - _partial_suffix(pending, CLOSE)]
+        pending = pending[: len(pending) - partial_suffix(pending, CLOSE)]
         safe = pending[: _TAIL.search(pending).start()]
         if len(safe) > len(self._sent) and safe.startswith(self._sent):
             events.append(("call_args", safe[len(self._sent) :]))
@@ -344,7 +315,10 @@ class ToolCallParser:
                 events.append(("call_args", args[len(self._sent) :]))
             call.arguments = args
         else:
-            parsed = _parse_call(body)
+            try:
+                parsed = parse_call(json.loads(body.strip()))
+            except json.JSONDecodeError:
+                parsed = None
             if parsed is None:
                 return events + self._text(OPEN + body + ("" if unclosed else CLOSE))
             name, arguments = parsed
@@ -356,7 +330,7 @@ class ToolCallParser:
         return events + [("call_end", call)]
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """Length of the longest suffix of text that is a proper prefix of tag."""
     for k in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:k]):
@@ -364,11 +338,9 @@ def _partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
-def _parse_call(body: str) -> tuple[str, dict] | None:
-    try:
-        obj = json.loads(body.strip())
-    except json.JSONDecodeError:
-        return None
+def parse_call(obj) -> tuple[str, dict] | None:
+    """(name, arguments) of a call object {"name", "arguments" or "parameters"}, or None
+    if it is not one."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))

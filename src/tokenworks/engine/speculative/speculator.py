@@ -63,6 +63,9 @@ class Speculator:
                 continue
             # guesses past max_tokens could never be kept; past the context, not scored
             limit = min(seq.params.max_tokens - len(seq.output_ids), seq.max_len - seq.num_tokens)
+            free = seq.free_tokens  # a thinking budget's end comes at its own step
+            if free is not None:
+                limit = min(limit, free - 1)
             k = self.controller.choose(seq, len(seqs), limit)
             if k:
                 wants.append((seq, k))

@@ -1,0 +1,65 @@
+"""A completion's generated text split for the protocols: its thinking, its answer's text
+and its tool calls, as events in the order they stream. Both protocols' assemblers read
+these events, streamed or not, so the two cannot disagree."""
+
+from __future__ import annotations
+
+from tokenworks.engine.request import Thinking
+from tokenworks.serve import reasoning
+from tokenworks.serve.reasoning import Reasoning, ReasoningSplitter
+from tokenworks.serve.tools import ToolCallParser
+
+
+def request_thinking(state, prompt: str, asked: list[tuple[str, object]]) -> Thinking | None:
+    """What the engine follows of a request's thinking (None where the model does not
+    think): the markers, whether the prompt opened them, and its budget, the first of the
+    request's (field, value) pairs that is set, else the server's."""
+    if state.reasoning is None:
+        return None
+    budget = reasoning.request_budget(state.reasoning, asked, state.max_model_len)
+    return reasoning.thinking(state.reasoning, state.tokenizer, prompt, budget)
+
+
+def answer_parser(state, thinking: Thinking | None, tools: list, id_prefix: str = "call_"):
+    """The parser of one completion of a request that offers `tools`."""
+    calls = state.tool_format.parser(tools, id_prefix) if tools else None
+    return AnswerParser(state.reasoning, thinking, calls)
+
+
+def skip_special(state, tools: list, skip_special_tokens: bool) -> bool:
+    """skip_special_tokens for a request: False where tools are offered and the model's
+    calls start with a special token (Mistral's [TOOL_CALLS]), which the parser must see."""
+    return skip_special_tokens and not (tools and state.tool_format.special_marker)
+
+
+class AnswerParser:
+    """feed(text, finished) -> events: ("reasoning", str) for thinking, ("text", str), and
+    the ToolCallParser's call events where tools were offered."""
+
+    def __init__(
+        self,
+        reasoning: Reasoning | None = None,
+        thinking: Thinking | None = None,
+        calls: ToolCallParser | None = None,
+    ):
+        self._splitter = (
+            ReasoningSplitter(reasoning, thinking.opened)
+            if reasoning is not None and thinking is not None
+            else None
+        )
+        self._calls = calls
+
+    def feed(self, text: str, finished: bool) -> list[tuple[str, object]]:
+        if self._splitter is not None:
+            pieces = self._splitter.feed(text, finished)
+        else:
+            pieces = [("text", text)] if text else []
+        events: list[tuple[str, object]] = []
+        for kind, piece in pieces:
+            if kind == "text" and self._calls is not None:
+                events += self._calls.feed(piece)
+            else:
+                events.append((kind, piece))
+        if finished and self._calls is not None:
+            events += self._calls.finish()
+        return events

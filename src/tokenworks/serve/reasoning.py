@@ -1,0 +1,113 @@
+"""Reasoning: a model's thinking, between its think markers, kept apart from its answer.
+
+Which markers a model writes is the server's `--reasoning-parser`: auto (Qwen3's <think>
+and </think> where the chat template writes them), none, qwen3, or deepseek_r1 (whose
+answer is thinking until </think>, opened or not). The text between them comes back as
+`reasoning_content` in OpenAI chat and as `thinking` blocks in Anthropic Messages; the
+engine counts its tokens and, with a budget, forces the end marker once the budget is
+spent (engine/thinking.py). A request's budget is `max_reasoning_tokens`,
+`reasoning_effort` (EFFORT_BUDGETS) or Anthropic's `thinking.budget_tokens`, else
+`--reasoning-budget`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenworks.engine.request import Thinking
+from tokenworks.serve.errors import bad_request
+from tokenworks.serve.tools import partial_suffix
+
+REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek_r1")
+# reasoning_effort -> thinking tokens at most (None: the model's own length)
+EFFORT_BUDGETS = {"none": 0, "minimal": 0, "low": 512, "medium": 2048, "high": None}
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """How this server's model thinks."""
+
+    open: str
+    close: str
+    always: bool = False  # the answer starts as thinking even where nothing opened it
+    budget: int | None = None  # the server's default (--reasoning-budget)
+
+
+def resolve(parser: str, template_source: str | None, budget: int | None) -> Reasoning | None:
+    """The model's reasoning markers under --reasoning-parser (None: it does not think)."""
+    if parser == "none":
+        return None
+    if parser == "auto" and "</think>" not in (template_source or ""):
+        return None
+    return Reasoning("<think>", "</think>", always=parser == "deepseek_r1", budget=budget)
+
+
+def request_budget(reasoning: Reasoning, asked: list[tuple[str, object]], limit: int) -> int | None:
+    """A request's thinking budget: the first of its (field, value) pairs that is set
+    (reasoning_effort mapped by EFFORT_BUDGETS), else the server's. Bounded by limit
+    (the context), with a 400 naming the field."""
+    for name, value in asked:
+        if value is None:
+            continue
+        if isinstance(value, str):
+            return EFFORT_BUDGETS[value]
+        if value > limit:
+            raise bad_request(
+                f"{name} is {value}; at most {limit} here (the model's context)", name
+            )
+        return value
+    return reasoning.budget
+
+
+def thinking(reasoning: Reasoning, tokenizer, prompt: str, budget: int | None) -> Thinking:
+    """What the engine follows for one request: the markers as token ids, and whether the
+    prompt (its template) already opened them."""
+    opened = reasoning.always or prompt.rstrip().endswith(reasoning.open)
+    return Thinking(
+        end_ids=tuple(tokenizer.encode(reasoning.close, add_special_tokens=False)),
+        start_ids=tuple(tokenizer.encode(reasoning.open, add_special_tokens=False)),
+        opened=opened,
+        budget=budget,
+    )
+
+
+class ReasoningSplitter:
+    """A completion's text as ("reasoning", str) and ("text", str) pieces as it streams:
+    the reasoning is exactly the text between the markers; the answer after the end
+    marker starts at its first non-blank character. Text that may be the start of a
+    marker is held back until it is clear."""
+
+    def __init__(self, reasoning: Reasoning, opened: bool):
+        self.r = reasoning
+        self._default = "thinking" if opened else "answer"
+        self._phase = "before"
+        self._buf = ""
+
+    def feed(self, text: str, finished: bool = False) -> list[tuple[str, str]]:
+        self._buf += text
+        out: list[tuple[str, str]] = []
+        if self._phase == "before":
+            head = self._buf.lstrip()
+            if head.startswith(self.r.open):
+                self._phase, self._buf = "thinking", head[len(self.r.open) :]
+            elif self.r.open.startswith(head) and not finished:
+                return out  # maybe a marker yet
+            else:
+                self._phase = self._default
+        if self._phase == "thinking":
+            j = self._buf.find(self.r.close)
+            if j < 0:
+                keep = 0 if finished else partial_suffix(self._buf, self.r.close)
+                cut = len(self._buf) - keep
+                piece, self._buf = self._buf[:cut], self._buf[cut:]
+                return out + ([("reasoning", piece)] if piece else [])
+            if j:
+                out.append(("reasoning", self._buf[:j]))
+            self._phase, self._buf = "opening", self._buf[j + len(self.r.close) :]
+        if self._phase == "opening":  # the answer's leading blank lines are dropped
+            self._buf = self._buf.lstrip()
+            if not self._buf:
+                return out
+            self._phase = "answer"
+        piece, self._buf = self._buf, ""
+        return out + ([("text", piece)] if piece else [])
