@@ -98,3 +98,36 @@ def test_lm_eval_local_completions_scores_as_the_engine_does(
             scored += 1
     assert scored == 4 * len(CAPITALS)
     assert results["results"]["tokenworks_capitals"]["acc,none"] >= 0.5  # a 135M model knows some
+    # in process (tokenworks.evaluate.TokenworksLM): the same figures without a server
+    from tokenworks.evaluate import TokenworksLM
+
+    inside = lm_eval.simple_evaluate(
+        model=TokenworksLM(smol_llm),
+        tasks=["tokenworks_capitals"],
+        task_manager=TaskManager(include_path=str(tmp_path)),
+        log_samples=True,
+    )
+    by_doc = {s["doc_id"]: s for s in inside["samples"]["tokenworks_capitals"]}
+    for sample in samples:
+        theirs = [r[0][0] for r in by_doc[sample["doc_id"]]["resps"]]
+        ours = [r[0][0] for r in sample["resps"]]
+        assert max(abs(a - b) for a, b in zip(ours, theirs, strict=True)) < 1e-3
+    assert (
+        inside["results"]["tokenworks_capitals"]["acc,none"]
+        == (results["results"]["tokenworks_capitals"]["acc,none"])
+    )
+
+
+def test_an_engine_a_server_steps_refuses_a_second_loop(smol_loaded):
+    """One loop steps an engine: while a server's core thread runs an LLM's engine, the
+    LLM's own generate() is refused with what to do instead (two loops corrupt its KV)."""
+    from tokenworks import LLM
+    from tokenworks.serve.app import build_app
+    from tokenworks.serve.server import ServerThread, make_state
+
+    llm = LLM("smollm2-135m", loaded=smol_loaded, dtype="float32", quantization="none",
+              threads=2, kv_cache_memory=0.05, warmup=False)  # fmt: skip
+    with ServerThread(build_app(make_state(llm.engine, ["smollm2-135m"]))):
+        with pytest.raises(RuntimeError, match="served by a core thread"):
+            llm.generate(["Hi"], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert len(llm.generate(["Hi"], SamplingParams(max_tokens=2), use_tqdm=False)) == 1

@@ -48,6 +48,7 @@ class LLM:
         )
         if len(params_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} SamplingParams")
+        self._check_own_loop()
         seqs = []
         for p, sp in zip(prompts, params_list, strict=True):
             if isinstance(p, str):
@@ -83,6 +84,16 @@ class LLM:
         params = SamplingParams(max_tokens=0, pooling=pooling)
         return [o.embedding for o in self.generate(prompts, params, use_tqdm)]
 
+    def _check_own_loop(self) -> None:
+        """One loop steps an engine: while a server's core thread runs this one, its
+        requests go through that server."""
+        if self.engine.core_thread:
+            raise RuntimeError(
+                "this LLM's engine is served by a core thread (a server over llm.engine): "
+                "send the requests to that server, or build another LLM on the same weights "
+                "(LLM(name, loaded=...))"
+            )
+
     def render_chat(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
@@ -94,6 +105,7 @@ class LLM:
     ) -> Iterator[str]:
         """Yield text pieces of one completion as they are generated. cancel: asked after
         every step; when it says True the request is aborted and the stream ends."""
+        self._check_own_loop()
         seq = self.engine.add_request(prompt=prompt, params=params)
         try:
             while not seq.group_finished:

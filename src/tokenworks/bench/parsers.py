@@ -383,6 +383,20 @@ def add_bench_parsers(sub) -> None:
     _out(p)
     p.set_defaults(fn=_run("tokenworks.bench.invariance:run_invariance"))
     p = bsub.add_parser(
+        "lmeval",
+        help="lm-evaluation-harness on a local multiple-choice task, in process and through "
+        "a server on the same engine: time and agreement",
+    )
+    p.add_argument("--models", type=_names, default=["smollm2-135m"],
+                   help="comma-separated catalogue models")  # fmt: skip
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    p.add_argument("--quantization", choices=["gguf", "none"], default=None)
+    p.add_argument("--rounds", type=_rounds, default=3)
+    p.add_argument("--concurrency", type=int, default=1, help="lm-eval's num_concurrent")
+    p.add_argument("--threads", type=int, default=None)
+    _out(p)
+    p.set_defaults(fn=_run("tokenworks.bench.lmeval:run_lmeval"))
+    p = bsub.add_parser(
         "long-context",
         help="the five claims of a context length: accepts, behaves (perplexity by "
         "position), fits (KV bytes against the plan), answers in time, uses what it is "

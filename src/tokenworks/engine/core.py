@@ -316,6 +316,7 @@ class CoreThread:
         detokenize = engine.config.detokenize  # the client holds the text, as over a process
         engine.config = dataclasses.replace(engine.config, detokenize=False)
         commands, outputs = _connect(self.context, *self.addresses)
+        engine.core_thread = True
         try:
             EngineCore(engine, commands, outputs, lambda: not self._stop.is_set()).run()
             self.code = 0
@@ -323,6 +324,7 @@ class CoreThread:
             log.exception("the engine core thread failed")
             self.code = 1
         finally:
+            engine.core_thread = False
             engine.config = dataclasses.replace(engine.config, detokenize=detokenize)
             _close(commands, outputs)
 

@@ -64,6 +64,7 @@ class LLMEngine:
         draft: LoadedModel | None = None,  # speculative decoding's drafter, already read
     ):
         self.config = config
+        self.core_thread = False  # a core loop (engine/core.py's CoreThread) steps it
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         if config.device == "cpu" and config.keep_freed_memory:

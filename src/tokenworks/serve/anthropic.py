@@ -123,8 +123,7 @@ def _stop_reason(finish: str | None, stop_reason, has_calls: bool) -> tuple[str,
 def _prompt(state: ServerState, body: AnthropicPrompt, output_format=None) -> tuple:
     """(prompt token ids, the tools offered, the output's grammar, its thinking) of a
     request. thinking disabled: a budget of 0, and the template is told (Qwen3's
-    enable_thinking)."""
-    state.check_model(body.model)
+    enable_thinking). state: the model's (ServerState.for_model)."""
     state.limits.check_tools(body.tools)
     tool_list = tools.anthropic_tools(body.tools)
     mode, name = tools.anthropic_choice(body.tool_choice, tool_list)
@@ -150,14 +149,15 @@ async def count_tokens(body: AnthropicPrompt, request: Request):
     """The tokens a Messages request with this conversation, system prompt and tools would
     read (its template and tool descriptions included)."""
     api_times.handler_entered()
-    prompt_ids, *_ = _prompt(request.app.state.tokenworks, body)
+    state = request.app.state.tokenworks.for_model(body.model)
+    prompt_ids, *_ = _prompt(state, body)
     return {"input_tokens": len(prompt_ids)}
 
 
 @router.post("/v1/messages")
 async def messages(body: AnthropicMessagesRequest, request: Request):
     api_times.handler_entered()
-    state: ServerState = request.app.state.tokenworks
+    state: ServerState = request.app.state.tokenworks.for_model(body.model)
     prompt_ids, offered, constraint, thinking = _prompt(
         state, body, structured.from_anthropic(body)
     )

@@ -57,11 +57,13 @@ def build_app(state: ServerState) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        state.engine.start()
+        for front in state.fronts:
+            front.start()
         try:
             yield
         finally:
-            state.engine.shutdown()
+            for front in state.fronts:
+                front.shutdown()
 
     app = FastAPI(
         title="tokenworks",
@@ -116,7 +118,7 @@ def build_app(state: ServerState) -> FastAPI:
     async def health():
         if state.draining:
             return JSONResponse({"status": "shutting down"}, status_code=503)
-        if not state.engine.is_running:
+        if not all(front.is_running for front in state.fronts):
             return JSONResponse({"status": "engine stopped"}, status_code=503)
         return {"status": "ok"}
 
@@ -126,21 +128,20 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
-        if body.model is not None:
-            state.check_model(body.model)
+        model = state.for_model(body.model) if body.model is not None else state
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give either prompt or messages", param="prompt")
         if body.messages is not None:
             text = render_chat(
-                state,
+                model,
                 openai.chat_messages(body.messages),
                 [],
                 add_generation_prompt=body.add_generation_prompt,
             )
         else:
             text = body.prompt
-        ids = state.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
-        return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
+        ids = model.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
+        return {"tokens": ids, "count": len(ids), "max_model_len": model.max_model_len}
 
     @app.get("/tokenizer_info")
     async def tokenizer_info():
@@ -165,12 +166,11 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
-        if body.model is not None:
-            state.check_model(body.model)
-        vocab = state.engine.engine.spec.vocab_size
+        model = state.for_model(body.model) if body.model is not None else state
+        vocab = model.engine.engine.admission.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
             raise APIError(400, f"token ids {bad[:5]} are outside [0, {vocab})", param="tokens")
-        return {"prompt": state.tokenizer.decode(body.tokens, skip_special_tokens=False)}
+        return {"prompt": model.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     return app

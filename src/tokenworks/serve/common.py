@@ -54,6 +54,9 @@ class ServerState:
     chat_template: ChatTemplate | None = None  # --chat-template, over the model's own
     tool_format: ToolFormat = field(default_factory=ToolFormat)  # how the model writes calls
     responses: ResponseStore | None = None  # made from the limits
+    # the other models this server serves, each behind a backend of its own (--backend
+    # NAME=SPEC): name -> its ServerState, sharing this one's limits, keys and store
+    others: dict[str, ServerState] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.responses is None:
@@ -84,15 +87,31 @@ class ServerState:
         return self.engine.engine.max_model_len
 
     def check_model(self, name: str | None) -> str:
-        if name not in self.model_names:
-            raise APIError(
-                404,
-                f"the model {name!r} does not exist here; this server serves "
-                f"{', '.join(map(repr, self.model_names))}",
-                param="model",
-                code="model_not_found",
-            )
+        self.for_model(name)
         return name
+
+    def for_model(self, name: str | None) -> ServerState:
+        """The state of the model a request names (this one's, or another backend's)."""
+        if name in self.model_names:
+            return self
+        if name in self.others:
+            return self.others[name]
+        raise APIError(
+            404,
+            f"the model {name!r} does not exist here; this server serves "
+            f"{', '.join(map(repr, self.served_names))}",
+            param="model",
+            code="model_not_found",
+        )
+
+    @property
+    def served_names(self) -> list[str]:
+        return [*self.model_names, *self.others]
+
+    @property
+    def fronts(self) -> list:
+        """Every backend's engine front: this model's first."""
+        return [self.engine, *(s.engine for s in self.others.values())]
 
     def deadline(self, requested: float | None) -> float | None:
         limits = [x for x in (requested, self.request_timeout) if x]

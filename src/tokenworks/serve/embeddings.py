@@ -26,7 +26,7 @@ router = APIRouter()
 async def embeddings(body: EmbeddingRequest, request: Request):
     api_times.handler_entered()
     state: ServerState = request.app.state.tokenworks
-    state.check_model(body.model)
+    state = state.for_model(body.model)
     width = state.engine.engine.spec.hidden_size
     if body.dimensions is not None and body.dimensions != width:
         raise bad_request(

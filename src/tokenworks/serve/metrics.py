@@ -115,14 +115,16 @@ class ServerMetrics:
             buckets=_API,
             registry=r,
         )
-        self._engines: dict[int, EngineMetrics] = {}
+        self._engines: dict[tuple[str, int], EngineMetrics] = {}
         self._first = self.for_engine(0)
 
-    def for_engine(self, index: int) -> EngineMetrics:
-        """The observer whose series carry engine=index."""
-        if index not in self._engines:
-            self._engines[index] = EngineMetrics(self, index)
-        return self._engines[index]
+    def for_engine(self, index: int, model_name: str | None = None) -> EngineMetrics:
+        """The observer whose series carry engine=index (and model_name: another
+        backend's model, where the server serves several)."""
+        key = (model_name or self.model_name, index)
+        if key not in self._engines:
+            self._engines[key] = EngineMetrics(self, index, key[0])
+        return self._engines[key]
 
     # engine 0's hooks: a server with one engine hands this object to it as its observer
     def on_step(self, preemptions: int, gauges) -> None:
@@ -151,8 +153,8 @@ class EngineMetrics:
     """One engine's series of the server's families, and what it last reported of its
     running counts (they arrive as totals and are counted as deltas)."""
 
-    def __init__(self, server: ServerMetrics, index: int):
-        self._labels = {"model_name": server.model_name, "engine": str(index)}
+    def __init__(self, server: ServerMetrics, index: int, model_name: str):
+        self._labels = {"model_name": model_name, "engine": str(index)}
         f = server.families
         self.series = {k: v.labels(**self._labels) for k, v in f.items() if k not in _LABELLED}
         self._per_pos, self._finished = f["per_pos"], f["finished"]

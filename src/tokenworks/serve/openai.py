@@ -88,13 +88,14 @@ def _common_params(
 @router.get("/v1/models")
 async def list_models(request: Request):
     state = _state(request)
-    return {"object": "list", "data": [_model_card(state, name) for name in state.model_names]}
+    cards = [_model_card(state.for_model(name), name) for name in state.served_names]
+    return {"object": "list", "data": cards}
 
 
 @router.get("/v1/models/{name:path}")
 async def get_model(name: str, request: Request):
     state = _state(request)
-    return _model_card(state, state.check_model(name))
+    return _model_card(state.for_model(name), name)
 
 
 def _model_card(state: ServerState, name: str) -> dict:
@@ -114,7 +115,7 @@ def _model_card(state: ServerState, name: str) -> dict:
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request):
     state = _state(request)
-    state.check_model(body.model)
+    state = state.for_model(body.model)
     if body.suffix:
         raise bad_request("suffix is not supported (no fill-in-the-middle here)", "suffix")
     if body.best_of is not None and body.best_of != body.n:
@@ -258,7 +259,7 @@ def chat_messages(raw: list) -> list[dict]:
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = _state(request)
-    state.check_model(body.model)
+    state = state.for_model(body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     _check_limits(state, body, body.top_logprobs, "top_logprobs")

@@ -160,7 +160,7 @@ def _format(text: dict | None) -> StructuredOutput | None:
 async def create_response(body: ResponsesRequest, request: Request):
     api_times.handler_entered()
     state: ServerState = request.app.state.tokenworks
-    state.check_model(body.model)
+    state = state.for_model(body.model)
     state.limits.check_tools(body.tools)
     owner = tenant_salt(state, request, None)
     history: list[dict] = []

@@ -13,6 +13,7 @@ from tokenworks.serve.reasoning import REASONING_PARSERS
 from tokenworks.serve.tool_formats import TOOL_CALL_PARSERS
 
 PROCESS_BACKENDS = ("mp", "ray")  # where cores of their own run (CoreClient's other than thread)
+BACKEND_KINDS = ("native", "transformers")  # what --backend serves a model with
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,16 @@ class ServeConfig:
             "ones are served)"
         ),
     )
+    backend: list[str] = field(
+        default_factory=list,
+        metadata=option(
+            "serve another model beside --model, requests naming NAME going to it: "
+            "native:MODEL (an engine core of its own, with this server's engine options) or "
+            "transformers:MODEL (transformers' generate, for an architecture the engine "
+            "lacks; no batching, logprobs or grammars); repeatable",
+            metavar="NAME=KIND:MODEL",
+        ),
+    )
     served_model_name: list[str] = field(
         default_factory=list,
         metadata=option("another name clients may use for the model (repeatable)"),
@@ -182,6 +193,7 @@ class ServeConfig:
                 f"--tool-call-parser {self.tool_call_parser!r}: expected one of "
                 f"{', '.join(TOOL_CALL_PARSERS)}"
             )
+        self.backends  # noqa: B018 (each --backend checked here)
         if self.router not in POLICIES:
             raise ValueError(f"--router {self.router!r}: expected one of {', '.join(POLICIES)}")
         own_cores = (
@@ -196,6 +208,23 @@ class ServeConfig:
             )
 
     @property
-    def backend(self) -> str:
+    def backends(self) -> dict[str, str]:
+        """--backend NAME=KIND:MODEL, as {name: "kind:model"}."""
+        out: dict[str, str] = {}
+        for item in self.backend:
+            name, _, spec = item.partition("=")
+            kind, _, model = spec.partition(":")
+            if not name or kind not in BACKEND_KINDS or not model:
+                raise ValueError(
+                    f"--backend {item!r}: give NAME=KIND:MODEL, KIND one of "
+                    f"{', '.join(BACKEND_KINDS)} (for instance smol=transformers:smollm2-135m)"
+                )
+            if name in out:
+                raise ValueError(f"--backend {item!r}: {name} is named twice")
+            out[name] = spec
+        return out
+
+    @property
+    def core_backend(self) -> str:
         """CoreClient's backend for the engine cores."""
         return self.distributed_executor_backend if self.engine_process else "thread"

@@ -4,6 +4,7 @@ or a thread of this process), serve HTTP with uvicorn, stop cleanly on a signal.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -45,7 +46,9 @@ def make_state(
 ) -> ServerState:
     metrics = ServerMetrics(names[0], metrics_prefix)
     limits = limits or ServerLimits()
-    front = engine if isinstance(engine, (CoreClient, ReplicaRouter)) else CoreClient(engine=engine)
+    # a front (a core client, a router, engine/hf_front.py's HFFront) as it is; an
+    # LLMEngine runs in a core thread here
+    front = engine if hasattr(engine, "submit") else CoreClient(engine=engine)
     front.configure(metrics, limits.max_stream_backlog, limits.max_stream_stall_s)
     tokenizer = front.engine.tokenizer
     chat = ChatTemplate(template_text(chat_template), tokenizer) if chat_template else None
@@ -63,6 +66,50 @@ def make_state(
         reasoning=reasoning.resolve(reasoning_parser, source, reasoning_budget),
         chat_template=chat,
         tool_format=tool_formats.resolve(tool_call_parser, source, tokenizer),
+    )
+
+
+def add_model(
+    state: ServerState,
+    name: str,
+    front,
+    reasoning_parser: str = "auto",
+    reasoning_budget: int | None = None,
+    tool_call_parser: str = "auto",
+) -> ServerState:
+    """Serve another model, behind its own engine front (a started core client, or
+    engine/hf_front.py's HFFront), beside state's: requests naming it go there, under the
+    same limits, keys, deadlines and response store; its metrics carry its name."""
+    if name in state.served_names:
+        raise ValueError(f"--backend {name}: the server already serves a model of that name")
+    limits = state.limits
+    front.configure(
+        state.metrics.for_engine(0, name), limits.max_stream_backlog, limits.max_stream_stall_s
+    )
+    tokenizer = front.engine.tokenizer
+    source = tokenizer.chat.source if tokenizer.chat else None
+    state.others[name] = dataclasses.replace(
+        state,
+        engine=front,
+        model_names=[name],
+        others={},
+        chat_template=None,
+        reasoning=reasoning.resolve(reasoning_parser, source, reasoning_budget),
+        tool_format=tool_formats.resolve(tool_call_parser, source, tokenizer),
+    )
+    return state.others[name]
+
+
+def backend_front(config: EngineConfig, spec: str, options: ServeConfig, on_death=None):
+    """The engine front of a --backend SPEC (KIND:MODEL), not yet started: a native core
+    with the server's engine options, or transformers' generate."""
+    kind, _, model = spec.partition(":")
+    if kind == "transformers":
+        from tokenworks.engine.hf_front import HFFront
+
+        return HFFront(model)
+    return CoreClient(
+        dataclasses.replace(config, model=model), on_death=on_death, backend=options.core_backend
     )
 
 
@@ -92,7 +139,9 @@ def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits)
     from tokenworks.engine.ray_cores import RayNotInstalledError
 
     cores = [
-        CoreClient(config, restart=options.restart_engine, on_death=stop, backend=options.backend)
+        CoreClient(
+            config, restart=options.restart_engine, on_death=stop, backend=options.core_backend
+        )
         for _ in range(options.data_parallel_size)
     ]
     engine = cores[0] if len(cores) == 1 else ReplicaRouter(cores, options.router)
@@ -115,6 +164,11 @@ def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits)
         reasoning_budget=options.reasoning_budget,
         tool_call_parser=options.tool_call_parser,
     )
+    for name, spec in options.backends.items():
+        front = backend_front(config, spec, options, stop)
+        front.start()
+        add_model(state, name, front, options.reasoning_parser, options.reasoning_budget,
+                  options.tool_call_parser)  # fmt: skip
     app = build_app(state)
     if options.host not in ("127.0.0.1", "localhost", "::1") and not options.api_key:
         log.warning("serving on %s without --api-key: anyone who can reach it can use it",
@@ -126,7 +180,8 @@ def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits)
     )  # fmt: skip
     if not _died(engine):  # (a core that died before now stops us here)
         server.run()
-    engine.shutdown()  # (the app's lifespan did, unless a second signal cut it short)
+    for front in state.fronts:  # (the app's lifespan did, unless a second signal cut it short)
+        front.shutdown()
     return 1 if _died(engine) and not server.signalled else 0
 
 
@@ -170,8 +225,10 @@ class GracefulServer(uvicorn.Server):
         name = signal.Signals(sig).name
         if self.signalled:
             log.warning("%s again: exiting now", name)
-            for core in getattr(self.state.engine, "replicas", [self.state.engine]):
-                core.kill()
+            for front in self.state.fronts:
+                for core in getattr(front, "replicas", [front]):
+                    if hasattr(core, "kill"):
+                        core.kill()
             os._exit(0)
         self.signalled = True
         self.state.draining = True
@@ -190,10 +247,11 @@ class GracefulServer(uvicorn.Server):
                     "%d requests still in flight after %g s: ending them",
                     self.state.active, self.shutdown_timeout,
                 )  # fmt: skip
-                self.state.engine.fail_all(
-                    f"the server is shutting down: the request did not finish within "
-                    f"--shutdown-timeout {self.shutdown_timeout:g} s"
-                )
+                for front in self.state.fronts:
+                    front.fail_all(
+                        f"the server is shutting down: the request did not finish within "
+                        f"--shutdown-timeout {self.shutdown_timeout:g} s"
+                    )
                 self.should_exit = True
         return await super().on_tick(counter)
 
