@@ -10,6 +10,8 @@ import json
 import pytest
 
 from tokenworks import SamplingParams
+from tokenworks.bench.lmeval import TASK
+from tokenworks.evaluate import split_pair
 
 CAPITALS = [
     ("France", ["Paris", "Rome", "Berlin", "Madrid"], 0),
@@ -19,32 +21,12 @@ CAPITALS = [
     ("Japan", ["Tokyo", "Seoul", "Beijing", "Bangkok"], 0),
     ("Egypt", ["Nairobi", "Cairo", "Lagos", "Tunis"], 1),
 ]
-TASK = """task: tokenworks_capitals
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "Question: What is the capital of {{{{country}}}}?\\nAnswer:"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{answer}}}}"
-target_delimiter: " "
-metric_list:
-  - metric: acc
-"""
 
 
 def engine_loglikelihood(llm, context: str, continuation: str) -> float:
-    """The continuation's log-likelihood after the context, split into tokens as
-    lm-evaluation-harness splits a pair (the context's trailing spaces go with the
-    continuation; the continuation is what the whole adds to the context's tokens)."""
-    spaces = len(context) - len(context.rstrip())
-    if spaces:
-        context, continuation = context[:-spaces], context[-spaces:] + continuation
-    tok = llm.tokenizer
-    whole = tok.encode(context + continuation, add_special_tokens=False)
-    n_context = len(tok.encode(context, add_special_tokens=False))
+    """The continuation's log-likelihood after the context, the pair split into tokens as
+    lm-evaluation-harness splits it (tokenworks.evaluate.split_pair)."""
+    whole, n_context = split_pair(llm.tokenizer, context, continuation)
     (out,) = llm.generate([whole], SamplingParams(max_tokens=0, prompt_logprobs=0), False)
     return sum(lp.logprob for lp in out.prompt_logprobs[n_context:])
 
