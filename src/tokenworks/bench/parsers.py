@@ -383,6 +383,24 @@ def add_bench_parsers(sub) -> None:
     _out(p)
     p.set_defaults(fn=_run("tokenworks.bench.invariance:run_invariance"))
     p = bsub.add_parser(
+        "backends",
+        help="what each backend layer costs: an offline batch through the engine front "
+        "against the engine alone, and streamed requests through a remote relay against "
+        "the server directly",
+    )
+    p.add_argument("--models", type=_names, default=["smollm2-135m", "gemma3-270m"],
+                   help="comma-separated catalogue models")  # fmt: skip
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--input-tokens", type=int, default=64)
+    p.add_argument("--output-tokens", type=int, default=64)
+    p.add_argument("--streams", type=int, default=8, help="streamed requests a way, a round")
+    p.add_argument("--rounds", type=_rounds, default=3)
+    p.add_argument("--kv-cache-memory", type=float, default=0.5, help="GiB of KV pool each")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    _out(p)
+    p.set_defaults(fn=_run("tokenworks.bench.backends:run_backends"))
+    p = bsub.add_parser(
         "lmeval",
         help="lm-evaluation-harness on a local multiple-choice task, in process and through "
         "a server on the same engine: time and agreement",

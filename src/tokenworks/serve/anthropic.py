@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import secrets
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 
-from tokenworks.serve import api_times, structured, tools
+from tokenworks.serve import api_times, remote, structured, tools
 from tokenworks.serve.answer_parser import answer_parser, request_thinking, skip_special
 from tokenworks.serve.common import (
     ServerState,
@@ -109,6 +110,20 @@ def _input(arguments: str) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+@dataclass
+class AnswerStep:
+    """What one step added to an answer: its events (serve/answer_parser.py's), the output
+    tokens they took, and how it ended where it did."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    events: list
+    tokens: int
+    finish: str | None = None
+    stop_reason: str | int | None = None
+    known_usage: bool = False  # the counts arrive with the finish (an upstream's usage)
+
+
 _STOP = {"stop": "end_turn", "length": "max_tokens", "abort": "end_turn"}
 
 
@@ -150,6 +165,10 @@ async def count_tokens(body: AnthropicPrompt, request: Request):
     read (its template and tool descriptions included)."""
     api_times.handler_entered()
     state = request.app.state.tokenworks.for_model(body.model)
+    if state.remote is not None:  # the upstream's own count (vLLM's /tokenize)
+        messages = {"model": state.remote.model, "messages": to_chat_messages(body)}
+        counted = await state.remote.post("/tokenize", messages, state.deadline(None), root=True)
+        return {"input_tokens": counted["count"]}
     prompt_ids, *_ = _prompt(state, body)
     return {"input_tokens": len(prompt_ids)}
 
@@ -158,6 +177,11 @@ async def count_tokens(body: AnthropicPrompt, request: Request):
 async def messages(body: AnthropicMessagesRequest, request: Request):
     api_times.handler_entered()
     state: ServerState = request.app.state.tokenworks.for_model(body.model)
+    message_id = "msg_" + secrets.token_hex(12)
+    if state.remote is not None:
+        chunks = state.remote.chat_chunks(upstream_chat(body), state.deadline(body.deadline))
+        items = message_events(body, remote.chunk_steps(chunks), message_id)
+        return await answer(state, request, [], items, body.stream, stream_body, fold_message)
     prompt_ids, offered, constraint, thinking = _prompt(
         state, body, structured.from_anthropic(body)
     )
@@ -186,8 +210,31 @@ async def messages(body: AnthropicMessagesRequest, request: Request):
         cache_salt=tenant_salt(state, request, None),
     )
     parser = answer_parser(state, thinking, offered, "toolu_")
-    items = message_events(body, updates, "msg_" + secrets.token_hex(12), parser)
+    steps = engine_steps(updates, parser)
+    items = message_events(body, steps, message_id)
     return await answer(state, request, [rid], items, body.stream, stream_body, fold_message)
+
+
+def upstream_chat(body: AnthropicMessagesRequest) -> dict:
+    """A Messages request as an OpenAI chat completion's body, for a remote backend."""
+    tool_list = tools.anthropic_tools(body.tools)
+    mode, name = tools.anthropic_choice(body.tool_choice, tool_list)
+    out = {"messages": to_chat_messages(body), "max_tokens": body.max_tokens}
+    if tool_list and mode != "none":
+        out["tools"] = [t.as_openai() for t in tool_list]
+        named = {"type": "function", "function": {"name": name}}
+        out["tool_choice"] = named if mode == "named" else mode
+    sampling = (("temperature", body.temperature), ("top_p", body.top_p),
+                ("top_k", body.top_k), ("seed", body.seed))  # fmt: skip
+    out |= {key: value for key, value in sampling if value is not None}
+    if body.stop_sequences:
+        out["stop"] = list(body.stop_sequences)
+    if body.thinking is not None and body.thinking.type == "disabled":
+        out["chat_template_kwargs"] = {"enable_thinking": False}
+        out["max_reasoning_tokens"] = 0
+    elif body.thinking is not None and body.thinking.budget_tokens is not None:
+        out["max_reasoning_tokens"] = body.thinking.budget_tokens
+    return out | remote.response_format(structured.from_anthropic(body))
 
 
 def _usage(input_tokens: int, output_tokens: int, cached: int) -> dict:
@@ -206,12 +253,28 @@ _BLOCKS = {  # an answer event -> its content block, and its deltas' type and fi
 }  # fmt: skip
 
 
-async def message_events(body, updates, message_id: str, parser):
-    """The answer as the Messages API's stream events, (type, data), from the engine's
-    updates read through parser (serve/answer_parser.py): message_start; per content block
-    content_block_start, content_block_delta (thinking_delta for a thinking block,
-    text_delta, or input_json_delta for a tool_use block) and content_block_stop; then
-    message_delta (stop reason, output tokens) and message_stop."""
+async def engine_steps(updates, parser):
+    """The engine's updates as AnswerSteps, their text read through parser
+    (serve/answer_parser.py)."""
+    try:
+        async for u in updates:
+            if not u.deltas:
+                yield AnswerStep(u.prompt_tokens, u.cached_tokens, [], 0)
+            for d in u.deltas:
+                finished = d.finish_reason is not None
+                events = parser.feed(d.text, finished)
+                yield AnswerStep(u.prompt_tokens, u.cached_tokens, events, len(d.token_ids),
+                                 d.finish_reason, d.stop_reason)  # fmt: skip
+    finally:
+        await updates.aclose()  # the request ends with its answer, however that ends
+
+
+async def message_events(body, steps, message_id: str):
+    """The answer as the Messages API's stream events, (type, data), from its AnswerSteps
+    (engine_steps, or serve/remote.py's from an upstream's chunks): message_start; per
+    content block content_block_start, content_block_delta (thinking_delta for a thinking
+    block, text_delta, or input_json_delta for a tool_use block) and content_block_stop;
+    then message_delta (stop reason, output tokens) and message_stop."""
     index = -1  # the open content block, if any
     open_kind = None  # "text" or "reasoning" while such a block is open
     has_calls = False
@@ -245,33 +308,31 @@ async def message_events(body, updates, message_id: str, parser):
 
     try:
         first = True
-        async for u in updates:
+        async for step in steps:
             if first:
                 first = False
                 message = {
                     "id": message_id, "type": "message", "role": "assistant",
-                    "model": body.model, "content": [], "stop_reason": None,
-                    "stop_sequence": None, "usage": _usage(u.prompt_tokens, 0, u.cached_tokens),
+                    "model": body.model, "content": [], "stop_reason": None, "stop_sequence": None,
+                    "usage": _usage(step.prompt_tokens, 0, step.cached_tokens),
                 }  # fmt: skip
                 yield "message_start", {"message": message}
-            for d in u.deltas:
-                output_tokens += len(d.token_ids)
-                finished = d.finish_reason is not None
-                for event in blocks_for(parser.feed(d.text, finished)):
-                    yield event
-                if finished:
-                    if open_kind is not None:
-                        yield "content_block_stop", {"index": index}
-                        open_kind = None
-                    reason, sequence = _stop_reason(d.finish_reason, d.stop_reason, has_calls)
-                    delta = {"stop_reason": reason, "stop_sequence": sequence}
-                    yield (
-                        "message_delta",
-                        {"delta": delta, "usage": {"output_tokens": output_tokens}},
-                    )
-                    yield "message_stop", {}
+            output_tokens += step.tokens
+            for event in blocks_for(step.events):
+                yield event
+            if step.finish is not None:
+                if open_kind is not None:
+                    yield "content_block_stop", {"index": index}
+                    open_kind = None
+                reason, sequence = _stop_reason(step.finish, step.stop_reason, has_calls)
+                usage = {"output_tokens": output_tokens}
+                if step.known_usage:  # (an upstream says its counts at the end)
+                    usage = _usage(step.prompt_tokens, output_tokens, step.cached_tokens)
+                delta = {"stop_reason": reason, "stop_sequence": sequence}
+                yield "message_delta", {"delta": delta, "usage": usage}
+                yield "message_stop", {}
     finally:
-        await updates.aclose()  # the request ends with its answer, however that ends
+        await steps.aclose()  # (and so the request, however the answer ends)
 
 
 def stream_body(events):

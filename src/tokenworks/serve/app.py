@@ -127,8 +127,10 @@ def build_app(state: ServerState) -> FastAPI:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
+    async def tokenize(body: TokenizeRequest, request: Request):
         model = state.for_model(body.model) if body.model is not None else state
+        if model.remote is not None:
+            return await _upstream(model, request, "/tokenize")
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give either prompt or messages", param="prompt")
         if body.messages is not None:
@@ -165,8 +167,10 @@ def build_app(state: ServerState) -> FastAPI:
         }
 
     @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest):
+    async def detokenize(body: DetokenizeRequest, request: Request):
         model = state.for_model(body.model) if body.model is not None else state
+        if model.remote is not None:
+            return await _upstream(model, request, "/detokenize")
         vocab = model.engine.engine.admission.vocab_size
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
@@ -174,3 +178,9 @@ def build_app(state: ServerState) -> FastAPI:
         return {"prompt": model.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     return app
+
+
+async def _upstream(model: ServerState, request: Request, path: str) -> dict:
+    """A remote model's /tokenize or /detokenize: the upstream's own answer."""
+    raw = {**(await request.json()), "model": model.remote.model}
+    return await model.remote.post(path, raw, model.deadline(None), root=True)

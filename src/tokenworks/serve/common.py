@@ -9,6 +9,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -31,6 +32,9 @@ from tokenworks.serve.response_store import ResponseStore
 from tokenworks.serve.tool_formats import ToolFormat
 from tokenworks.serve.tools import Tool, prepare_messages
 from tokenworks.tokenizer.chat import ChatTemplate, ChatTemplateError
+
+if TYPE_CHECKING:
+    from tokenworks.serve.remote import RemoteBackend
 
 
 @dataclass
@@ -57,6 +61,7 @@ class ServerState:
     # the other models this server serves, each behind a backend of its own (--backend
     # NAME=SPEC): name -> its ServerState, sharing this one's limits, keys and store
     others: dict[str, ServerState] = field(default_factory=dict)
+    remote: RemoteBackend | None = None  # the model is an upstream's (serve/remote.py)
 
     def __post_init__(self) -> None:
         if self.responses is None:
@@ -83,8 +88,8 @@ class ServerState:
             return self.tokenizer.encode(text)
 
     @property
-    def max_model_len(self) -> int:
-        return self.engine.engine.max_model_len
+    def max_model_len(self) -> int | None:
+        return None if self.remote is not None else self.engine.engine.max_model_len
 
     def check_model(self, name: str | None) -> str:
         self.for_model(name)

@@ -27,6 +27,9 @@ async def embeddings(body: EmbeddingRequest, request: Request):
     api_times.handler_entered()
     state: ServerState = request.app.state.tokenworks
     state = state.for_model(body.model)
+    if state.remote is not None:
+        raw = await request.json()
+        return await state.remote.relay(raw, "/embeddings", body.model, state.deadline(None))
     width = state.engine.engine.spec.hidden_size
     if body.dimensions is not None and body.dimensions != width:
         raise bad_request(

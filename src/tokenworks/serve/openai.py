@@ -116,6 +116,11 @@ def _model_card(state: ServerState, name: str) -> dict:
 async def completions(body: CompletionRequest, request: Request):
     state = _state(request)
     state = state.for_model(body.model)
+    if state.remote is not None:
+        raw = await request.json()
+        return await state.remote.relay(
+            raw, "/completions", body.model, state.deadline(body.deadline)
+        )
     if body.suffix:
         raise bad_request("suffix is not supported (no fill-in-the-middle here)", "suffix")
     if body.best_of is not None and body.best_of != body.n:
@@ -260,6 +265,9 @@ def chat_messages(raw: list) -> list[dict]:
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     state = _state(request)
     state = state.for_model(body.model)
+    if state.remote is not None:
+        raw, deadline = await request.json(), state.deadline(body.deadline)
+        return await state.remote.relay(raw, "/chat/completions", body.model, deadline)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     _check_limits(state, body, body.top_logprobs, "top_logprobs")

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 from fastapi import APIRouter, Request
 
 from tokenworks.engine.request import StructuredOutput
-from tokenworks.serve import api_times, tools
+from tokenworks.serve import api_times, remote, tools
 from tokenworks.serve.answer_parser import answer_parser, request_thinking, skip_special
 from tokenworks.serve.common import (
     ServerState,
@@ -182,6 +182,18 @@ async def create_response(body: ResponsesRequest, request: Request):
         "tool_choice required or a function cannot be combined with text.format",
         state.tool_format,
     )  # fmt: skip
+    response = _response_shell(body, "resp_" + secrets.token_hex(12), mode, name)
+
+    def keep(final: dict) -> None:
+        if body.store:
+            state.responses.put(final["id"], owner, conversation + [_as_message(final)], final)
+
+    fold = lambda events: events[-1]["response"]  # noqa: E731
+    if state.remote is not None:
+        upstream = _upstream_chat(body, system + conversation, offered, mode, name)
+        chunks = state.remote.chat_chunks(upstream, state.deadline(body.deadline))
+        items = response_events(chunks, response, keep)
+        return await answer(state, request, [], items, body.stream, stream_body, fold)
     prompt = render_chat(state, system + conversation, offered)
     prompt_ids = state.encode(prompt)
     effort = (body.reasoning or {}).get("effort")
@@ -206,15 +218,8 @@ async def create_response(body: ResponsesRequest, request: Request):
     chat = SimpleNamespace(n=1, logprobs=False, top_logprobs=None,
                            parallel_tool_calls=body.parallel_tool_calls)  # fmt: skip
     chunks = chat_chunks(chat, updates, lambda: answer_parser(state, thinking, offered))
-    response = _response_shell(body, "resp_" + secrets.token_hex(12), mode, name)
-
-    def keep(final: dict) -> None:
-        if body.store:
-            state.responses.put(final["id"], owner, conversation + [_as_message(final)], final)
-
     items = response_events(chunks, response, keep)
-    return await answer(state, request, [rid], items, body.stream, stream_body,
-                        lambda events: events[-1]["response"])  # fmt: skip
+    return await answer(state, request, [rid], items, body.stream, stream_body, fold)
 
 
 @router.get("/v1/responses/{response_id}")
@@ -234,6 +239,21 @@ async def delete_response(response_id: str, request: Request):
     if not state.responses.delete(response_id, tenant_salt(state, request, None)):
         raise _not_found(response_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+def _upstream_chat(body: ResponsesRequest, messages: list[dict], offered, mode, name) -> dict:
+    """A Responses request as an OpenAI chat completion's body, for a remote backend."""
+    out = {"messages": messages}
+    if offered:
+        out["tools"] = [t.as_openai() for t in offered]
+        named = {"type": "function", "function": {"name": name}}
+        out["tool_choice"] = named if mode == "named" else mode
+    fields = (("max_tokens", body.max_output_tokens), ("temperature", body.temperature),
+              ("top_p", body.top_p), ("seed", body.seed),
+              ("parallel_tool_calls", body.parallel_tool_calls),
+              ("reasoning_effort", (body.reasoning or {}).get("effort")))  # fmt: skip
+    out |= {key: value for key, value in fields if value is not None}
+    return out | remote.response_format(_format(body.text))
 
 
 def _effort(effort) -> str | None:
@@ -366,11 +386,11 @@ async def response_events(chunks, response: dict, keep):
     yield event("response.in_progress", response=snapshot())
     finish = None
     async for chunk in chunks:
-        if "usage" in chunk:
+        if chunk.get("usage"):
             u = chunk["usage"]
             response["usage"] = {
                 "input_tokens": u["prompt_tokens"],
-                "input_tokens_details": u["prompt_tokens_details"],
+                "input_tokens_details": u.get("prompt_tokens_details") or {"cached_tokens": 0},
                 "output_tokens": u["completion_tokens"],
                 "output_tokens_details": u.get("completion_tokens_details",
                                                {"reasoning_tokens": 0}),
@@ -384,17 +404,18 @@ async def response_events(chunks, response: dict, keep):
             if d.get("content"):
                 for e in text_into("message", d["content"]):
                     yield e
-            for call in d.get("tool_calls", ()):
-                if "id" in call:  # a new call: its id and name
+            for call in d.get("tool_calls") or ():
+                fn = call.get("function") or {}
+                if call.get("id"):  # a new call: its id and name
                     for e in close_item():
                         yield e
                     item = {"id": "fc_" + secrets.token_hex(12), "type": "function_call",
-                            "call_id": call["id"], "name": call["function"]["name"],
+                            "call_id": call["id"], "name": fn.get("name", ""),
                             "arguments": "", "status": "in_progress"}  # fmt: skip
                     for e in open_item(item):
                         yield e
-                else:
-                    piece = call["function"]["arguments"]
+                piece = fn.get("arguments") or ""
+                if piece and current is not None and current["type"] == "function_call":
                     current["arguments"] += piece
                     yield event("response.function_call_arguments.delta", item_id=current["id"],
                                 output_index=len(output) - 1, delta=piece)  # fmt: skip

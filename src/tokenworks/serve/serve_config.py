@@ -13,7 +13,7 @@ from tokenworks.serve.reasoning import REASONING_PARSERS
 from tokenworks.serve.tool_formats import TOOL_CALL_PARSERS
 
 PROCESS_BACKENDS = ("mp", "ray")  # where cores of their own run (CoreClient's other than thread)
-BACKEND_KINDS = ("native", "transformers")  # what --backend serves a model with
+BACKEND_KINDS = ("native", "transformers", "remote")  # what --backend serves a model with
 
 
 @dataclass(frozen=True)
@@ -136,9 +136,11 @@ class ServeConfig:
         default_factory=list,
         metadata=option(
             "serve another model beside --model, requests naming NAME going to it: "
-            "native:MODEL (an engine core of its own, with this server's engine options) or "
+            "native:MODEL (an engine core of its own, with this server's engine options), "
             "transformers:MODEL (transformers' generate, for an architecture the engine "
-            "lacks; no batching, logprobs or grammars); repeatable",
+            "lacks; no batching, logprobs or grammars), or remote:MODEL@URL (an "
+            "OpenAI-compatible server at URL, its API base; http://KEY@host/v1 sends KEY); "
+            "repeatable",
             metavar="NAME=KIND:MODEL",
         ),
     )
@@ -214,10 +216,12 @@ class ServeConfig:
         for item in self.backend:
             name, _, spec = item.partition("=")
             kind, _, model = spec.partition(":")
-            if not name or kind not in BACKEND_KINDS or not model:
+            remote_ok = kind != "remote" or re.fullmatch(r"[^@]+@https?://\S+", model)
+            if not name or kind not in BACKEND_KINDS or not model or not remote_ok:
                 raise ValueError(
                     f"--backend {item!r}: give NAME=KIND:MODEL, KIND one of "
-                    f"{', '.join(BACKEND_KINDS)} (for instance smol=transformers:smollm2-135m)"
+                    f"{', '.join(BACKEND_KINDS)}, as smol=transformers:smollm2-135m or "
+                    "up=remote:MODEL@http://127.0.0.1:8001/v1"
                 )
             if name in out:
                 raise ValueError(f"--backend {item!r}: {name} is named twice")

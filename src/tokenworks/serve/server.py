@@ -23,6 +23,7 @@ from tokenworks.serve.app import build_app
 from tokenworks.serve.common import ServerState
 from tokenworks.serve.limits import ServerLimits
 from tokenworks.serve.metrics import ServerMetrics
+from tokenworks.serve.remote import RemoteBackend
 from tokenworks.serve.serve_config import ServeConfig
 from tokenworks.tokenizer.chat import ChatTemplate
 
@@ -77,15 +78,22 @@ def add_model(
     reasoning_budget: int | None = None,
     tool_call_parser: str = "auto",
 ) -> ServerState:
-    """Serve another model, behind its own engine front (a started core client, or
-    engine/hf_front.py's HFFront), beside state's: requests naming it go there, under the
-    same limits, keys, deadlines and response store; its metrics carry its name."""
+    """Serve another model, behind its own engine front (a started core client,
+    engine/hf_front.py's HFFront, or serve/remote.py's RemoteBackend), beside state's:
+    requests naming it go there, under the same limits, keys, deadlines and response
+    store; its metrics carry its name."""
     if name in state.served_names:
         raise ValueError(f"--backend {name}: the server already serves a model of that name")
     limits = state.limits
     front.configure(
         state.metrics.for_engine(0, name), limits.max_stream_backlog, limits.max_stream_stall_s
     )
+    if isinstance(front, RemoteBackend):  # the upstream templates, parses and counts
+        state.others[name] = dataclasses.replace(
+            state, engine=front, model_names=[name], others={}, chat_template=None,
+            reasoning=None, remote=front,
+        )  # fmt: skip
+        return state.others[name]
     tokenizer = front.engine.tokenizer
     source = tokenizer.chat.source if tokenizer.chat else None
     state.others[name] = dataclasses.replace(
@@ -100,10 +108,12 @@ def add_model(
     return state.others[name]
 
 
-def backend_front(config: EngineConfig, spec: str, options: ServeConfig, on_death=None):
-    """The engine front of a --backend SPEC (KIND:MODEL), not yet started: a native core
-    with the server's engine options, or transformers' generate."""
+def backend_front(name: str, config: EngineConfig, spec: str, options: ServeConfig, on_death=None):
+    """The engine front of --backend NAME=SPEC (KIND:MODEL), not yet started: a native
+    core with the server's engine options, transformers' generate, or an upstream."""
     kind, _, model = spec.partition(":")
+    if kind == "remote":
+        return RemoteBackend(name, model)
     if kind == "transformers":
         from tokenworks.engine.hf_front import HFFront
 
@@ -165,7 +175,7 @@ def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits)
         tool_call_parser=options.tool_call_parser,
     )
     for name, spec in options.backends.items():
-        front = backend_front(config, spec, options, stop)
+        front = backend_front(name, config, spec, options, stop)
         front.start()
         add_model(state, name, front, options.reasoning_parser, options.reasoning_budget,
                   options.tool_call_parser)  # fmt: skip
