@@ -11,7 +11,7 @@ import pytest
 
 from tokenworks import SamplingParams
 from tokenworks.bench.lmeval import TASK
-from tokenworks.evaluate import split_pair
+from tokenworks.eval.harness import split_pair
 
 CAPITALS = [
     ("France", ["Paris", "Rome", "Berlin", "Madrid"], 0),
@@ -25,7 +25,7 @@ CAPITALS = [
 
 def engine_loglikelihood(llm, context: str, continuation: str) -> float:
     """The continuation's log-likelihood after the context, the pair split into tokens as
-    lm-evaluation-harness splits it (tokenworks.evaluate.split_pair)."""
+    lm-evaluation-harness splits it (tokenworks.eval.harness.split_pair)."""
     whole, n_context = split_pair(llm.tokenizer, context, continuation)
     (out,) = llm.generate([whole], SamplingParams(max_tokens=0, prompt_logprobs=0), False)
     return sum(lp.logprob for lp in out.prompt_logprobs[n_context:])
@@ -80,8 +80,8 @@ def test_lm_eval_local_completions_scores_as_the_engine_does(
             scored += 1
     assert scored == 4 * len(CAPITALS)
     assert results["results"]["tokenworks_capitals"]["acc,none"] >= 0.5  # a 135M model knows some
-    # in process (tokenworks.evaluate.TokenworksLM): the same figures without a server
-    from tokenworks.evaluate import TokenworksLM
+    # in process (tokenworks.eval.harness.TokenworksLM): the same figures without a server
+    from tokenworks.eval.harness import TokenworksLM
 
     inside = lm_eval.simple_evaluate(
         model=TokenworksLM(smol_llm),

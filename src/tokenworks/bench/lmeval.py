@@ -1,5 +1,5 @@
 """`tokenworks bench lmeval`: lm-evaluation-harness on one small multiple-choice task, in
-process (tokenworks.evaluate.TokenworksLM over an LLM) and through a server on the same
+process (tokenworks.eval.harness.TokenworksLM over an LLM) and through a server on the same
 engine (lm-eval's own `local-completions` model: /v1/completions with echo and logprobs,
 tokenised through /tokenize), in rounds that alternate which goes first. The record keeps
 each way's seconds and accuracy, and how far the two disagree: the largest difference of
@@ -90,15 +90,12 @@ def _scores(results: dict) -> list[list[float]]:
 
 
 def run_model(name: str, args) -> Path:
-    import os
-
     from tokenworks import LLM
-    from tokenworks.evaluate import TokenworksLM
+    from tokenworks.eval.harness import TokenworksLM
     from tokenworks.models import load
     from tokenworks.serve.app import build_app
     from tokenworks.serve.server import ServerThread, make_state
 
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # a local file: nothing to fetch
     loaded = load(name)
     kw = dict(loaded=loaded, threads=args.threads, dtype=args.dtype, quantization=args.quantization)
     llm = LLM(name, **kw)

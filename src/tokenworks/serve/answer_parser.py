@@ -4,6 +4,8 @@ these events, streamed or not, so the two cannot disagree."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tokenworks.engine.request import Thinking
 from tokenworks.serve import reasoning
 from tokenworks.serve.reasoning import Reasoning, ReasoningSplitter
@@ -63,3 +65,17 @@ class AnswerParser:
         if finished and self._calls is not None:
             events += self._calls.finish()
         return events
+
+
+@dataclass
+class AnswerStep:
+    """What one step added to an answer: its events (serve/answer_parser.py's), the output
+    tokens they took, and how it ended where it did."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    events: list
+    tokens: int
+    finish: str | None = None
+    stop_reason: str | int | None = None
+    known_usage: bool = False  # the counts arrive with the finish (an upstream's usage)

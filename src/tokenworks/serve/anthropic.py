@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 
 from tokenworks.serve import api_times, remote, structured, tools
-from tokenworks.serve.answer_parser import answer_parser, request_thinking, skip_special
+from tokenworks.serve.answer_parser import (
+    AnswerStep,
+    answer_parser,
+    request_thinking,
+    skip_special,
+)
 from tokenworks.serve.common import (
     ServerState,
     answer,
@@ -108,20 +112,6 @@ def _input(arguments: str) -> dict:
     except json.JSONDecodeError:
         return {}
     return value if isinstance(value, dict) else {}
-
-
-@dataclass
-class AnswerStep:
-    """What one step added to an answer: its events (serve/answer_parser.py's), the output
-    tokens they took, and how it ended where it did."""
-
-    prompt_tokens: int
-    cached_tokens: int
-    events: list
-    tokens: int
-    finish: str | None = None
-    stop_reason: str | int | None = None
-    known_usage: bool = False  # the counts arrive with the finish (an upstream's usage)
 
 
 _STOP = {"stop": "end_turn", "length": "max_tokens", "abort": "end_turn"}

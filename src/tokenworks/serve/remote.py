@@ -21,6 +21,7 @@ import httpx
 from fastapi.responses import StreamingResponse
 
 from tokenworks.engine.messages import EngineNotRunningError, RequestMetrics
+from tokenworks.serve.answer_parser import AnswerStep
 from tokenworks.serve.common import respond, sse, stream_error
 from tokenworks.serve.errors import APIError
 from tokenworks.serve.tools import ToolCall
@@ -214,10 +215,9 @@ class RemoteBackend:
 
 
 async def chunk_steps(chunks):
-    """An upstream's chat chunks as anthropic.AnswerSteps: its reasoning, text and tool
-    calls as the answer parser's events; the finish held until the usage that follows."""
-    from tokenworks.serve.anthropic import AnswerStep
-
+    """An upstream's chat chunks as AnswerSteps (serve/answer_parser.py): its reasoning,
+    text and tool calls as the answer parser's events; the finish held until the usage
+    that follows."""
     call: ToolCall | None = None
     finish, usage = None, {}
     async for chunk in chunks:

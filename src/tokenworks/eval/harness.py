@@ -3,7 +3,7 @@
 
     import lm_eval
     from tokenworks import LLM
-    from tokenworks.evaluate import TokenworksLM
+    from tokenworks.eval.harness import TokenworksLM
 
     lm_eval.simple_evaluate(model=TokenworksLM(LLM("smollm2-135m")), tasks=[...])
 
