@@ -31,6 +31,7 @@ def server(smol_loaded):
     front = HFFront(MODEL)
     front.start()  # (a started front, as a core client is when it is added)
     add_model(srv.state, HF, front)
+    srv.hf_front = front
     yield srv
     front.shutdown()
     srv.stop()
@@ -65,6 +66,27 @@ def test_transformers_gives_the_native_greedy_text(server):
     assert answers[HF] == answers[MODEL]
     metrics = httpx.get(server.url + "/metrics").text
     assert f'model_name="{HF}"' in metrics and f'model_name="{MODEL}"' in metrics
+
+
+def test_llm_over_a_backend_gives_the_native_tokens(server, smol_llm):
+    """LLM.over(front): the offline API through the backend interface, batched prompts
+    (text and token ids) and a stop string, as the native LLM gives them."""
+    from tokenworks import LLM, SamplingParams
+
+    llm = LLM.over(server.hf_front)
+    prompts = ["The capital of France is", smol_llm.tokenizer.encode("Once upon a time")]
+    params = [SamplingParams(max_tokens=12, temperature=0),
+              SamplingParams(max_tokens=12, temperature=0, stop=[","])]  # fmt: skip
+    theirs = smol_llm.generate(prompts, params, use_tqdm=False)
+    ours = llm.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(ours, theirs, strict=True):
+        got, want = a.outputs[0], b.outputs[0]
+        assert (got.text, got.token_ids, got.finish_reason, got.stop_reason) == (
+            want.text,
+            want.token_ids,
+            want.finish_reason,
+            want.stop_reason,
+        )
 
 
 def test_what_transformers_cannot_do_is_a_400(server):

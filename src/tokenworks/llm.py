@@ -3,13 +3,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 
 from tqdm import tqdm
 
 from tokenworks.config import EngineConfig
 from tokenworks.engine.engine import LLMEngine
-from tokenworks.engine.request import RequestOutput, SamplingParams
+from tokenworks.engine.request import (
+    CompletionOutput,
+    FinishReason,
+    RequestOutput,
+    SamplingParams,
+)
 from tokenworks.models.loaded import LoadedModel
 
 
@@ -34,6 +40,21 @@ class LLM:
         self.config = EngineConfig.build(model=model, dtype=dtype, device=device, **kw)
         self.engine = LLMEngine(self.config, loaded, draft)
         self.tokenizer = self.engine.tokenizer
+        self.front = None
+
+    @classmethod
+    def over(cls, front) -> LLM:
+        """An LLM whose generate() and chat() go through an engine front (engine/front.py)
+        instead of an engine of its own: engine/hf_front.py's HFFront (transformers'
+        generate), a CoreClient of a core elsewhere, a ReplicaRouter. Started here.
+
+        >>> llm = LLM.over(HFFront("smollm2-135m"))
+        """
+        llm = cls.__new__(cls)
+        front.start()
+        llm.config, llm.engine, llm.front = None, None, front
+        llm.tokenizer = front.engine.tokenizer
+        return llm
 
     def generate(
         self,
@@ -48,6 +69,8 @@ class LLM:
         )
         if len(params_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} SamplingParams")
+        if self.front is not None:
+            return asyncio.run(self._through_front(prompts, params_list))
         self._check_own_loop()
         seqs = []
         for p, sp in zip(prompts, params_list, strict=True):
@@ -84,9 +107,36 @@ class LLM:
         params = SamplingParams(max_tokens=0, pooling=pooling)
         return [o.embedding for o in self.generate(prompts, params, use_tqdm)]
 
+    async def _through_front(self, prompts, params_list) -> list[RequestOutput]:
+        """Every prompt submitted to the front at once; each request's updates gathered."""
+
+        async def one(i: int, prompt, params: SamplingParams) -> RequestOutput:
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            text: dict[int, str] = {}
+            tokens: dict[int, list[int]] = {}
+            ends: dict[int, tuple] = {}
+            async for update in self.front.generate(params, ids, request_id=f"llm-{i}"):
+                for d in update.deltas:
+                    text[d.index] = text.get(d.index, "") + d.text
+                    tokens.setdefault(d.index, []).extend(d.token_ids)
+                    if d.finish_reason is not None:
+                        ends[d.index] = (FinishReason(d.finish_reason), d.stop_reason)
+            outputs = [
+                CompletionOutput(k, text[k], tokens[k], *ends.get(k, (None, None)))
+                for k in sorted(text)
+            ]
+            prompt_text = prompt if isinstance(prompt, str) else None
+            return RequestOutput(f"llm-{i}", prompt_text, ids, outputs, finished=True)
+
+        return list(await asyncio.gather(*(
+            one(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params_list, strict=True))
+        )))  # fmt: skip
+
     def _check_own_loop(self) -> None:
         """One loop steps an engine: while a server's core thread runs this one, its
         requests go through that server."""
+        if self.engine is None:
+            raise RuntimeError("an LLM over an engine front generates through generate()")
         if self.engine.core_thread:
             raise RuntimeError(
                 "this LLM's engine is served by a core thread (a server over llm.engine): "

@@ -62,6 +62,8 @@ class ServerState:
     # NAME=SPEC): name -> its ServerState, sharing this one's limits, keys and store
     others: dict[str, ServerState] = field(default_factory=dict)
     remote: RemoteBackend | None = None  # the model is an upstream's (serve/remote.py)
+    draining: bool = False  # shutting down: new requests get 503 (serve/guards.py's Drain)
+    active: int = 0  # HTTP requests in flight, streams until their last event
 
     def __post_init__(self) -> None:
         if self.responses is None:
@@ -69,9 +71,6 @@ class ServerState:
             self.responses = ResponseStore(
                 limits.max_stored_responses, limits.stored_response_ttl_s
             )
-
-    draining: bool = False  # shutting down: new requests get 503 (serve/guards.py's Drain)
-    active: int = 0  # HTTP requests in flight, streams until their last event
 
     @property
     def tokenizer(self):
