@@ -13,7 +13,6 @@ is refused with a 400 that says so.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import queue
 import threading
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from tokenworks.engine.admission import Admission, QueueFullError
 from tokenworks.engine.detokenizer import RequestText
+from tokenworks.engine.front import EngineFront
 from tokenworks.engine.messages import (
     CompletionDelta,
     DeadlineExceededError,
@@ -82,7 +82,7 @@ def _source(model: str) -> tuple[str, dict]:
     return model, {}
 
 
-class HFFront:
+class HFFront(EngineFront):
     """EngineFront over transformers' generate (see the module docstring)."""
 
     def __init__(self, model: str, dtype: str = "float32", max_waiting: int = 256):
@@ -93,7 +93,6 @@ class HFFront:
         self._live: dict[str, _Job] = {}
         self._lock = threading.Lock()
         self._worker: threading.Thread | None = None
-        self._ids = itertools.count()
         self._hf = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -198,18 +197,6 @@ class HFFront:
         if job is not None:
             job.cancelled = True
 
-    def new_request_id(self, prefix: str = "req") -> str:
-        return f"{prefix}-{next(self._ids)}-{time.monotonic_ns() % 10**9}"
-
-    async def generate(self, params, prompt_token_ids, request_id=None, priority=0,
-                       cache_salt=None, deadline=None):  # fmt: skip
-        stream = await self.submit(params, prompt_token_ids, request_id, deadline=deadline)
-        try:
-            async for update in stream:
-                yield update
-        finally:
-            await stream.aclose()
-
     # ------------------------------------------------------------------ the worker
 
     def _run(self) -> None:
@@ -236,7 +223,7 @@ class HFFront:
         p, stream, front = job.params, job.stream, self
         eos = [] if p.ignore_eos else list(self.engine.tokenizer.eos_token_ids)
         stops = eos + list(p.stop_token_ids)
-        state = {"n": 0, "first": None, "last": None, "stopped": None}
+        state = {"n": 0, "first": None, "last": None, "stopped": None, "stop_token": None}
 
         def send(token: int | None, reason: str | None, stop_reason=None) -> None:
             tokens = [] if token is None else [token]
@@ -302,8 +289,8 @@ class HFFront:
             stream.push(DeadlineExceededError("the request did not finish before its deadline"))
             return
         if state["stopped"] is None:
-            if "stop_token" in state:
-                token = state["stop_token"]
+            token = state["stop_token"]
+            if token is not None:
                 reason = (FinishReason.STOP, None if token in eos else token)
             else:
                 reason = (FinishReason.LENGTH, None)

@@ -210,10 +210,7 @@ def upstream_chat(body: AnthropicMessagesRequest) -> dict:
     tool_list = tools.anthropic_tools(body.tools)
     mode, name = tools.anthropic_choice(body.tool_choice, tool_list)
     out = {"messages": to_chat_messages(body), "max_tokens": body.max_tokens}
-    if tool_list and mode != "none":
-        out["tools"] = [t.as_openai() for t in tool_list]
-        named = {"type": "function", "function": {"name": name}}
-        out["tool_choice"] = named if mode == "named" else mode
+    out |= remote.tool_fields(tool_list, mode, name)
     sampling = (("temperature", body.temperature), ("top_p", body.top_p),
                 ("top_k", body.top_k), ("seed", body.seed))  # fmt: skip
     out |= {key: value for key, value in sampling if value is not None}

@@ -90,10 +90,6 @@ class ServerState:
     def max_model_len(self) -> int | None:
         return None if self.remote is not None else self.engine.engine.max_model_len
 
-    def check_model(self, name: str | None) -> str:
-        self.for_model(name)
-        return name
-
     def for_model(self, name: str | None) -> ServerState:
         """The state of the model a request names (this one's, or another backend's)."""
         if name in self.model_names:

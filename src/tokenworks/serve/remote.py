@@ -155,9 +155,7 @@ class RemoteBackend:
                 if data == "[DONE]":
                     return
                 yield json.loads(data)
-        except httpx.TimeoutException as e:
-            raise self._failure(e) from e
-        except httpx.HTTPError as e:
+        except httpx.HTTPError as e:  # (a timeout is a 504, the rest a 502)
             raise self._failure(e) from e
         finally:
             self._inflight -= 1
@@ -252,6 +250,16 @@ async def chunk_steps(chunks):
     yield AnswerStep(usage.get("prompt_tokens", 0), cached, [],
                      usage.get("completion_tokens", 0), finish or "stop",
                      known_usage=True)  # fmt: skip
+
+
+def tool_fields(offered: list, mode: str, name: str | None) -> dict:
+    """The tools a request offers and its tool choice (mode and name, as
+    tools.openai_choice / anthropic_choice give them) as an upstream chat body's fields."""
+    if not offered or mode == "none":
+        return {}
+    named = {"type": "function", "function": {"name": name}}
+    return {"tools": [t.as_openai() for t in offered],
+            "tool_choice": named if mode == "named" else mode}  # fmt: skip
 
 
 def response_format(constraint) -> dict:

@@ -243,11 +243,7 @@ async def delete_response(response_id: str, request: Request):
 
 def _upstream_chat(body: ResponsesRequest, messages: list[dict], offered, mode, name) -> dict:
     """A Responses request as an OpenAI chat completion's body, for a remote backend."""
-    out = {"messages": messages}
-    if offered:
-        out["tools"] = [t.as_openai() for t in offered]
-        named = {"type": "function", "function": {"name": name}}
-        out["tool_choice"] = named if mode == "named" else mode
+    out = {"messages": messages} | remote.tool_fields(offered, mode, name)
     fields = (("max_tokens", body.max_output_tokens), ("temperature", body.temperature),
               ("top_p", body.top_p), ("seed", body.seed),
               ("parallel_tool_calls", body.parallel_tool_calls),
