@@ -791,3 +791,32 @@ def test_the_c_kernels_decode_past_blocks_a_window_gave_back(tmp_path):
         outs[kv] = [s.output_ids for s in seqs]
         assert engine.blocks.released > 0 if kv == "free" else engine.blocks.released == 0
     assert outs["free"] == outs["mask"]
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3", "qwen3"])
+def test_tiled_attention_gives_the_sdpa_tokens_through_the_paged_pool(new_family_dirs, name):
+    """--attention-tile: the engine's prompt chunks (after cached prefixes) and batched
+    decodes through tiled online-softmax attention give SDPA's greedy tokens (float32;
+    windows freeing blocks, soft-capped scores)."""
+    from tokenworks.config import EngineConfig
+    from tokenworks.engine.engine import LLMEngine
+    from tokenworks.engine.request import SamplingParams
+
+    rng = np.random.default_rng(11)
+    shared = rng.integers(0, 320, 30).tolist()
+    requests = [
+        (shared[: rng.integers(0, 31)] + rng.integers(0, 320, rng.integers(1, 40)).tolist(),
+         SamplingParams(max_tokens=int(rng.integers(1, 30)), temperature=0, ignore_eos=True))
+        for _ in range(8)
+    ]  # fmt: skip
+    path = new_family_dirs[name][1]
+    results = {}
+    for tile in (None, 16):
+        config = EngineConfig(
+            model=str(path), dtype="float32", warmup=False, block_size=4,
+            max_num_batched_tokens=16, max_num_seqs=4, attention_tile=tile,
+        )  # fmt: skip
+        engine = LLMEngine(config, _loaded(path))
+        results[tile] = _run_checked(engine, requests)[0]
+        assert engine.model.layers[0].attention_tile == tile
+    assert results[16] == results[None]

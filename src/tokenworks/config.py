@@ -147,6 +147,15 @@ class EngineConfig:
             "them (off: AVX-512 BF16 dot products)"
         ),
     )
+    attention_tile: int | None = field(
+        default=None,
+        metadata=option(
+            "the torch path's attention as exact tiles of N queries x N keys with an online "
+            "softmax (ops/tiled_attention.py: scores never held for a whole row; on any "
+            "device) instead of SDPA; with --kernels auto the torch path then runs the model",
+            metavar="N",
+        ),
+    )
     quantization: str | None = field(
         default=None,
         metadata=option(
@@ -335,6 +344,10 @@ class EngineConfig:
             raise ValueError("kv_cache_fraction must be in (0, 1]")
         if self.kernels not in KERNELS:
             raise ValueError(f"kernels {self.kernels!r}: expected one of {', '.join(KERNELS)}")
+        if self.attention_tile is not None and self.attention_tile < 1:
+            raise ValueError("attention_tile must be >= 1 (or unset: SDPA)")
+        if self.attention_tile is not None and self.kernels == "c":
+            raise ValueError("attention_tile sets the torch path's attention; drop --kernels c")
         if self.kernels == "c" and self.device != "cpu":
             raise ValueError("kernels='c' runs on the CPU")
         if self.scheduling_policy not in ("fcfs", "priority"):

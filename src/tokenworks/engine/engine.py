@@ -85,6 +85,7 @@ class LLMEngine:
             config.dense_from_rows,
             config.moe_strategy,
             config.moe_capacity_factor,
+            config.attention_tile,
         )
         self.max_model_len = min(
             config.max_model_len or self.spec.max_position, self.spec.max_position

@@ -17,6 +17,8 @@ from tokenworks.ops.attention import AttentionMetadata
 def open_kernels(model, pool, config) -> tuple:
     """CKernels.open for a model over its pool with an EngineConfig's kernel options:
     (the kernels or None, why not)."""
+    if config.attention_tile is not None:
+        return None, "attention_tile runs the torch path's tiled attention"
     return CKernels.open(
         model,
         pool,

@@ -49,6 +49,7 @@ def build_model(
     dense_from_rows: int | None = None,
     moe_strategy: str = "auto",
     moe_capacity_factor: float | None = None,
+    attention_tile: int | None = None,
 ) -> torch.nn.Module:
     with _without_random_init():  # (nor does a layer that will hold blocks touch its pages)
         model = MODULES[family(spec.arch).module](spec)
@@ -71,6 +72,9 @@ def build_model(
                  "none stacks them as floats for it)", moe_strategy)  # fmt: skip
     for moe in moes:
         moe.strategy, moe.capacity_factor = moe_strategy, moe_capacity_factor
+    for layer in model.modules():  # (latent attention keeps SDPA)
+        if hasattr(layer, "attention_tile"):
+            layer.attention_tile = attention_tile
     if batch_invariant:
         make_batch_invariant_(model)
     elif quantization in (None, "gguf") and dtype == torch.bfloat16 and device == "cpu":

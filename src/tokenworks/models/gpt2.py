@@ -26,12 +26,14 @@ class GPT2Block(nn.Module):
         self.c_fc = nn.Linear(h, spec.intermediate_size)
         self.mlp_proj = nn.Linear(spec.intermediate_size, h)
         self.scale = spec.head_dim**-0.5
+        self.attention_tile: int | None = None  # tiled online-softmax attention; None: SDPA
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata, cache):
         s = self.spec
         t = x.shape[0]
         q, k, v = self.c_attn(self.ln_1(x)).view(t, 3, s.n_heads, s.head_dim).unbind(1)
-        x = x + self.c_proj(attention(q, k, v, meta, cache, self.layer, self.scale))
+        a = attention(q, k, v, meta, cache, self.layer, self.scale, tile=self.attention_tile)
+        x = x + self.c_proj(a)
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
 

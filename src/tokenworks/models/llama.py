@@ -54,6 +54,7 @@ class LlamaLayer(nn.Module):
         # which RoPE table: 1 for a windowed layer with its own base (Gemma 3), else 0
         self.rope_table = int(spec.rope_local_theta is not None and self.window is not None)
         self.act = F.silu if spec.mlp_act == "silu" else _gelu_tanh
+        self.attention_tile: int | None = None  # tiled online-softmax attention; None: SDPA
 
     def load(self, blocks: dict, p: str) -> None:
         """Copy this layer's weights (engine names under prefix p) in, fusing QKV and gate/up.
@@ -128,7 +129,8 @@ class LlamaLayer(nn.Module):
         qk = apply_rope(qk, cos, sin)
         q, k = qk[:, : s.n_heads], qk[:, s.n_heads :]
         v = qkv[:, s.q_size + s.kv_size :].view(t, s.n_kv_heads, s.head_dim)
-        return attention(q, k, v, meta, cache, self.layer, self.scale, self.window, s.attn_softcap)
+        return attention(q, k, v, meta, cache, self.layer, self.scale, self.window, s.attn_softcap,
+                         self.attention_tile)  # fmt: skip
 
 
 class LlamaModel(nn.Module):

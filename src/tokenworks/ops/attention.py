@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from tokenworks.ops.tiled_attention import tiled_decode_attention, tiled_sequence_attention
+
 
 def context_slots(table: list[int], n_tokens: int, block_size: int, start: int = 0) -> torch.Tensor:
     """[n_tokens - start] int64: the pool slot of each of a sequence's positions start to
@@ -38,12 +40,14 @@ def window_start(context_len: int, window: int | None) -> int:
     return 0 if window is None else max(0, context_len - window + 1)
 
 
-def chunk_attention(q, k_pool, v_pool, index, scale, window, softcap=None) -> torch.Tensor:
+def chunk_attention(
+    q, k_pool, v_pool, index, scale, window, softcap=None, tile=None
+) -> torch.Tensor:
     """A prompt chunk's attention over the pool (its own K/V already written): q [n, H, D],
-    index the slots of its context then its rows -> [n, H*D]."""
+    index the slots of its context then its rows -> [n, H*D] (tile: see sequence_attention)."""
     keys = k_pool.index_select(0, index).transpose(0, 1)  # [KVH, ctx + n, D]
     values = v_pool.index_select(0, index).transpose(0, 1)
-    return sequence_attention(q, keys, values, scale, window, softcap)
+    return sequence_attention(q, keys, values, scale, window, softcap, tile)
 
 
 def softcapped_attention(q, keys, values, mask, scale: float, cap: float) -> torch.Tensor:
@@ -168,9 +172,12 @@ def _causal_mask(n_q: int, n_k: int, window: int | None, device) -> torch.Tensor
     return allowed
 
 
-def sequence_attention(qi, keys, values, scale, window, softcap=None) -> torch.Tensor:
+def sequence_attention(qi, keys, values, scale, window, softcap=None, tile=None) -> torch.Tensor:
     """One sequence's causal attention: qi [n, H, D]; keys, values [KVH, L, D] (the last n
-    keys are qi's own) -> [n, H*D]."""
+    keys are qi's own) -> [n, H*D]. tile: the online softmax over tiles of this size
+    (ops/tiled_attention.py) instead of SDPA."""
+    if tile is not None:
+        return tiled_sequence_attention(qi, keys, values, scale, window, softcap, tile)
     n, n_heads, d = qi.shape
     n_kv, n_k, dv = keys.shape[0], keys.shape[1], values.shape[-1]
     if softcap is not None:
@@ -200,7 +207,7 @@ def sequence_attention(qi, keys, values, scale, window, softcap=None) -> torch.T
 
 
 def decode_attention(
-    q, k_pool, v_pool, dec: DecodeBatch, scale, window, softcap=None
+    q, k_pool, v_pool, dec: DecodeBatch, scale, window, softcap=None, tile=None
 ) -> torch.Tensor:
     """All decode tokens in one call: q [T, H, D] -> [B, H*Dv]."""
     n_heads, d = q.shape[1], q.shape[2]
@@ -212,6 +219,10 @@ def decode_attention(
     )  # [B, KVH, L, D]
     values = v_pool.index_select(0, flat).view(b, length, *v_pool.shape[1:]).transpose(1, 2)
     n_kv = keys.shape[1]
+    if tile is not None:
+        qd = q.index_select(0, dec.token_rows)
+        return tiled_decode_attention(qd, keys, values, dec.context_lens, scale, window, softcap,
+                                      tile)  # fmt: skip
     qg = q.index_select(0, dec.token_rows).reshape(b, n_kv, n_heads // n_kv, d)  # [B,KVH,G,D]
     mask = dec.mask(window)
     if softcap is not None:
@@ -232,15 +243,16 @@ def attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,  # Gemma 2's soft-capped scores
+    tile: int | None = None,  # the tiled online softmax (ops/tiled_attention.py); None: SDPA
 ) -> torch.Tensor:  # [T, H*D]
     if cache is None:
         if any(meta.context_lens):
             raise ValueError("context_lens must be 0 when running without a KV cache")
-        return _uncached(q, k, v, meta, scale, window, softcap)
+        return _uncached(q, k, v, meta, scale, window, softcap, tile)
     k_pool, v_pool = cache.k[layer], cache.v[layer]
     k_pool.index_copy_(0, meta.slot_mapping, k)
     v_pool.index_copy_(0, meta.slot_mapping, v)
-    return attention_over_pool(q, meta, k_pool, v_pool, scale, window, softcap)
+    return attention_over_pool(q, meta, k_pool, v_pool, scale, window, softcap, tile)
 
 
 def attention_over_pool(
@@ -251,29 +263,31 @@ def attention_over_pool(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    tile: int | None = None,
 ) -> torch.Tensor:  # [T, H*D]
     n_heads, dv = q.shape[1], v_pool.shape[-1]
     dec = meta.decode
     if dec is not None and dec.token_rows.numel() == q.shape[0]:  # decode only
-        return decode_attention(q, k_pool, v_pool, dec, scale, window, softcap)
+        return decode_attention(q, k_pool, v_pool, dec, scale, window, softcap, tile)
     out = q.new_empty(q.shape[0], n_heads * dv)
     if dec is not None:
-        out[dec.token_rows] = decode_attention(q, k_pool, v_pool, dec, scale, window, softcap)
+        out[dec.token_rows] = decode_attention(q, k_pool, v_pool, dec, scale, window, softcap,
+                                               tile)  # fmt: skip
     start = 0
     for n, index in zip(meta.query_lens, meta.kv_index, strict=True):
         if index is not None:
             out[start : start + n] = chunk_attention(
-                q[start : start + n], k_pool, v_pool, index, scale, window, softcap
+                q[start : start + n], k_pool, v_pool, index, scale, window, softcap, tile
             )
         start += n
     return out
 
 
-def _uncached(q, k, v, meta, scale, window, softcap=None) -> torch.Tensor:
+def _uncached(q, k, v, meta, scale, window, softcap=None, tile=None) -> torch.Tensor:
     outs, start = [], 0
     for n in meta.query_lens:
         sl = slice(start, start + n)
         keys, values = k[sl].transpose(0, 1), v[sl].transpose(0, 1)
-        outs.append(sequence_attention(q[sl], keys, values, scale, window, softcap))
+        outs.append(sequence_attention(q[sl], keys, values, scale, window, softcap, tile))
         start += n
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
