@@ -62,3 +62,46 @@ def test_an_engine_on_the_kernel_gives_the_tokens_of_the_torch_path(toy_llm):
         assert (llm.engine.c_kernels is not None) == (kernels == "c")
         got[kernels] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got["torch"] == got["c"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (37, None), (100, 25.0)])
+@pytest.mark.parametrize("tile", [16, 256])
+def test_the_online_softmax_kernel_equals_the_float64_definition(dtype, window, softcap, tile):
+    """The C decode kernel's online softmax (csrc attend_online, taken here from context
+    1 on) over contexts of 1 to 8,192 keys scattered through the pool: the float64
+    attention of the same (stored) keys and values within float32 rounding; GQA, windows
+    and soft-capping."""
+    from test_tiled_attention import reference
+
+    if build.library() is None:
+        pytest.skip("the C kernel is not built here")
+    g = torch.Generator().manual_seed(tile)
+    n_heads, n_kv, d, bs = 8, 2, 64, 16
+    lens = [1, 15, 300, 8192]
+    blocks = [-(-n // bs) for n in lens]
+    pool = KVPool(1, sum(blocks), bs, n_kv, d, dtype)
+    pool.k[0].copy_(torch.randn(pool.k[0].shape, generator=g))
+    pool.v[0].copy_(torch.randn(pool.v[0].shape, generator=g))
+    perm = torch.randperm(sum(blocks), generator=g)
+    tables = torch.zeros(len(lens), max(blocks), dtype=torch.long)
+    at = 0
+    for i, nb in enumerate(blocks):
+        tables[i, :nb] = perm[at : at + nb]
+        at += nb
+    q = torch.randn(len(lens), n_heads, d, generator=g).to(dtype)
+    got = kattention.paged_decode_attention(
+        q, pool.k[0], pool.v[0], tables, torch.tensor(lens), bs, d**-0.5, window, softcap,
+        online=(tile, 1),
+    )  # fmt: skip
+    for b, n in enumerate(lens):
+        slots = (tables[b, torch.arange(n) // bs] * bs + torch.arange(n) % bs).tolist()
+        keys, values = pool.k[0][slots].transpose(0, 1), pool.v[0][slots].transpose(0, 1)
+        qb = q[b : b + 1].float()
+        if dtype == torch.bfloat16:  # the kernel's query is float32: compare on its output
+            want = reference(qb, keys, values, d**-0.5, window, softcap).bfloat16().double()
+            tol = dict(atol=1e-2, rtol=1e-2)
+        else:
+            want = reference(qb, keys, values, d**-0.5, window, softcap)
+            tol = dict(atol=2e-6, rtol=1e-5)
+        torch.testing.assert_close(got[b].reshape(1, -1).double(), want, **tol)

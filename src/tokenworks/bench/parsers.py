@@ -354,6 +354,22 @@ def add_bench_parsers(sub) -> None:
     _out(p)
     p.set_defaults(fn=_run("tokenworks.bench.attention_kinds:run_attention_bench"))
     p = bsub.add_parser(
+        "tiled-attention",
+        help="naive, SDPA and tiled prompt attention (time, peak memory) and the decode "
+        "paths (torch, tiled, C rows, C online softmax) by context",
+    )
+    p.add_argument("--contexts", default="512,1024,2048,4096,8192,16384,32768")
+    p.add_argument("--max-prompt", type=int, default=32768, help="longest prompt timed")
+    p.add_argument("--tile", type=int, default=128, help="tile size of the tiled paths")
+    p.add_argument("--batch", type=int, default=16, help="decode sequences")
+    p.add_argument("--naive-gib", type=float, default=4.0,
+                   help="the naive prompt form runs where its scores fit this")  # fmt: skip
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--prompt-repeats", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None)
+    _out(p)
+    p.set_defaults(fn=_run("tokenworks.bench.tiled_attention:run_tiled_attention_bench"))
+    p = bsub.add_parser(
         "invariance",
         help="what batch invariance costs: prefill, decode and offline throughput with it "
         "(the default) and without, interleaved, per model",

@@ -45,6 +45,8 @@ class KV(ctypes.Structure):
         ("block_size", ctypes.c_int),
         ("window", ctypes.c_int),
         ("softcap", ctypes.c_float),
+        ("tile", ctypes.c_int),
+        ("tile_from", ctypes.c_int),
     ]
 
 
@@ -110,15 +112,31 @@ def ptr(t: torch.Tensor | None) -> int | None:
     return t.data_ptr()
 
 
+# Decode attention's online softmax (csrc attend_online): keys per tile, and the context
+# from which it replaces whole score rows (0: never; -1: the build's default, csrc
+# online_from). See docs/kernels.md for the timing.
+ONLINE_TILE, ONLINE_FROM = 64, -1
+
+
 def kv_view(
-    tables, lens, block_size, window, kv_dtype, k_pool=None, v_pool=None, softcap=None
+    tables,
+    lens,
+    block_size,
+    window,
+    kv_dtype,
+    k_pool=None,
+    v_pool=None,
+    softcap=None,
+    online=(ONLINE_TILE, ONLINE_FROM),
 ) -> KV:
     """A KV struct over block tables [B, max_blocks] and context lengths [B] (int64,
     contiguous: the caller keeps them alive during the call); pools may be set later.
-    softcap: Gemma 2's cap on the attention scores (None: none)."""
+    softcap: Gemma 2's cap on the attention scores (None: none). online: (keys per tile,
+    the context from which decode attention takes the online softmax; 0: never, -1: the
+    build's default)."""
     return KV(
         ptr(k_pool), ptr(v_pool), kv_dtype, ptr(tables), tables.shape[1], ptr(lens),
-        block_size, window or 0, softcap or 0.0,
+        block_size, window or 0, softcap or 0.0, *online,
     )  # fmt: skip
 
 

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from tokenworks.kernels.abi import DTYPE_CODES, kv_view, ptr
+from tokenworks.kernels.abi import DTYPE_CODES, ONLINE_FROM, ONLINE_TILE, kv_view, ptr
 from tokenworks.kernels.batch import KernelBatch
 from tokenworks.kernels.build import library
 from tokenworks.kernels.products import tiles_granted
@@ -20,10 +20,20 @@ from tokenworks.ops.attention import chunk_attention
 
 
 def paged_decode_attention(
-    q, k_pool, v_pool, block_tables, context_lens, block_size, scale, window, softcap=None
+    q,
+    k_pool,
+    v_pool,
+    block_tables,
+    context_lens,
+    block_size,
+    scale,
+    window,
+    softcap=None,
+    online=None,
 ) -> torch.Tensor | None:
     """q [B, H, D] -> [B, H, D], or None where the kernel cannot take these inputs;
-    softcap: Gemma 2's cap on the scores (None: none)."""
+    softcap: Gemma 2's cap on the scores (None: none); online: (tile, from which context)
+    for the online softmax (None: the kernels' default, abi.ONLINE_TILE and ONLINE_FROM)."""
     lib = library()
     if lib is None or q.device.type != "cpu" or k_pool.dtype not in (torch.float32, torch.bfloat16):
         return None
@@ -33,7 +43,8 @@ def paged_decode_attention(
     tables = block_tables.contiguous()
     lens = context_lens.contiguous()
     code = DTYPE_CODES[k_pool.dtype]
-    kv = kv_view(tables, lens, block_size, window, code, k_pool, v_pool, softcap)
+    online = online or (ONLINE_TILE, ONLINE_FROM)
+    kv = kv_view(tables, lens, block_size, window, code, k_pool, v_pool, softcap, online)
     lib.tw_paged_attention(
         ctypes.byref(kv), ptr(qf), ptr(out), b, n_heads, k_pool.shape[1], d, scale,
         torch.get_num_threads(),

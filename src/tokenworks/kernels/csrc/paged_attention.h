@@ -13,7 +13,23 @@ typedef struct {
   int block_size;
   int window;  // 0: none; else attend to the last `window` keys only
   float softcap;  // > 0: scores -> softcap * tanh(scores / softcap) (Gemma 2); 0: none
+  int tile;       // keys per tile of the online softmax (attend_online)
+  int tile_from;  // contexts of at least this many keys take it; 0: none do; < 0: the
+                 // build's default (online_from)
 } tw_kv;
+
+// Where the online softmax replaces whole score rows by default: everywhere on a build
+// without AVX-512 (measured faster at every context, docs/kernels.md); never with it, whose
+// vector whole-row passes for head_dim 64 it has not been measured against.
+static inline int online_from(const tw_kv* kv) {
+  if (kv->tile <= 0) return 0;
+  if (kv->tile_from >= 0) return kv->tile_from;
+#if defined(__AVX512F__)
+  return 0;
+#else
+  return 1;
+#endif
+}
 
 #if defined(__AVX512F__)
 // e^x for 16 lanes: 2^(x log2 e) split into an integer power (applied by scalef) and a
@@ -278,6 +294,66 @@ static int64_t* window_slots(const tw_kv* kv, int b, int64_t* n) {
   return context_slots(kv, b, first, L);
 }
 
+// One KV head's G query heads (qs [G, D], scaled) over n keys with an online softmax,
+// T = kv->tile keys at a time: each tile's K rows give its scores, then its V rows are
+// added in at once, while each head keeps its running maximum m, its sum l of
+// e^(score - m) and its unnormalised output, rescaled by e^(m_old - m_new) when the
+// maximum grows. No score row of the whole context is held, and K and V are read in one
+// pass, a tile of each close together. out [G, D].
+static void attend_online(const tw_kv* kv, const int64_t* slots, int64_t n, int kv_heads, int h,
+                          int G, int D, const float* qs, float* out) {
+  const int T = kv->tile;
+  float* s = (float*)malloc(sizeof(float) * (size_t)G * T);
+  float* rows = (float*)malloc(sizeof(float) * (size_t)T * D);
+  float* m = (float*)malloc(sizeof(float) * (size_t)G * 2);
+  float* l = m + G;
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+    for (int d = 0; d < D; ++d) out[g * D + d] = 0.f;
+  }
+  for (int64_t t0 = 0; t0 < n; t0 += T) {
+    const int cnt = n - t0 < T ? (int)(n - t0) : T;
+    for (int j = 0; j < cnt; ++j)
+      row_to_f32(kv->k_pool, kv->kv_dtype, slots[t0 + j] * kv_heads + h, D, rows + j * D);
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < cnt; ++j) {
+        float x = dot_f32(qs + g * D, rows + j * D, D);
+        s[g * T + j] = kv->softcap > 0.f ? kv->softcap * tanhf(x / kv->softcap) : x;
+      }
+    for (int j = 0; j < cnt; ++j)
+      row_to_f32(kv->v_pool, kv->kv_dtype, slots[t0 + j] * kv_heads + h, D, rows + j * D);
+    for (int g = 0; g < G; ++g) {
+      float* sg = s + g * T;
+      float mx = m[g];
+      for (int j = 0; j < cnt; ++j) mx = sg[j] > mx ? sg[j] : mx;
+      const float decay = expf(m[g] - mx);  // 0 on the first tile (m = -inf)
+      float sum = 0.f;
+      for (int j = 0; j < cnt; ++j) {
+        sg[j] = expf(sg[j] - mx);
+        sum += sg[j];
+      }
+      l[g] = l[g] * decay + sum;
+      m[g] = mx;
+      float* o = out + g * D;
+#pragma omp simd
+      for (int d = 0; d < D; ++d) o[d] *= decay;
+      for (int j = 0; j < cnt; ++j) {
+        const float p = sg[j], *v = rows + j * D;
+#pragma omp simd
+        for (int d = 0; d < D; ++d) o[d] += p * v[d];
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    const float inv = 1.f / l[g];
+    for (int d = 0; d < D; ++d) out[g * D + d] *= inv;
+  }
+  free(m);
+  free(rows);
+  free(s);
+}
+
 // Sequence b's query heads of KV heads [h0, h1): q [(h1 - h0) * G, D] (float32, not yet
 // scaled) -> out, same shape. For each KV head: scores over the whole context, softmax,
 // then the weighted sum of values. Each key and value row is read once for all the query
@@ -288,6 +364,7 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
   int64_t n;
   const int64_t esz = kv->kv_dtype == TW_F32 ? 4 : 2;
   int64_t* slots = window_slots(kv, b, &n);
+  const int from = online_from(kv);
   tw_ahead ahead, *ap = NULL;
 #if defined(__AVX512BF16__)
   // the next sequence's K and V, spread over this one's passes: only where both passes
@@ -315,6 +392,10 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
     const float* qh = q + (int64_t)(h - h0) * G * D;
     float* oh = out + (int64_t)(h - h0) * G * D;
     for (int i = 0; i < G * D; ++i) qs[i] = qh[i] * scale;
+    if (from > 0 && n >= from) {
+      attend_online(kv, slots, n, kv_heads, h, G, D, qs, oh);
+      continue;
+    }
     int done = 0;
 #if defined(__AVX512BF16__)
     if (kv->kv_dtype == TW_BF16 && D % 32 == 0) {
