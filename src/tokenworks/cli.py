@@ -166,6 +166,12 @@ def cmd_models(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    from tokenworks.bench.profile import run_profile
+
+    return run_profile(args)
+
+
 def cmd_env(args) -> int:
     from tokenworks.env_report import main
 
@@ -208,6 +214,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print it as JSON")
     p.set_defaults(fn=cmd_env)
+    p = sub.add_parser(
+        "profile",
+        help="one prompt pass and one decode step of the torch modules, component by "
+        "component: FLOPs, bytes, time, GFLOP/s, GB/s and the roofline's share",
+    )
+    p.add_argument("--prompt-tokens", type=int, default=512, help="the prompt pass's length")
+    p.add_argument("--batch", type=int, default=1, help="sequences in the decode step")
+    p.add_argument("--repeats", type=int, default=5, help="steps of each phase (median)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_engine_arguments(p)
+    p.set_defaults(fn=cmd_profile)
     add_bench_parsers(sub)
     from tokenworks.plan.commands import add_plan_parser
 

@@ -1,0 +1,67 @@
+"""`tokenworks profile`: its FLOPs are the planner's closed forms; its spans tile the step."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenworks.bench.profile import ORDER, component, profile
+from tokenworks.plan import roofline
+from tokenworks.plan.hardware import Hardware
+from tokenworks.plan.quant import SCHEMES
+
+
+@pytest.fixture(scope="module")
+def profiled(smol_loaded):
+    from tokenworks import LLM
+
+    llm = LLM("smollm2-135m", loaded=smol_loaded, dtype="float32", kernels="torch",
+              enable_prefix_caching=False, warmup=False, max_num_seqs=8)  # fmt: skip
+    return llm.engine, profile(llm.engine, prompt_tokens=64, batch=8, repeats=15, hw=_hw())
+
+
+def test_profile_flops_equal_the_planners_closed_forms(profiled):
+    """Decode: B x 2 x matmul params + attention at each context (roofline.decode);
+    prefill: roofline.prefill less the LM head rows the engine does not compute (it asks
+    logits of the last prompt row only)."""
+    engine, result = profiled
+    shape = engine.spec.shape
+    prefill, decode = result["phases"]
+    total = {
+        p["phase"]: sum(c["flops"] for c in p["components"].values()) for p in (prefill, decode)
+    }
+    q = SCHEMES["fp32"]
+    ctx = decode["contexts"][0]
+    assert decode["contexts"] == [ctx, ctx]
+    planned = roofline.decode(shape, _hw(), q, batch=8, context=ctx, compute_dtype="fp32").flops
+    elementwise = sum(decode["components"][c]["flops"] for c in ("norms", "activation"))
+    assert total["decode"] - elementwise == pytest.approx(planned, rel=1e-12)
+    planned = roofline.prefill(shape, _hw(), q, prompt=64, compute_dtype="fp32").flops
+    head_rows_skipped = 63 * 2 * shape.vocab * shape.hidden
+    elementwise = sum(prefill["components"][c]["flops"] for c in ("norms", "activation"))
+    assert total["prefill"] - elementwise == pytest.approx(planned - head_rows_skipped, rel=1e-12)
+
+
+def _hw():
+    return Hardware("test", 1e9, 1e10, {"fp32": 1e11}, kind="cpu")
+
+
+def test_component_times_sum_to_the_measured_step_within_ten_percent(profiled):
+    _, result = profiled
+    for phase in result["phases"]:
+        names = list(phase["components"])
+        assert names == [c for c in ORDER if c in names]
+        assert {"qkv_proj", "attention", "o_proj", "gate_up_proj", "down_proj", "lm_head",
+                "norms", "sampling"} <= set(names)  # fmt: skip
+        hooked = sum(c["seconds"] for c in phase["components"].values())
+        assert hooked == pytest.approx(phase["hooked_seconds"], rel=1e-9)
+        assert hooked == pytest.approx(phase["step_seconds"], rel=0.10), phase["phase"]
+
+
+def test_spans_go_to_the_component_their_stamps_bracket():
+    assert component("qkv:start", "qkv:end") == "qkv_proj"
+    assert component("qkv:end", "o_proj:start") == "attention"
+    assert component("gate_up:end", "down:start") == "activation"
+    assert component("model:end", "step:end") == "sampling"
+    assert component("step:start", "model:start") == "scheduling"
+    assert component("model:start", "embed:start") == "norms"
+    assert component("embed:start", "embed:end") == "embedding"
