@@ -156,6 +156,14 @@ class EngineConfig:
             metavar="N",
         ),
     )
+    compile: bool = field(
+        default=False,
+        metadata=option(
+            "each decoder layer's dense work through torch.compile (Inductor: C++ on the "
+            "CPU, Triton on CUDA), attention eager between (models/compiled.py); runs the "
+            "torch modules, so a GGUF file needs --quantization none"
+        ),
+    )
     quantization: str | None = field(
         default=None,
         metadata=option(
@@ -348,6 +356,8 @@ class EngineConfig:
             raise ValueError("attention_tile must be >= 1 (or unset: SDPA)")
         if self.attention_tile is not None and self.kernels == "c":
             raise ValueError("attention_tile sets the torch path's attention; drop --kernels c")
+        if self.compile and self.kernels == "c":
+            raise ValueError("compile compiles the torch modules; drop --kernels c")
         if self.kernels == "c" and self.device != "cpu":
             raise ValueError("kernels='c' runs on the CPU")
         if self.scheduling_policy not in ("fcfs", "priority"):

@@ -354,6 +354,23 @@ def add_bench_parsers(sub) -> None:
     _out(p)
     p.set_defaults(fn=_run("tokenworks.bench.attention_kinds:run_attention_bench"))
     p = bsub.add_parser(
+        "compiled",
+        help="eager, --compile and C-kernel step times: a prompt pass and decode steps at "
+        "several batch sizes, with the compile time",
+    )
+    p.add_argument("--models", default="smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b,"
+                   "qwen2.5-coder-1.5b", help="comma-separated catalogue names")  # fmt: skip
+    p.add_argument("--modes", default="eager,compiled,c")
+    p.add_argument("--batches", default="1,16,64")
+    p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--context", type=int, default=128, help="each decoding sequence's length")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=None)
+    _out(p)
+    p.set_defaults(fn=_run("tokenworks.bench.compiled:run_compiled_bench"))
+    p = bsub.add_parser(
         "tiled-attention",
         help="naive, SDPA and tiled prompt attention (time, peak memory) and the decode "
         "paths (torch, tiled, C rows, C online softmax) by context",

@@ -47,6 +47,7 @@ from tokenworks.engine.structured import GrammarCompiler
 from tokenworks.kernels.backend import KernelsUnavailableError
 from tokenworks.models import build_model, load
 from tokenworks.models.build import make_batch_invariant_
+from tokenworks.models.compiled import CompileStats, compile_layers_
 from tokenworks.models.loaded import LoadedModel
 from tokenworks.shapes import kv_bytes_per_token
 from tokenworks.tokenizer import TokenizerWrapper
@@ -87,6 +88,14 @@ class LLMEngine:
             config.moe_capacity_factor,
             config.attention_tile,
         )
+        self.compile_stats = None
+        if config.compile:
+            if self.quantization is not None:
+                raise ValueError(
+                    f"compile traces torch's products; this model's weights run as "
+                    f"{self.quantization} blocks: add --quantization none"
+                )
+            self.compile_stats = CompileStats(layers=compile_layers_(self.model))
         self.max_model_len = min(
             config.max_model_len or self.spec.max_position, self.spec.max_position
         )
@@ -132,6 +141,7 @@ class LLMEngine:
             config.device,
             batch_decode=self.invariance != "torch",
             kernels=self.c_kernels,
+            compile_stats=self.compile_stats,
         )
         self._ids = itertools.count()
         self._arrivals = itertools.count()

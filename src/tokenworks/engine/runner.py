@@ -19,6 +19,8 @@ def open_kernels(model, pool, config) -> tuple:
     (the kernels or None, why not)."""
     if config.attention_tile is not None:
         return None, "attention_tile runs the torch path's tiled attention"
+    if config.compile:
+        return None, "compile runs the torch modules, compiled"
     return CKernels.open(
         model,
         pool,
@@ -41,11 +43,13 @@ class ModelRunner:
         batch_decode: bool = True,
         kernels=None,  # kernels.CKernels, or None: the torch model runs every batch
         rows_up_to: int = 0,  # chunks this short run as decode rows (see rows_as_decodes)
+        compile_stats=None,  # models.compiled.CompileStats where the layers are compiled
     ):
         self.model, self.pool, self.block_size = model, pool, block_size
         self.device, self.batch_decode = device, batch_decode
         self.kernels = kernels
         self.rows_up_to = rows_up_to
+        self.compile_stats = compile_stats
         layout = pool.layout
         self._group_of = [layout.group_of(i) for i in range(layout.n_layers)]  # per layer
 
@@ -101,9 +105,7 @@ class ModelRunner:
                 out = ForwardOutput(self.model.head(h[[at[r] for r in head_rows]]))
                 out.pooled = [(s, w.start, h[at[r] : at[r] + len(w)]) for s, w, r in pooled_rows]
             else:
-                out = ForwardOutput(
-                    self.model(ids_t, pos_t, meta, self.pool, logits_rows=rows, float_logits=False)
-                )
+                out = ForwardOutput(self._forward(ids_t, pos_t, meta, rows))
         if prompt_rows:
             at = {r: i for i, r in enumerate(head_rows)}
             logits = out.logits
@@ -112,6 +114,14 @@ class ModelRunner:
                 (s, w.start + 1, logits[at[r] : at[r] + len(w)]) for s, w, r in prompt_rows
             ]
         return out
+
+    def _forward(self, ids, positions, meta, rows) -> torch.Tensor:
+        def run():
+            return self.model(ids, positions, meta, self.pool, logits_rows=rows, float_logits=False)
+
+        if self.compile_stats is None:
+            return run()
+        return self.compile_stats.around(len(ids), run)
 
     def metadata(self, query_lens, context_lens, tables) -> AttentionMetadata:
         """The batch's attention metadata, one per KV group of the pool (tables: each

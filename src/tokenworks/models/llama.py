@@ -55,6 +55,8 @@ class LlamaLayer(nn.Module):
         self.rope_table = int(spec.rope_local_theta is not None and self.window is not None)
         self.act = F.silu if spec.mlp_act == "silu" else _gelu_tanh
         self.attention_tile: int | None = None  # tiled online-softmax attention; None: SDPA
+        # (before, after) attention as torch.compile'd functions (models/compiled.py)
+        self.compiled: tuple | None = None
 
     def load(self, blocks: dict, p: str) -> None:
         """Copy this layer's weights (engine names under prefix p) in, fusing QKV and gate/up.
@@ -93,27 +95,19 @@ class LlamaLayer(nn.Module):
         cache,
     ) -> torch.Tensor:
         s = self.spec
-        norm = (s.hidden_size,)
-        h = F.rms_norm(x, norm, self.input_norm, s.norm_eps)
         if self.mla is not None:
-            a = self.mla(h, cos, sin, meta, cache)
-        else:
-            a = self.o_proj(self._attention(h, cos, sin, meta, cache))
-        if s.sandwich_norms:
-            a = F.rms_norm(a, norm, self.attn_output_norm, s.norm_eps)
-        x = x + a
-        h = F.rms_norm(x, norm, self.post_norm, s.norm_eps)
-        if self.moe is not None:
-            m = self.moe(h)
-        else:
-            gate, up = self.gate_up(h).chunk(2, dim=-1)
-            m = self.down(self.act(gate) * up)
-        if s.sandwich_norms:
-            m = F.rms_norm(m, norm, self.mlp_output_norm, s.norm_eps)
-        return x + m
+            h = F.rms_norm(x, (s.hidden_size,), self.input_norm, s.norm_eps)
+            return self._after_attention(x, self.mla(h, cos, sin, meta, cache))
+        before, after = self.compiled or (self._before_attention, self._projected)
+        q, k, v = before(x, cos, sin)
+        a = attention(q, k, v, meta, cache, self.layer, self.scale, self.window, s.attn_softcap,
+                      self.attention_tile)  # fmt: skip
+        return after(x, a)
 
-    def _attention(self, h, cos, sin, meta, cache) -> torch.Tensor:
+    def _before_attention(self, x, cos, sin) -> tuple[torch.Tensor, ...]:
+        """The input norm, QKV, Q/K norms and RoPE: [T, hidden] -> q [T, H, D], k, v."""
         s = self.spec
+        h = F.rms_norm(x, (s.hidden_size,), self.input_norm, s.norm_eps)
         t = h.shape[0]
         qkv = self.qkv(h)  # [T, q + 2kv]
         qk = qkv[:, : s.q_size + s.kv_size].view(t, s.n_heads + s.n_kv_heads, s.head_dim)
@@ -127,10 +121,28 @@ class LlamaLayer(nn.Module):
                 dim=1,
             )
         qk = apply_rope(qk, cos, sin)
-        q, k = qk[:, : s.n_heads], qk[:, s.n_heads :]
         v = qkv[:, s.q_size + s.kv_size :].view(t, s.n_kv_heads, s.head_dim)
-        return attention(q, k, v, meta, cache, self.layer, self.scale, self.window, s.attn_softcap,
-                         self.attention_tile)  # fmt: skip
+        return qk[:, : s.n_heads], qk[:, s.n_heads :], v
+
+    def _projected(self, x, a) -> torch.Tensor:
+        return self._after_attention(x, self.o_proj(a))
+
+    def _after_attention(self, x, a) -> torch.Tensor:
+        """The rest of the layer from the attention's projected output a [T, hidden]."""
+        s = self.spec
+        norm = (s.hidden_size,)
+        if s.sandwich_norms:
+            a = F.rms_norm(a, norm, self.attn_output_norm, s.norm_eps)
+        x = x + a
+        h = F.rms_norm(x, norm, self.post_norm, s.norm_eps)
+        if self.moe is not None:
+            m = self.moe(h)
+        else:
+            gate, up = self.gate_up(h).chunk(2, dim=-1)
+            m = self.down(self.act(gate) * up)
+        if s.sandwich_norms:
+            m = F.rms_norm(m, norm, self.mlp_output_norm, s.norm_eps)
+        return x + m
 
 
 class LlamaModel(nn.Module):

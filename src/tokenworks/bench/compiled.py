@@ -1,0 +1,126 @@
+"""Eager, compiled and C-kernel step times: decode at several batch sizes and a prompt pass.
+
+For each model and mode (eager: the torch modules; compiled: the same under --compile;
+c: the C kernels' forward) in one dtype, with the weights dequantised alike
+(--quantization none), it times one prompt pass of --prompt tokens and one decode step of
+each batch (every sequence at --context tokens), the median of --repeats, and for the
+compiled mode the graphs built and the seconds spent building them. Where each mode wins
+is the point: per-op dispatch at small batches, fusion of the elementwise work, and the
+products' bandwidth and FLOP rate at large ones.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from tokenworks.bench.record import make_record, write_record
+from tokenworks.config import EngineConfig
+from tokenworks.engine.engine import LLMEngine
+from tokenworks.engine.request import SamplingParams
+
+MODES = {"eager": {"kernels": "torch"}, "compiled": {"kernels": "torch", "compile": True},
+         "c": {"kernels": "c"}}  # fmt: skip
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed_step(engine) -> float:
+    device = engine.config.device
+    _sync(device)
+    t = time.perf_counter()
+    engine.step()
+    _sync(device)
+    return time.perf_counter() - t
+
+
+def prompt_of(n: int, vocab: int, seed: int) -> list[int]:
+    return [(seed * 7919 + 31 * i) % (vocab - 2) + 1 for i in range(n)]
+
+
+def measure_mode(loaded, config: EngineConfig, prompt: int, context: int, batches, repeats):
+    """{"prefill_s", "decode_s": {batch: s}, "compile": CompileStats dict or None}."""
+    engine = LLMEngine(config, loaded)
+    vocab = engine.spec.vocab_size
+    once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    times = []
+    for r in range(repeats + 1):  # the first builds buffers (and graphs): untimed
+        engine.add_request(prompt_token_ids=prompt_of(prompt, vocab, r), params=once)
+        t = timed_step(engine)
+        while engine.has_unfinished():
+            engine.step()
+        times.append(t)
+    out = {"prefill_s": statistics.median(times[1:]), "decode_s": {}}
+    long = SamplingParams(max_tokens=1 << 20, temperature=0, ignore_eos=True)
+    for batch in batches:
+        seqs = [engine.add_request(prompt_token_ids=prompt_of(context, vocab, 100 + i), params=long)
+                for i in range(batch)]  # fmt: skip
+        while any(s.n_cached < context for s in seqs):
+            engine.step()
+        engine.step()  # the first step of this batch size (a graph for it, where compiled)
+        out["decode_s"][batch] = statistics.median([timed_step(engine) for _ in range(repeats)])
+        for s in seqs:
+            engine.abort_request(s.request_id)
+    stats = engine.compile_stats
+    out["compile"] = stats.to_dict() if stats is not None else None
+    return out
+
+
+def run_compiled_bench(args) -> Path:
+    from tokenworks.models import load
+
+    torch.set_num_threads(args.threads or torch.get_num_threads())
+    batches = [int(b) for b in args.batches.split(",")]
+    modes = args.modes.split(",")
+    rows = {}
+    base = dict(dtype=args.dtype, device=args.device, quantization="none", warmup=False,
+                enable_prefix_caching=False, max_num_seqs=max(batches),
+                max_num_batched_tokens=max(args.prompt, max(batches)))  # fmt: skip
+    for name in args.models.split(","):
+        loaded = load(name)
+        for mode in tqdm(modes, desc=name):
+            if mode == "c" and args.device != "cpu":
+                continue
+            config = EngineConfig(model=name, **base, **MODES[mode])
+            rows[f"{name}/{mode}"] = measure_mode(loaded, config, args.prompt, args.context,
+                                                  batches, args.repeats)  # fmt: skip
+            gc.collect()
+        del loaded
+        gc.collect()
+    record = make_record(
+        kind="compiled",
+        engine=base | {"modes": {m: MODES[m] for m in modes}, "threads": torch.get_num_threads()},
+        model={"names": args.models.split(",")},
+        workload={
+            "prompt": args.prompt,
+            "context": args.context,
+            "batches": batches,
+            "repeats": args.repeats,
+            "sampling": "greedy",
+        },  # fmt: skip
+        results={"rows": rows},
+    )
+    path = write_record(record, args.out)
+    print(table(rows, batches))
+    print(f"record: {path}")
+    return path
+
+
+def table(rows: dict, batches) -> str:
+    head = " | ".join(f"decode {b} ms" for b in batches)
+    out = [f"| model / mode | prompt ms | {head} | graphs | compile s |",
+           "|---|---|" + "---|" * len(batches) + "---|---|"]  # fmt: skip
+    for name, r in rows.items():
+        dec = " | ".join(f"{r['decode_s'][b] * 1e3:.1f}" for b in batches)
+        c = r["compile"] or {}
+        out.append(f"| {name} | {r['prefill_s'] * 1e3:.1f} | {dec} | {c.get('graphs', '')} | "
+                   f"{c.get('seconds', 0):.1f} |")  # fmt: skip
+    return "\n".join(out)
