@@ -12,6 +12,12 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 TOKENWORKS_HOME=/tmp/twhome
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
-python3 -m pytest -q -p no:cacheprovider -m "not real_model" -k "cuda or not cpu" tests 2>&1 \
-  | tee "$OUT/pytest.log" | tail -25
-python3 benchmarks/gpu_speed.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/speed.log" | tail -8
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+# the CUDA path's own tests (bf16/fp16 paged KV, prefix caching, structured output,
+# speculation, tiled attention, --compile, the server), then every device-parametrised test
+timeout 180 python3 -m pytest -q -p no:cacheprovider -m cuda tests 2>&1 \
+  | tee "$OUT/pytest-cuda.log" | tail -12
+timeout 180 python3 -m pytest -q -p no:cacheprovider -m "not real_model and not cuda" \
+  -k "cuda or not cpu" tests 2>&1 | tee "$OUT/pytest.log" | tail -25
+timeout 220 python3 benchmarks/gpu_speed.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/speed.log" \
+  | tail -40

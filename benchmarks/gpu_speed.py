@@ -3,8 +3,9 @@
 The model file cannot travel to a lent GPU machine (no network there, and the tree that
 travels is capped), but speed does not depend on the weights' values: a random-weight
 model with SmolLM2-135M's exact shape runs the same kernels. Measures single-stream
-prefill and decode, and offline throughput (N x 128 in / 128 out, EOS ignored), and
-writes an evidence record.
+prefill and decode, offline throughput (N x 128 in / 128 out, EOS ignored), eager
+against --compile step times (a 512-token prompt; decode batches 1, 16, 64) and
+`tokenworks profile`'s component table, and writes an evidence record naming the GPU.
 
     python benchmarks/gpu_speed.py --device cuda --out DIR
 """
@@ -17,6 +18,9 @@ import time
 
 import torch
 
+from tokenworks.bench.compiled import MODES, measure_mode
+from tokenworks.bench.profile import profile
+from tokenworks.bench.profile import table as profile_table
 from tokenworks.bench.record import make_record, write_record
 from tokenworks.bench.workload import latency_prompt
 from tokenworks.config import EngineConfig
@@ -24,6 +28,7 @@ from tokenworks.engine.engine import LLMEngine
 from tokenworks.engine.request import SamplingParams
 from tokenworks.models.loaded import LoadedModel
 from tokenworks.models.toy import byte_tokenizer, toy_spec, toy_weights
+from tokenworks.plan.hardware import Hardware
 
 
 def smol_shaped() -> LoadedModel:
@@ -77,6 +82,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--batches", default="1,64,256")
+    # the roofline's ceiling for the profile's shares (default: an H200's datasheet figures)
+    ap.add_argument("--bandwidth", type=float, default=4.8e12, help="bytes/s")
+    ap.add_argument("--peak", type=float, default=989e12, help="dense bf16 FLOP/s")
     args = ap.parse_args()
     loaded = smol_shaped()
     results = {"device_name": torch.cuda.get_device_name() if args.device != "cpu" else "cpu"}
@@ -113,6 +121,18 @@ def main() -> None:
             sync(args.device)
             times.append(time.perf_counter() - t)
         results["prefill_512_tok_s"] = 512 / sorted(times[1:])[1]
+    # eager against --compile, and one profile of each phase, on the same random weights
+    base = dict(dtype=args.dtype, device=args.device, warmup=False, enable_prefix_caching=False,
+                max_num_seqs=64, max_num_batched_tokens=512, kv_cache_memory=4.0)  # fmt: skip
+    for mode in ("eager", "compiled"):
+        config = EngineConfig(model="random", **base, **MODES[mode])
+        results[f"steps_{mode}"] = measure_mode(loaded, config, 512, 128, [1, 16, 64], 5)
+        print(mode, results[f"steps_{mode}"], flush=True)
+    engine = LLMEngine(EngineConfig(model="random", **base, kernels="torch"), loaded)
+    hw = Hardware(torch.cuda.get_device_name(), 1e9, args.bandwidth, {"bf16": args.peak,
+                  "fp16": args.peak, "fp32": args.peak / 2})  # fmt: skip
+    results["profile"] = profile(engine, prompt_tokens=512, batch=16, repeats=5, hw=hw)
+    print(profile_table(results["profile"]), flush=True)
     print(results)
     record = make_record(
         kind="gpu_speed",

@@ -47,7 +47,9 @@ def test_half_precision_paged_kv_on_the_device(toy, dtype):
     a repeated prompt hits the prefix cache."""
     llm = _llm(toy, dtype=dtype)
     engine = llm.engine
-    assert engine.pool.k[0].device.type == "cuda" and engine.pool.k[0].dtype == getattr(torch, dtype)
+    assert engine.pool.k[0].device.type == "cuda" and engine.pool.k[0].dtype == getattr(
+        torch, dtype
+    )
     batched = _tokens(llm, PROMPTS)
     assert [_tokens(llm, [p])[0] for p in PROMPTS] == batched
     assert engine.blocks.prefix.hit_tokens > 0

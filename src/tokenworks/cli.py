@@ -223,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1, help="sequences in the decode step")
     p.add_argument("--repeats", type=int, default=5, help="steps of each phase (median)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument(
+        "--record", metavar="DIR", default=None, help="also write an evidence record there"
+    )
     add_engine_arguments(p)
     p.set_defaults(fn=cmd_profile)
     add_bench_parsers(sub)

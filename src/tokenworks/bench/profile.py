@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -259,6 +260,24 @@ def run_profile(args) -> int:
     hw = probe(threads=torch.get_num_threads(), matmul_size=1024, repeats=2)
     result = profile(engine, args.prompt_tokens, args.batch, args.repeats, hw)
     print(json.dumps(result, indent=1, default=str) if args.json else table(result))
+    if args.record:
+        from tokenworks.bench.record import make_record, write_record
+
+        record = make_record(
+            kind="profile",
+            engine=result["config"],
+            model={"id": result["model"]},
+            workload={
+                "prompt_tokens": args.prompt_tokens,
+                "batch": args.batch,
+                "repeats": args.repeats,
+            },  # fmt: skip
+            results={
+                "phases": {p["phase"]: p for p in result["phases"]},
+                "hardware_probe": result["hardware"],
+            },  # fmt: skip
+        )
+        print(f"record: {write_record(record, args.record)}", file=sys.stderr)
     return 0
 
 

@@ -332,6 +332,38 @@ def cmd_paging(args) -> int:
     return 0
 
 
+def cmd_traffic(args) -> int:
+    from tokenworks.plan import traffic as tr
+
+    warp = [
+        {"stride": st, "offset B": off, "sectors": tr.warp_sectors(st, off, args.elem),
+         "efficiency": f"{tr.coalescing_efficiency(st, off, args.elem):.0%}"}
+        for st in args.strides for off in args.offsets
+    ]  # fmt: skip
+    m, n, k = args.matmul
+    products = [{"tile": "none" if t is None else f"{t[0]}x{t[1]}",
+                 "bytes": fmt_bytes(tr.matmul_bytes(m, n, k, args.elem, t))}
+                for t in [None] + [(x, x) for x in args.tiles]]  # fmt: skip
+    attn = []
+    for length in args.length:
+        shape = tr.AttentionShape(length, length, args.head_dim, args.heads, args.kv_heads,
+                                  args.elem)  # fmt: skip
+        naive = tr.naive_attention_bytes(shape)
+        row = {"length": length, "naive": fmt_bytes(naive)}
+        for t in args.tiles:
+            tiled = tr.tiled_attention_bytes(shape, t, t)
+            row[f"tiled {t}"] = f"{fmt_bytes(tiled)} ({naive / tiled:.0f}x less)"
+        attn.append(row)
+    text = "\n\n".join([
+        f"a warp of 32 reads of {args.elem}-byte elements (32-byte sectors):\n" + table(warp),
+        f"C[{m}x{n}] = A[{m}x{k}] B[{k}x{n}], {args.elem}-byte elements:\n" + table(products),
+        f"causal attention, {args.heads} heads on {args.kv_heads} KV heads of "
+        f"{args.head_dim}, float32 scores:\n" + table(attn),
+    ])  # fmt: skip
+    _emit(args, {"warp": warp, "matmul": products, "attention": attn}, text)
+    return 0
+
+
 # ------------------------------------------------------------------ the parser
 
 
@@ -416,6 +448,21 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--min-out", type=int, default=16)
     p.add_argument("--max-out", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
+
+    p = command(
+        "traffic",
+        cmd_traffic,
+        "memory traffic: warp coalescing, tiled products, naive against tiled attention",
+    )
+    p.add_argument("--elem", type=int, default=4, help="bytes per element")
+    p.add_argument("--strides", type=_ints, default=[1, 2, 4, 8, 32], help="elements apart")
+    p.add_argument("--offsets", type=_ints, default=[0, 4], help="the first address, bytes")
+    p.add_argument("--matmul", type=_ints, default=[4096, 4096, 4096], help="M,N,K")
+    p.add_argument("--tiles", type=_ints, default=[32, 128], help="square tile sizes")
+    p.add_argument("--length", type=_ints, default=[512, 4096, 32768], help="prompt lengths")
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--heads", type=int, default=9)
+    p.add_argument("--kv-heads", type=int, default=3)
 
     p = command("paging", cmd_paging, "contiguous versus paged KV allocation")
     _model_args(p)
