@@ -19,7 +19,7 @@ import time
 import torch
 
 from tokenworks.bench.compiled import MODES, measure_mode
-from tokenworks.bench.profile import profile
+from tokenworks.bench.profile import ceiling, profile
 from tokenworks.bench.profile import table as profile_table
 from tokenworks.bench.record import make_record, write_record
 from tokenworks.bench.workload import latency_prompt
@@ -28,7 +28,6 @@ from tokenworks.engine.engine import LLMEngine
 from tokenworks.engine.request import SamplingParams
 from tokenworks.models.loaded import LoadedModel
 from tokenworks.models.toy import byte_tokenizer, toy_spec, toy_weights
-from tokenworks.plan.hardware import Hardware
 
 
 def smol_shaped() -> LoadedModel:
@@ -82,9 +81,6 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--batches", default="1,64,256")
-    # the roofline's ceiling for the profile's shares (default: an H200's datasheet figures)
-    ap.add_argument("--bandwidth", type=float, default=4.8e12, help="bytes/s")
-    ap.add_argument("--peak", type=float, default=989e12, help="dense bf16 FLOP/s")
     args = ap.parse_args()
     loaded = smol_shaped()
     results = {"device_name": torch.cuda.get_device_name() if args.device != "cpu" else "cpu"}
@@ -129,8 +125,7 @@ def main() -> None:
         results[f"steps_{mode}"] = measure_mode(loaded, config, 512, 128, [1, 16, 64], 5)
         print(mode, results[f"steps_{mode}"], flush=True)
     engine = LLMEngine(EngineConfig(model="random", **base, kernels="torch"), loaded)
-    hw = Hardware(torch.cuda.get_device_name(), 1e9, args.bandwidth, {"bf16": args.peak,
-                  "fp16": args.peak, "fp32": args.peak / 2})  # fmt: skip
+    hw = ceiling(args.device, None)
     results["profile"] = profile(engine, prompt_tokens=512, batch=16, repeats=5, hw=hw)
     print(profile_table(results["profile"]), flush=True)
     print(results)

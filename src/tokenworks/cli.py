@@ -226,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--record", metavar="DIR", default=None, help="also write an evidence record there"
     )
+    p.add_argument("--hardware", default=None, help="the roofline's device from `plan "
+                   "hardware` (default: this CPU measured, or the GPU by its name)")  # fmt: skip
     add_engine_arguments(p)
     p.set_defaults(fn=cmd_profile)
     add_bench_parsers(sub)

@@ -60,7 +60,8 @@ def decode_flops(kind: str, context: int) -> float:
     return 2 * HEADS * 2 * HEAD_DIM * context
 
 
-def _median_time(fn, repeats: int) -> float:
+def median_time(fn, repeats: int) -> float:
+    """The median seconds of fn() over repeats calls, after one untimed."""
     fn()
     times = []
     for _ in range(repeats):
@@ -85,7 +86,7 @@ def measure(kind: str, batch: int, context: int, dtype, repeats: int, block_size
             q = torch.randn(batch, HEADS, HEAD_DIM, generator=g).to(dtype)
             scale = HEAD_DIM**-0.5
             fn = lambda: attention_over_pool(q, meta, pool.k[0], pool.v[0], scale)  # noqa: E731
-            out["seconds"] = _median_time(fn, repeats)
+            out["seconds"] = median_time(fn, repeats)
             # the C kernel Llama-family models decode with: it reads the blocks in place
             tabs = torch.tensor(tables, dtype=torch.long)
             lens = torch.full((batch,), context + 1, dtype=torch.long)
@@ -93,21 +94,21 @@ def measure(kind: str, batch: int, context: int, dtype, repeats: int, block_size
                 q, pool.k[0], pool.v[0], tabs, lens, block_size, scale, None
             )
             if c() is not None:
-                out["c_kernel_seconds"] = _median_time(c, repeats)
+                out["c_kernel_seconds"] = median_time(c, repeats)
             return out
         attn = LatentAttention(spec, 0)
         attn.kv_b.copy_(torch.randn(attn.kv_b.shape, generator=g) / MLA.kv_lora_rank**0.5)
         attn = attn.to(dtype)
         q = torch.randn(batch, HEADS, attn.dq, generator=g).to(dtype)
         dec = meta.decode
-        out["seconds"] = _median_time(lambda: attn._absorbed(q, pool.k[0], dec), repeats)
+        out["seconds"] = median_time(lambda: attn._absorbed(q, pool.k[0], dec), repeats)
 
         def expanded():
             for j in range(batch):
                 index = dec.kv_index[j, : int(dec.context_lens[j])]
                 attn._expanded(q[j : j + 1], pool.k[0][index, 0])
 
-        out["expanded_seconds"] = _median_time(expanded, max(1, repeats // 2))
+        out["expanded_seconds"] = median_time(expanded, max(1, repeats // 2))
     return out
 
 

@@ -181,13 +181,15 @@ def profile_phase(engine, phase: str, repeats: int, hw, make_seqs) -> dict:
                 h.remove()
         hooked.append(spans(clock.stamps))
     middle = min(hooked, key=lambda s: sum(s.values()))
-    act = torch.tensor([], dtype=engine.config.torch_dtype).element_size()
+    act_dtype = engine.config.torch_dtype
+    act = torch.tensor([], dtype=act_dtype).element_size()
     kv = engine.pool.k[0].element_size()
     shapes = work(engine.spec.shape, contexts, read, head_rows, stored_bytes(engine.model), act,
                   kv)  # fmt: skip
-    # the ceiling: the machine's best probed matmul rate (GGUF blocks, int8 and float
-    # products all count against it) and its streaming bandwidth
-    peak = max(hw.flops.values())
+    # the ceiling: on a CPU its best probed matmul rate (GGUF blocks, int8 and float
+    # products all count against it), on a GPU its rate in the model's dtype
+    dtype = {1: "int8", 2: "fp16" if act_dtype == torch.float16 else "bf16", 4: "fp32"}[act]
+    peak = max(hw.flops.values()) if hw.kind == "cpu" else hw.peak(dtype)
     rows = {}
     for c in ORDER:
         if c not in middle:
@@ -248,16 +250,33 @@ def profile(engine, prompt_tokens: int, batch: int, repeats: int, hw) -> dict:
     }  # fmt: skip
 
 
+def ceiling(device: str, name: str | None):
+    """The roofline's rates: a named device from the planner's table, else this CPU
+    measured, or on CUDA the table's entry whose name the GPU's contains."""
+    from tokenworks.plan.hardware import HARDWARE
+    from tokenworks.plan.machines import get_hardware
+    from tokenworks.plan.probe import probe
+
+    if name is not None:
+        return get_hardware(name)
+    if device == "cpu":
+        return probe(threads=torch.get_num_threads(), matmul_size=1024, repeats=2)
+    gpu = torch.cuda.get_device_name(torch.device(device)).lower()
+    found = [h for key, h in HARDWARE.items() if key.split("-")[0] in gpu]
+    if not found:
+        raise ValueError(f"no roofline figures for {gpu!r}: name one with --hardware")
+    return found[0]
+
+
 def run_profile(args) -> int:
     from tokenworks import LLM
     from tokenworks.config import engine_kwargs
-    from tokenworks.plan.probe import probe
 
     kw = engine_kwargs(args) | {"kernels": "torch", "enable_prefix_caching": False}
     kw["max_num_batched_tokens"] = max(kw["max_num_batched_tokens"], args.prompt_tokens)
     kw["max_num_seqs"] = max(kw["max_num_seqs"], args.batch)
     engine = LLM(args.model, **kw).engine
-    hw = probe(threads=torch.get_num_threads(), matmul_size=1024, repeats=2)
+    hw = ceiling(engine.config.device, args.hardware)
     result = profile(engine, args.prompt_tokens, args.batch, args.repeats, hw)
     print(json.dumps(result, indent=1, default=str) if args.json else table(result))
     if args.record:

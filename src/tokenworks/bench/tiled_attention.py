@@ -15,13 +15,13 @@ softmax (csrc attend_online), which is what decides abi.ONLINE_FROM.
 
 from __future__ import annotations
 
-import statistics
 import time
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from tokenworks.bench.attention_kinds import median_time
 from tokenworks.bench.record import make_record, write_record
 from tokenworks.engine.kv_cache import KVPool
 from tokenworks.kernels.abi import ONLINE_TILE
@@ -57,16 +57,6 @@ def naive(q, keys, values, scale):
     scores = torch.matmul(q.transpose(0, 1), k.transpose(1, 2)) * scale  # [H, n, L]
     scores.masked_fill_(torch.ones(n, n, dtype=torch.bool).triu_(1), -torch.inf)
     return torch.matmul(scores.softmax(-1), v).transpose(0, 1).reshape(n, -1)
-
-
-def _best(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def prompt_row(n: int, tile: int, naive_gib: float, repeats: int) -> dict:
@@ -120,7 +110,7 @@ def decode_row(n: int, batch: int, tile: int, repeats: int, block_size: int = 16
     row = {"kv_bytes": 2 * batch * n * KV_HEADS * HEAD_DIM * 2}
     with torch.inference_mode():
         for kind, fn in kinds.items():
-            row[f"{kind}_seconds"] = _best(fn, repeats)
+            row[f"{kind}_seconds"] = median_time(fn, repeats)
     return row
 
 

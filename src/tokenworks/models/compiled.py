@@ -23,14 +23,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tokenworks.models.llama import LlamaLayer
+
 log = logging.getLogger(__name__)
 
 
 def compile_layers_(model: torch.nn.Module) -> int:
     """Give each Llama-shaped layer without experts or latent attention compiled halves
     (LlamaLayer.compiled); the number of layers compiled."""
-    from tokenworks.models.llama import LlamaLayer
-
     torch._logging.set_logs(recompiles=True)  # a failed guard's reason, in the log
     n = 0
     for layer in getattr(model, "layers", ()):
