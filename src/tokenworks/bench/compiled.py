@@ -93,8 +93,9 @@ def run_compiled_bench(args) -> Path:
             if mode == "c" and args.device != "cpu":
                 continue
             config = EngineConfig(model=name, **base, **MODES[mode])
-            rows[f"{name}/{mode}"] = measure_mode(loaded, config, args.prompt, args.context,
-                                                  batches, args.repeats)  # fmt: skip
+            rows.setdefault(name, {})[mode] = measure_mode(
+                loaded, config, args.prompt, args.context, batches, args.repeats
+            )
             gc.collect()
         del loaded
         gc.collect()
@@ -122,9 +123,10 @@ def table(rows: dict, batches) -> str:
     head = " | ".join(f"decode {b} ms" for b in batches)
     out = [f"| model / mode | prompt ms | {head} | graphs | compile s |",
            "|---|---|" + "---|" * len(batches) + "---|---|"]  # fmt: skip
-    for name, r in rows.items():
-        dec = " | ".join(f"{r['decode_s'][b] * 1e3:.1f}" for b in batches)
-        c = r["compile"] or {}
-        out.append(f"| {name} | {r['prefill_s'] * 1e3:.1f} | {dec} | {c.get('graphs', '')} | "
-                   f"{c.get('seconds', 0):.1f} |")  # fmt: skip
+    for name, modes in rows.items():
+        for mode, r in modes.items():
+            dec = " | ".join(f"{r['decode_s'][b] * 1e3:.1f}" for b in batches)
+            c = r["compile"] or {}
+            out.append(f"| {name} {mode} | {r['prefill_s'] * 1e3:.1f} | {dec} | "
+                       f"{c.get('graphs', '')} | {c.get('seconds', 0):.1f} |")  # fmt: skip
     return "\n".join(out)
