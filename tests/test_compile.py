@@ -6,13 +6,7 @@ import pytest
 
 from tokenworks import LLM, SamplingParams
 
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):",
-    "Once upon a time, in a land far away,",
-    "1, 2, 3, 4,",
-    "The quick brown fox",
-]
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a land far"]
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +22,7 @@ def _tokens(llm, prompts, params):
 
 def test_compiled_layers_give_the_eager_greedy_tokens_solo_and_batched(engines):
     eager, compiled = engines
-    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     want = _tokens(eager, PROMPTS, params)
     assert [_tokens(compiled, [p], params)[0] for p in PROMPTS] == want
     assert _tokens(compiled, PROMPTS, params) == want
@@ -44,7 +38,7 @@ def test_recompiles_stay_bounded_over_mixed_batch_sizes(engines):
     _, compiled = engines
     engine = compiled.engine
     sizes = set()
-    for i in range(12):
+    for i in range(9):
         n = 1 + (7 * i) % 40
         engine.add_request(prompt_token_ids=list(range(5, 5 + n)),
                            params=SamplingParams(max_tokens=3 + i % 5, temperature=0))  # fmt: skip
