@@ -221,7 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--prompt-tokens", type=int, default=512, help="the prompt pass's length")
     p.add_argument("--batch", type=int, default=1, help="sequences in the decode step")
-    p.add_argument("--repeats", type=int, default=5, help="steps of each phase (median)")
+    p.add_argument(
+        "--repeats", type=int, default=5, help="steps of each phase (the fastest is kept)"
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
         "--record", metavar="DIR", default=None, help="also write an evidence record there"

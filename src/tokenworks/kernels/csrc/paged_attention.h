@@ -19,8 +19,8 @@ typedef struct {
 } tw_kv;
 
 // Where the online softmax replaces whole score rows by default: everywhere on a build
-// without AVX-512 (measured faster at every context, docs/kernels.md); never with it, whose
-// vector whole-row passes for head_dim 64 it has not been measured against.
+// without AVX-512 (measured faster at every context, docs/kernels.md); never with it, where
+// the vector whole-row passes measured faster (the alternatives in docs/kernels.md).
 static inline int online_from(const tw_kv* kv) {
   if (kv->tile <= 0) return 0;
   if (kv->tile_from >= 0) return kv->tile_from;
