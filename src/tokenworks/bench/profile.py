@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tokenworks.bench.compiled import timed_step
 from tokenworks.shapes import ModelShape
 
 PRODUCTS = {  # module attribute -> component
@@ -152,14 +153,10 @@ def _tensors(module):
 # ------------------------------------------------------------------ the run
 
 
-def run_step(engine, clock: Clock | None) -> float:
-    if clock is not None:
-        clock.stamp("step:start")
-    t = time.perf_counter()
+def run_step(engine, clock: Clock) -> None:
+    clock.stamp("step:start")
     engine.step()
-    if clock is not None:
-        clock.stamp("step:end")
-    return time.perf_counter() - t
+    clock.stamp("step:end")
 
 
 def profile_phase(engine, phase: str, repeats: int, hw, make_seqs) -> dict:
@@ -170,7 +167,7 @@ def profile_phase(engine, phase: str, repeats: int, hw, make_seqs) -> dict:
     plain, hooked = [], []
     for _ in range(repeats):
         make_seqs()
-        plain.append(run_step(engine, None))
+        plain.append(timed_step(engine))  # synchronised on CUDA, as the stamps are
         contexts, read, head_rows = make_seqs()
         clock = Clock(device)
         handles = hook(engine.model, clock)
