@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tokenworks.bench.profile import ORDER, component, profile
 from tokenworks.plan import roofline
@@ -39,6 +40,40 @@ def test_profile_flops_equal_the_planners_closed_forms(profiled):
     head_rows_skipped = 63 * 2 * shape.vocab * shape.hidden
     elementwise = sum(prefill["components"][c]["flops"] for c in ("norms", "activation"))
     assert total["prefill"] - elementwise == pytest.approx(planned - head_rows_skipped, rel=1e-12)
+
+
+def test_an_moe_models_experts_are_the_planners_active_parameters(tmp_path):
+    """Qwen3-MoE (random weights, 8 experts, 2 a token): the experts component carries the
+    routed and shared MLP FLOPs, so the step's products again sum to roofline.decode."""
+    import transformers
+
+    from tokenworks import LLM
+    from tokenworks.models.loader import load
+    from tokenworks.models.toy import byte_tokenizer
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3MoeConfig(
+        vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
+        num_experts_per_tok=2, moe_intermediate_size=32, max_position_embeddings=256,
+    )  # fmt: skip
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    loaded = load(str(tmp_path))
+    loaded.tokenizer_source = {"kind": "object", "tokenizer": byte_tokenizer()}
+    llm = LLM(str(tmp_path), loaded=loaded, dtype="float32", kernels="torch",
+              enable_prefix_caching=False, warmup=False, max_num_seqs=4)  # fmt: skip
+    _, decode = profile(llm.engine, prompt_tokens=16, batch=4, repeats=1, hw=_hw())["phases"]
+    shape = llm.engine.spec.shape
+    assert "experts" in decode["components"] and "gate_up_proj" not in decode["components"]
+    ctx = decode["contexts"][0]
+    planned = roofline.decode(shape, _hw(), SCHEMES["fp32"], batch=4, context=ctx,
+                              compute_dtype="fp32").flops  # fmt: skip
+    products = sum(c["flops"] for n, c in decode["components"].items() if n != "norms")
+    assert products == pytest.approx(planned, rel=1e-12)
+    # the bytes: the shared weights and the routed experts 4 tokens touch on average
+    moved = decode["components"]["experts"]["bytes"]
+    every = sum(p.numel() * 4 for layer in llm.engine.model.layers for p in layer.moe.parameters())
+    assert 0 < moved < every
 
 
 def _hw():

@@ -136,7 +136,11 @@ class ModelShape:
         return (4 if self.sandwich_norms else 2) * self._norm()
 
     def layer_params(self, layer: int, active: bool = False) -> int:
-        n = self.attention_params() + self._layer_norms()
+        return self.attention_params() + self._layer_norms() + self.mlp_params(layer, active)
+
+    def mlp_params(self, layer: int, active: bool = False) -> int:
+        """A layer's MLP: dense, or its router and experts (active: the k a token uses)."""
+        n = 0
         if self.is_moe and layer >= self.first_dense_layers:
             experts = self.experts_per_token if active else self.n_experts
             width = self.moe_intermediate or self.intermediate
@@ -162,8 +166,10 @@ class ModelShape:
 
     def matmul_params(self, active: bool = True) -> int:
         """Parameters a token multiplies by (FLOPs per token = 2 x this): the layers and
-        the LM head; embedding lookups and norms are not matmuls."""
-        body = sum(self.layer_params(i, active) - self._layer_norms() for i in range(self.n_layers))
+        the LM head; embedding lookups and norms (Qwen3's per-head Q/K norms too) are not
+        matmuls."""
+        norms = self._layer_norms() + (2 * self.head_dim if self.qk_norm else 0)
+        body = sum(self.layer_params(i, active) - norms for i in range(self.n_layers))
         return body + self.vocab * self.hidden
 
     # ------------------------------------------------------------------ attention sizes

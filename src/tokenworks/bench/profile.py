@@ -103,41 +103,67 @@ def work(shape: ModelShape, contexts: list[int], read: list[int], head_rows: int
     s, t, h = shape, len(contexts), shape.hidden
     q_out, kv_out = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
     layers = s.n_layers
+    dense = layers - s.moe_layers  # the layers with a dense MLP
     mlp_width = s.intermediate
 
-    def product(name, k, n, rows=t):
-        """(FLOPs, bytes) of a [rows, k] x [k, n] product in every layer (the head: once)."""
-        times = 1 if name == "lm_head" else layers
+    def product(name, k, n, rows=t, times=layers):
+        """(FLOPs, bytes) of a [rows, k] x [k, n] product in `times` layers."""
         return 2.0 * rows * k * n * times, weight_bytes.get(name, 0) + act * rows * (k + n) * times
 
     out = {
         "embedding": (0.0, act * t * h * 2),
         "qkv_proj": product("qkv_proj", h, q_out + 2 * kv_out),
         "o_proj": product("o_proj", q_out, h),
-        "gate_up_proj": product("gate_up_proj", h, 2 * mlp_width),
-        "down_proj": product("down_proj", mlp_width, h),
-        "lm_head": product("lm_head", h, s.vocab, head_rows),
+        "gate_up_proj": product("gate_up_proj", h, 2 * mlp_width, times=dense),
+        "down_proj": product("down_proj", mlp_width, h, times=dense),
+        "lm_head": product("lm_head", h, s.vocab, head_rows, times=1),
     }
+    if s.is_moe:
+        out["experts"] = experts_work(s, t, weight_bytes, act)
     attn_flops = sum(s.attention_flops_per_token(c) for c in contexts)
     keys_read = 0
     for i in range(layers):  # each sequence's keys once a layer
         keys_read += sum(min(c, s.sliding_window) if s.is_local(i) else c for c in read)
     kv_read = keys_read * 2 * kv_out * kv
     out["attention"] = (attn_flops, kv_read + act * t * (2 * q_out + 2 * kv_out) * layers)
-    out["activation"] = (3.0 * t * mlp_width * layers, act * t * 3 * mlp_width * layers)
+    out["activation"] = (3.0 * t * mlp_width * dense, act * t * 3 * mlp_width * dense)
     norms = (4 if s.sandwich_norms else 2) * layers + 1
     out["norms"] = (4.0 * t * h * norms, act * t * h * 2 * norms)
     return out
 
 
+def experts_work(s: ModelShape, t: int, weight_bytes: dict, act: int) -> tuple[float, float]:
+    """(FLOPs, bytes) of the MoE layers' MLPs for t tokens: each token's router, its k
+    routed experts and the shared ones (the planner's active parameters); the bytes are
+    the shared weights and the routed experts a step touches on average (uniform routing,
+    roofline.expected_experts), as stored."""
+    from tokenworks.plan.roofline import expected_experts
+
+    moe = [i for i in range(s.n_layers) if i >= s.first_dense_layers]
+    active = sum(s.mlp_params(i, active=True) for i in moe)
+    touched = min(1.0, expected_experts(s, t) / s.n_experts)
+    moved = weight_bytes.get("experts", 0) * touched + weight_bytes.get("experts_shared", 0)
+    return 2.0 * t * active, moved + act * t * 2 * s.hidden * len(moe)
+
+
 def stored_bytes(model: torch.nn.Module) -> dict[str, int]:
-    """component -> bytes of its weights as stored, over all layers."""
+    """component -> bytes of its weights as stored, over all layers; an MoE layer's
+    routed experts under "experts", its router and shared experts under "experts_shared"."""
     out: dict[str, int] = {}
+
+    def add(key, tensors):
+        out[key] = out.get(key, 0) + sum(t.numel() * t.element_size() for t in tensors)
+
     for name, module in model.named_modules():
         last = name.rpartition(".")[2]
-        if last in PRODUCTS and last not in ("embed", "moe", "mla"):
-            n = sum(t.numel() * t.element_size() for t in _tensors(module))
-            out[PRODUCTS[last]] = out.get(PRODUCTS[last], 0) + n
+        if last == "moe":
+            routed = [module.gate_up, module.down] if module.blocks is None else []
+            routed += list(_tensors(module.blocks)) if module.blocks is not None else []
+            ids = {x.data_ptr() for x in routed if x is not None}
+            add("experts", [x for x in routed if x is not None])
+            add("experts_shared", [x for x in _tensors(module) if x.data_ptr() not in ids])
+        elif last in PRODUCTS and last not in ("embed", "mla"):
+            add(PRODUCTS[last], _tensors(module))
     return out
 
 
