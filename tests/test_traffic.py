@@ -74,3 +74,36 @@ def test_tiled_attention_bytes_equal_what_the_torch_implementation_moves(n, leng
 def test_tiled_attention_moves_far_less_than_naive_at_length():
     shape = tr.AttentionShape(4096, 4096, 64, 9, 3)
     assert tr.naive_attention_bytes(shape) > 5 * tr.tiled_attention_bytes(shape, 128, 128)
+
+
+@pytest.mark.parametrize("window", [None, 40])
+@pytest.mark.parametrize("tile", [16, 64])
+def test_tiled_attention_bytes_equal_what_the_c_kernel_moves(window, tile):
+    """The C decode kernel's online softmax counts the bytes it loads and stores (csrc
+    count_bytes); per sequence the model's one-query tiled attention over its keys (a
+    window's last keys only) predicts them."""
+    from tokenworks.engine.kv_cache import KVPool
+    from tokenworks.kernels import attention as kattention
+    from tokenworks.kernels import build
+
+    if build.library() is None:
+        pytest.skip("the C kernel is not built here")
+    n_heads, n_kv, d, bs = 6, 2, 16, 8
+    lens = [1, 9, 100, 333]
+    blocks = [-(-n // bs) for n in lens]
+    pool = KVPool(1, sum(blocks), bs, n_kv, d, torch.float32)
+    tables = torch.zeros(len(lens), max(blocks), dtype=torch.long)
+    at = 0
+    for i, nb in enumerate(blocks):
+        tables[i, :nb] = torch.arange(at, at + nb)
+        at += nb
+    counted = Traffic()
+    kattention.paged_decode_attention(
+        torch.randn(len(lens), n_heads, d), pool.k[0], pool.v[0], tables, torch.tensor(lens), bs,
+        0.25, window, online=(tile, 1), traffic=counted,
+    )  # fmt: skip
+    want = sum(
+        tr.tiled_attention_bytes(tr.AttentionShape(1, min(n, window or n), d, n_heads, n_kv), 1, tile)
+        for n in lens
+    )  # fmt: skip
+    assert counted.read + counted.written == want

@@ -47,6 +47,7 @@ class KV(ctypes.Structure):
         ("softcap", ctypes.c_float),
         ("tile", ctypes.c_int),
         ("tile_from", ctypes.c_int),
+        ("traffic", c_ptr),
     ]
 
 
@@ -128,15 +129,17 @@ def kv_view(
     v_pool=None,
     softcap=None,
     online=(ONLINE_TILE, ONLINE_FROM),
+    traffic=None,
 ) -> KV:
     """A KV struct over block tables [B, max_blocks] and context lengths [B] (int64,
     contiguous: the caller keeps them alive during the call); pools may be set later.
     softcap: Gemma 2's cap on the attention scores (None: none). online: (keys per tile,
     the context from which decode attention takes the online softmax; 0: never, -1: the
-    build's default)."""
+    build's default). traffic: None, or int64 [2] that the online softmax adds the bytes
+    it reads and writes to."""
     return KV(
         ptr(k_pool), ptr(v_pool), kv_dtype, ptr(tables), tables.shape[1], ptr(lens),
-        block_size, window or 0, softcap or 0.0, *online,
+        block_size, window or 0, softcap or 0.0, *online, ptr(traffic),
     )  # fmt: skip
 
 

@@ -30,10 +30,12 @@ def paged_decode_attention(
     window,
     softcap=None,
     online=None,
+    traffic=None,
 ) -> torch.Tensor | None:
     """q [B, H, D] -> [B, H, D], or None where the kernel cannot take these inputs;
     softcap: Gemma 2's cap on the scores (None: none); online: (tile, from which context)
-    for the online softmax (None: the kernels' default, abi.ONLINE_TILE and ONLINE_FROM)."""
+    for the online softmax (None: the kernels' default, abi.ONLINE_TILE and ONLINE_FROM);
+    traffic: an ops.tiled_attention.Traffic the online softmax's bytes are added to."""
     lib = library()
     if lib is None or q.device.type != "cpu" or k_pool.dtype not in (torch.float32, torch.bfloat16):
         return None
@@ -44,11 +46,15 @@ def paged_decode_attention(
     lens = context_lens.contiguous()
     code = DTYPE_CODES[k_pool.dtype]
     online = online or (ONLINE_TILE, ONLINE_FROM)
-    kv = kv_view(tables, lens, block_size, window, code, k_pool, v_pool, softcap, online)
+    counted = torch.zeros(2, dtype=torch.long) if traffic is not None else None
+    kv = kv_view(tables, lens, block_size, window, code, k_pool, v_pool, softcap, online, counted)
     lib.tw_paged_attention(
         ctypes.byref(kv), ptr(qf), ptr(out), b, n_heads, k_pool.shape[1], d, scale,
         torch.get_num_threads(),
     )  # fmt: skip
+    if traffic is not None:
+        traffic.read += int(counted[0])
+        traffic.written += int(counted[1])
     return out.to(q.dtype)
 
 

@@ -16,7 +16,14 @@ typedef struct {
   int tile;       // keys per tile of the online softmax (attend_online)
   int tile_from;  // contexts of at least this many keys take it; 0: none do; < 0: the
                  // build's default (online_from)
+  int64_t* traffic;  // NULL, or [read, written]: attend_online adds the bytes it moves
 } tw_kv;
+
+static inline void count_bytes(const tw_kv* kv, int64_t read, int64_t written) {
+  if (!kv->traffic) return;
+  __atomic_fetch_add(kv->traffic, read, __ATOMIC_RELAXED);
+  __atomic_fetch_add(kv->traffic + 1, written, __ATOMIC_RELAXED);
+}
 
 // Where the online softmax replaces whole score rows by default: everywhere on a build
 // without AVX-512 (measured faster at every context, docs/kernels.md); never with it, where
@@ -312,6 +319,8 @@ static void attend_online(const tw_kv* kv, const int64_t* slots, int64_t n, int 
     l[g] = 0.f;
     for (int d = 0; d < D; ++d) out[g * D + d] = 0.f;
   }
+  const int64_t esz = kv->kv_dtype == TW_F32 ? 4 : 2;
+  count_bytes(kv, (int64_t)G * D * 4 + 2 * n * D * esz, (int64_t)G * D * 4);  // q, K, V; out
   for (int64_t t0 = 0; t0 < n; t0 += T) {
     const int cnt = n - t0 < T ? (int)(n - t0) : T;
     for (int j = 0; j < cnt; ++j)
