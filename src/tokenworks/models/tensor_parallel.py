@@ -1,0 +1,213 @@
+"""Tensor parallelism (Megatron's split): one model's layers cut across `size` ranks, each
+holding only its shard and computing on it, joined by torch.distributed collectives.
+
+Per layer, attention is split by heads and the MLP by its width:
+
+- column-parallel: the QKV product's output rows (each rank's query heads and the KV heads
+  they read) and the gate/up product's rows (the same slice of the gate and of the up);
+  each rank then attends over its own heads, and applies the activation to its own slice,
+  with nothing to exchange;
+- row-parallel: the output and down projections take the matching slice of their input
+  columns, so each rank's product is a partial sum of the full one, and one all-reduce
+  per projection adds them: two all-reduces per layer, of [tokens, hidden] each.
+
+The embedding table and the LM head are split by vocabulary rows (padded to a multiple of
+the size): a rank looks up the ids in its range and zeros the rest before an all-reduce,
+and the head's logits are gathered from every rank's slice. When there are fewer KV heads
+than ranks, each KV head is held by size / kv_heads ranks (replicated), as the planner's
+`plan fit --tp` assumes.
+
+The sums of a row-parallel product come in a different order than one process's, so the
+logits agree to float32 rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tokenworks.kernels.block_linear import dense
+from tokenworks.models.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's place in a tensor-parallel group."""
+
+    rank: int
+    size: int
+    group: object = None  # a torch.distributed ProcessGroup (None: the default group)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.size:
+            raise ValueError(f"rank {self.rank} is not in 0..{self.size - 1}")
+
+
+def check_divisible(spec: ModelSpec, size: int) -> None:
+    """Raise, saying what to change, where `size` ranks cannot split this model."""
+    if size < 1:
+        raise ValueError(f"--tensor-parallel-size must be >= 1, got {size}")
+    if spec.mla is not None or spec.moe is not None or spec.arch == "gpt2":
+        raise ValueError(
+            f"tensor parallelism splits dense Llama-shaped models; {spec.name or spec.arch} "
+            "is not one (run it with --tensor-parallel-size 1)"
+        )
+    kv = spec.n_kv_heads
+    problems = []
+    if spec.n_heads % size:
+        problems.append(f"its {spec.n_heads} query heads")
+    if kv % size and size % kv:
+        problems.append(f"its {kv} KV heads (nor is the size a multiple of them)")
+    if spec.intermediate_size % size:
+        problems.append(f"its MLP width {spec.intermediate_size}")
+    if problems:
+        raise ValueError(
+            f"--tensor-parallel-size {size} does not divide {' or '.join(problems)}; "
+            f"sizes that do: {', '.join(map(str, divisors(spec)))}"
+        )
+
+
+def divisors(spec: ModelSpec) -> list[int]:
+    """The tensor-parallel sizes that split this model's heads and MLP evenly."""
+    out = []
+    for s in range(1, spec.n_heads + 1):
+        kv_ok = spec.n_kv_heads % s == 0 or s % spec.n_kv_heads == 0
+        if spec.n_heads % s == 0 and spec.intermediate_size % s == 0 and kv_ok:
+            out.append(s)
+    return out
+
+
+def vocab_rows(spec: ModelSpec, size: int) -> int:
+    """Rows of the embedding and head each rank holds (the vocabulary padded up)."""
+    return -(-spec.vocab_size // size)
+
+
+def shard_spec(spec: ModelSpec, size: int) -> ModelSpec:
+    """The spec of one rank's model: its heads, MLP width and vocabulary rows."""
+    check_divisible(spec, size)
+    return dataclasses.replace(
+        spec,
+        n_heads=spec.n_heads // size,
+        n_kv_heads=max(1, spec.n_kv_heads // size),
+        intermediate_size=spec.intermediate_size // size,
+        vocab_size=vocab_rows(spec, size),
+    )
+
+
+def kv_heads(spec: ModelSpec, shard: Shard) -> range:
+    """The KV heads rank `shard.rank` holds: its query heads' groups."""
+    per_rank = spec.n_heads // shard.size
+    group = spec.n_heads // spec.n_kv_heads  # query heads per KV head
+    first = shard.rank * per_rank // group
+    return range(first, first + max(1, spec.n_kv_heads // shard.size))
+
+
+def shard_weights(weights: Mapping, spec: ModelSpec, shard: Shard) -> dict:
+    """This rank's slices of the (engine-named) weights; norms and the rest whole. Each
+    tensor is read (and a GGUF block tensor dequantised) one at a time, and only its slice
+    is kept."""
+    check_divisible(spec, shard.size)
+    r, d = shard.rank, spec.head_dim
+    q_rows = spec.q_size // shard.size
+    heads = kv_heads(spec, shard)
+    kv_rows = slice(heads.start * d, heads.stop * d)
+    width = spec.intermediate_size // shard.size
+    vr = vocab_rows(spec, shard.size)
+    rows = {
+        "self_attn.q_proj": slice(r * q_rows, (r + 1) * q_rows),
+        "self_attn.k_proj": kv_rows,
+        "self_attn.v_proj": kv_rows,
+        "mlp.gate_proj": slice(r * width, (r + 1) * width),
+        "mlp.up_proj": slice(r * width, (r + 1) * width),
+    }
+    cols = {
+        "self_attn.o_proj": slice(r * q_rows, (r + 1) * q_rows),
+        "mlp.down_proj": slice(r * width, (r + 1) * width),
+    }
+    out = {}
+    for name in weights:
+        base, _, kind = name.rpartition(".")
+        product = base.partition(".layers.")[2].partition(".")[2]  # "self_attn.q_proj"
+        if product in rows:
+            out[name] = dense(weights[name])[rows[product]].clone()
+        elif product in cols and kind == "weight":
+            out[name] = dense(weights[name])[:, cols[product]].clone()
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            table = dense(weights[name])[r * vr : (r + 1) * vr]
+            pad = vr - table.shape[0]  # the last rank's rows past the vocabulary: zeros
+            out[name] = torch.cat([table, table.new_zeros(pad, table.shape[1])])
+        else:
+            out[name] = weights[name]
+    return out
+
+
+class RowParallel(nn.Module):
+    """A product over a slice of its input columns, its partial sums added across ranks."""
+
+    def __init__(self, inner: nn.Module, shard: Shard):
+        super().__init__()
+        self.inner, self.group = inner, shard.group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        dist.all_reduce(y, group=self.group)
+        return y
+
+
+class VocabParallelEmbedding(nn.Module):
+    """A slice of the table's rows: ids outside it look up zeros, and the all-reduce gives
+    every rank each id's row from the one rank that holds it."""
+
+    def __init__(self, inner: nn.Module, shard: Shard, rows: int):
+        super().__init__()
+        self.inner, self.group = inner, shard.group
+        self.first, self.rows = shard.rank * rows, rows
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.first
+        inside = (local >= 0) & (local < self.rows)
+        x = self.inner(local.clamp(0, self.rows - 1)).masked_fill(~inside.unsqueeze(-1), 0)
+        dist.all_reduce(x, group=self.group)
+        return x
+
+
+class VocabParallelHead(nn.Module):
+    """Logits of a slice of the vocabulary, gathered from every rank into the whole row."""
+
+    def __init__(self, inner: nn.Module, shard: Shard, vocab: int):
+        super().__init__()
+        self.inner, self.group = inner, shard.group
+        self.size, self.vocab = shard.size, vocab
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        part = self.inner(x).contiguous()
+        parts = [torch.empty_like(part) for _ in range(self.size)]
+        dist.all_gather(parts, part, group=self.group)
+        return torch.cat(parts, dim=-1)[..., : self.vocab]
+
+
+def parallelize_(model: nn.Module, spec: ModelSpec, shard: Shard) -> nn.Module:
+    """Wrap a model built from shard_spec and shard_weights with its collectives."""
+    rows = vocab_rows(spec, shard.size)
+    model.embed = VocabParallelEmbedding(model.embed, shard, rows)
+    model.lm_head = VocabParallelHead(model.lm_head, shard, spec.vocab_size)
+    for layer in model.layers:
+        layer.o_proj = RowParallel(layer.o_proj, shard)
+        layer.down = RowParallel(layer.down, shard)
+    model.tensor_parallel = shard
+    return model
+
+
+def resident_bytes(model: nn.Module) -> int:
+    """Bytes of the weights this rank's model holds (each storage once)."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total

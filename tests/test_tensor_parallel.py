@@ -1,0 +1,140 @@
+"""Tensor parallelism: a random-weight model split over 2 and 4 gloo ranks (separate
+processes on 127.0.0.1) gives the one-process logits within 1e-5, through a prompt pass and
+paged decode steps, and each rank holds only its shard."""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from tokenworks.models import tensor_parallel as tp
+
+SMALL = dict(vocab_size=322, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+             num_attention_heads=4, max_position_embeddings=256)  # fmt: skip
+CONFIGS = {
+    "llama": lambda: transformers.LlamaConfig(**SMALL, num_key_value_heads=2),
+    "qwen3": lambda: transformers.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16),
+    "gemma3": lambda: transformers.Gemma3TextConfig(
+        **SMALL | {"num_hidden_layers": 4},
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        query_pre_attn_scalar=24,
+    ),  # fmt: skip
+}
+PROMPT, DECODE = 12, 4
+
+
+def _run(model, spec):
+    """Logits of a 12-token prompt pass through a scattered block table, then 4 decode
+    steps, as float64 numpy [16, vocab]."""
+    from tokenworks.engine.kv_cache import KVPool
+    from tokenworks.ops.attention import AttentionMetadata
+
+    ids = torch.arange(5, 5 + PROMPT + DECODE)
+    table, bs = [3, 0, 2, 1], 4
+    pool = KVPool.for_spec(spec, 4, bs, torch.float32)
+    rows = []
+    with torch.no_grad():
+        meta = AttentionMetadata.paged([PROMPT], [0], [table], bs)
+        rows.append(model(ids[:PROMPT], torch.arange(PROMPT), meta, pool))
+        for i in range(PROMPT, PROMPT + DECODE):
+            meta = AttentionMetadata.paged([1], [i], [table], bs)
+            rows.append(model(ids[i : i + 1], torch.tensor([i]), meta, pool))
+    return torch.cat(rows).double().numpy()
+
+
+def _rank(rank, size, path, store, out):
+    from tokenworks.models.build import build_model
+    from tokenworks.models.loader import load
+
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=size,
+        timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
+    try:
+        loaded = load(str(path))
+        shard = tp.Shard(rank, size)
+        spec = tp.shard_spec(loaded.spec, size)
+        weights = tp.shard_weights(loaded.weights, loaded.spec, shard)
+        model = build_model(spec, weights, torch.float32)
+        tp.parallelize_(model, loaded.spec, shard)
+        logits = _run(model, spec)
+        np.save(f"{out}-{rank}.npy", logits)
+        np.save(f"{out}-{rank}-bytes.npy", np.array([tp.resident_bytes(model)]))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _ranks(size, path, tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    out = tmp_path / f"tp{size}"
+    procs = [ctx.Process(target=_rank, args=(r, size, path, tmp_path / f"store{size}", out))
+             for r in range(size)]  # fmt: skip
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0, f"a rank of {size} exited with {p.exitcode}"
+    return [np.load(f"{out}-{r}.npy") for r in range(size)], [
+        int(np.load(f"{out}-{r}-bytes.npy")[0]) for r in range(size)
+    ]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """name -> the directory of that random-weight model, saved on first use."""
+    dirs = {}
+
+    def get(name):
+        if name not in dirs:
+            torch.manual_seed(0)
+            cfg = CONFIGS[name]()
+            cfg._attn_implementation = "eager"
+            model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+            dirs[name] = tmp_path_factory.mktemp(name)
+            model.save_pretrained(dirs[name])
+        return dirs[name]
+
+    return get
+
+
+# 4 ranks over 2 KV heads: each KV head held twice
+@pytest.mark.parametrize(
+    ("name", "size"), [("llama", 2), ("qwen3", 2), ("gemma3", 2), ("gemma3", 4)]
+)
+def test_split_logits_equal_one_process(saved, name, size, tmp_path):
+    from tokenworks.models.build import build_model
+    from tokenworks.models.loader import load
+
+    path = saved(name)
+    loaded = load(str(path))
+    whole = build_model(loaded.spec, loaded.weights, torch.float32)
+    want = _run(whole, loaded.spec)
+    got, held = _ranks(size, path, tmp_path)
+    for logits in got:
+        assert np.abs(logits - want).max() < 1e-5
+        assert (logits.argmax(-1) == want.argmax(-1)).all()
+    # each rank holds its shard, no more: the parameters of a model with 1/size of the
+    # heads, width and vocabulary rows (4 ranks over 2 KV heads hold one each), and the
+    # RoPE tables every rank keeps whole
+    shard = tp.shard_spec(loaded.spec, size).shape.params() * 4
+    tables = sum(t.numel() * 4 for t in whole.buffers())
+    assert held == [shard + tables] * size
+    assert held[0] < 0.6 * tp.resident_bytes(whole)
+
+
+def test_sizes_that_do_not_divide_the_heads_are_refused_with_the_ones_that_do(saved):
+    from tokenworks.models.loader import load
+
+    spec = load(str(saved("llama")), weights=False).spec
+    with pytest.raises(ValueError, match=r"does not divide its 4 query heads.*1, 2, 4"):
+        tp.shard_spec(spec, 3)
+    assert tp.kv_heads(spec, tp.Shard(3, 4)) == range(1, 2)
+    assert tp.kv_heads(spec, tp.Shard(1, 2)) == range(1, 2)
