@@ -26,8 +26,8 @@ def capture(llm: LLM) -> dict:
     runner, seen = llm.engine.runner, {}
     real = runner.run
 
-    def run(batch, argmax_only=False):
-        out = real(batch, argmax_only=False)
+    def run(batch, argmax_only=False, copies=()):
+        out = real(batch, False, copies)
         row = 0
         for item in batch:
             if item.sample:

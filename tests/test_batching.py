@@ -270,7 +270,7 @@ def test_a_failed_forward_pass_aborts_its_requests_and_the_engine_carries_on(toy
     seqs = [eng.add_request(prompt_token_ids=[9] * 40 + [i], params=GREEDY) for i in range(3)]
     real_run = eng.runner.run
 
-    def broken(batch, **kwargs):  # fault injection: the next forward pass raises
+    def broken(*args, **kwargs):  # fault injection: the next forward pass raises
         eng.runner.run = real_run
         raise RuntimeError("injected fault")
 

@@ -98,6 +98,9 @@ def saved(tmp_path_factory):
             cfg = CONFIGS[name]()
             cfg._attn_implementation = "eager"
             model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+            with torch.no_grad():  # sharper than the initial weights: fewer near-ties
+                for p in model.parameters():
+                    p.mul_(5.0 if p.dim() >= 2 else 1.0)
             dirs[name] = tmp_path_factory.mktemp(name)
             model.save_pretrained(dirs[name])
         return dirs[name]
@@ -138,3 +141,86 @@ def test_sizes_that_do_not_divide_the_heads_are_refused_with_the_ones_that_do(sa
         tp.shard_spec(spec, 3)
     assert tp.kv_heads(spec, tp.Shard(3, 4)) == range(1, 2)
     assert tp.kv_heads(spec, tp.Shard(1, 2)) == range(1, 2)
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+def _with_tokenizer(path):
+    from tokenworks.models.toy import byte_tokenizer
+
+    if not (path / "tokenizer.json").exists():
+        byte_tokenizer().save(str(path / "tokenizer.json"))
+    return str(path)
+
+
+PROMPTS = [[7, 8, 9], list(range(10, 50)), [3] * 20, [100 + i % 7 for i in range(23)]]
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_the_engine_split_over_two_ranks_gives_one_process_greedy_tokens(saved, name):
+    """Batched, chunked (a step budget of 16 tokens), prefix-cached (the last prompt comes
+    again), n = 2 (copy-on-write of the shared last block): the tokens of one process."""
+    from tokenworks import LLM, SamplingParams
+
+    model = _with_tokenizer(saved(name))
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    prompts = PROMPTS + [PROMPTS[-1]]
+    got = {}
+    for size in (1, 2):
+        llm = LLM(model, dtype="float32", tensor_parallel_size=size, max_num_batched_tokens=16,
+                  threads=1)  # fmt: skip
+        try:
+            got[size] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+            pair = llm.generate([PROMPTS[1]], SamplingParams(max_tokens=6, n=2, temperature=0))
+            got[size].append([o.token_ids for o in pair[0].outputs])
+        finally:
+            llm.engine.close()
+    assert got[2] == got[1]
+
+
+def test_a_worker_that_dies_fails_the_step_and_every_later_one(saved):
+    """SIGKILL one rank mid-generation: the next step raises, saying a rank failed, well
+    within the collective timeout; its requests end aborted; later steps fail at once."""
+    import os
+    import signal
+    import time
+
+    from tokenworks import LLM, SamplingParams
+    from tokenworks.engine.workers import WorkerFailed
+
+    llm = LLM(_with_tokenizer(saved("llama")), dtype="float32", tensor_parallel_size=2,
+              distributed_timeout=20, warmup=False, threads=1)  # fmt: skip
+    eng = llm.engine
+    try:
+        seqs = [eng.add_request(prompt_token_ids=p, params=SamplingParams(max_tokens=50))
+                for p in PROMPTS]  # fmt: skip
+        eng.step()
+        os.kill(eng.workers.procs[0].pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerFailed, match="tensor-parallel"):
+            while True:  # steps until the death is seen (the kill lands asynchronously)
+                eng.step()
+        assert time.monotonic() - t0 < 20
+        assert eng.broken and all(s.finish_reason == "abort" for s in seqs)
+        eng.add_request(prompt_token_ids=[1, 2, 3], params=SamplingParams(max_tokens=2))
+        with pytest.raises(WorkerFailed):
+            eng.step()
+    finally:
+        eng.close()
+
+
+def test_the_default_model_split_over_its_three_kv_heads_matches(smol_llm, smol_loaded):
+    """SmolLM2 (9 query heads, 3 KV heads) over 3 ranks, each reading its shard of the
+    GGUF: the greedy tokens of the one-process float32 engine."""
+    from tokenworks import LLM, SamplingParams
+
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, there"]
+    want = [o.outputs[0].token_ids for o in smol_llm.generate(prompts, params)]
+    llm = LLM("smollm2-135m", dtype="float32", quantization="none", loaded=smol_loaded,
+              tensor_parallel_size=3, warmup=False, threads=1)  # fmt: skip
+    try:
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
+    finally:
+        llm.engine.close()

@@ -31,6 +31,7 @@ DEFAULT_DTYPE = "bfloat16"  # the fast dtype on CPU and CUDA alike (float32 alwa
 
 MEMORY = "KV memory and scheduling"
 SPECULATIVE_METHODS = ("ngram", "draft_model")
+DISTRIBUTED = "distributed"
 
 
 @dataclass(frozen=True)
@@ -298,6 +299,24 @@ class EngineConfig:
             metavar="JSON",
         ),
     )
+    tensor_parallel_size: int = field(
+        default=1,
+        metadata=option(
+            "split each layer's heads and MLP width (and the vocabulary) over N processes "
+            "joined by torch.distributed (gloo on the CPU, NCCL on CUDA), each holding its "
+            "shard (models/tensor_parallel.py; runs the torch modules)",
+            group=DISTRIBUTED,
+            metavar="N",
+        ),
+    )
+    distributed_timeout: float = field(
+        default=60.0,
+        metadata=option(
+            "seconds a collective waits for another rank before the step fails (and with it "
+            "the engine: a rank that died or hangs fails its requests, never hangs them)",
+            group=DISTRIBUTED,
+        ),
+    )
     warmup: bool = field(
         default=True,
         metadata=option(
@@ -372,6 +391,18 @@ class EngineConfig:
             raise ValueError(
                 f"moe_strategy {self.moe_strategy!r}: expected auto, loop, grouped or dense"
             )
+        if self.tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size must be >= 1")
+        if self.tensor_parallel_size > 1:
+            for name, on in (("kernels c", self.kernels == "c"), ("compile", self.compile),
+                             ("batch_invariant", self.batch_invariant is True)):  # fmt: skip
+                if on:
+                    raise ValueError(
+                        f"tensor_parallel_size runs the torch modules with a collective after "
+                        f"each split product; {name} does not go with it: drop one of the two"
+                    )
+        if self.distributed_timeout <= 0:
+            raise ValueError("distributed_timeout (seconds) must be > 0")
         if self.moe_capacity_factor is not None and self.moe_capacity_factor <= 0:
             raise ValueError("moe_capacity_factor must be > 0 (or unset: no capacity limit)")
 

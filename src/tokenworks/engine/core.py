@@ -160,6 +160,10 @@ class EngineCore:
                 return
             if self.engine.has_unfinished():
                 self.step()
+            if self.engine.broken:  # no step can run again: end what is in flight, and stop
+                log.error("the engine cannot run: %s", self.engine.broken)
+                self.fail(list(self.sent), f"the engine stopped: {self.engine.broken}")
+                return
 
     def apply_commands(self) -> bool:
         """Every command waiting; False on shutdown."""

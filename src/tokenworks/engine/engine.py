@@ -21,6 +21,7 @@ import functools
 import itertools
 import logging
 import time
+import weakref
 from collections import deque
 
 import torch
@@ -44,8 +45,9 @@ from tokenworks.engine.sequence import Sequence
 from tokenworks.engine.speculative import open_speculator
 from tokenworks.engine.step_log import StepCounts, StepLog, StepStats
 from tokenworks.engine.structured import GrammarCompiler
+from tokenworks.engine.workers import TensorWorkers, build_rank_model, rank_device, rank_threads
 from tokenworks.kernels.backend import KernelsUnavailableError
-from tokenworks.models import build_model, load
+from tokenworks.models import load
 from tokenworks.models.build import make_batch_invariant_
 from tokenworks.models.compiled import CompileStats, compile_layers_
 from tokenworks.models.loaded import LoadedModel
@@ -66,8 +68,8 @@ class LLMEngine:
     ):
         self.config = config
         self.core_thread = False  # a core loop (engine/core.py's CoreThread) steps it
-        if config.threads is not None:
-            torch.set_num_threads(config.threads)
+        if rank_threads(config) is not None:
+            torch.set_num_threads(rank_threads(config))
         if config.device == "cpu" and config.keep_freed_memory:
             keep_freed_memory()  # each step's buffers reuse the last step's pages
         own = loaded is None  # weights this engine read itself are dropped once built
@@ -76,18 +78,10 @@ class LLMEngine:
         self.tokenizer = TokenizerWrapper.from_loaded(loaded)
         # what the weights run as: the GGUF's blocks by default (config.resolved_quantization)
         self.quantization = config.resolved_quantization(loaded.gguf_index is not None)
-        self.model = build_model(
-            self.spec,
-            loaded.weights,
-            config.torch_dtype,
-            config.device,
-            self.quantization,
-            False,  # torch's invariant tiles only where the C kernels cannot: _open_kernels
-            config.dense_from_rows,
-            config.moe_strategy,
-            config.moe_capacity_factor,
-            config.attention_tile,
-        )
+        if config.tensor_parallel_size > 1 and self.quantization == "gguf":
+            self.quantization = None  # each rank's shard is sliced out of dequantised rows
+        # this process's model and its spec: the whole model, or rank 0's shard of it
+        self.model, self.rank_spec = build_rank_model(config, loaded, self.quantization)
         self.compile_stats = None
         if config.compile:
             if self.quantization is not None:
@@ -100,8 +94,11 @@ class LLMEngine:
             config.max_model_len or self.spec.max_position, self.spec.max_position
         )
         bs = config.block_size
-        self.kv_bytes_per_token = int(kv_bytes_per_token(self.spec.shape, config.resolved_dtype))
-        self.kv_layout = KVLayout.for_spec(self.spec, config.sliding_window_kv == "free")
+        # a rank's pool holds its own KV heads: the budget is each rank's
+        self.kv_bytes_per_token = int(
+            kv_bytes_per_token(self.rank_spec.shape, config.resolved_dtype)
+        )
+        self.kv_layout = KVLayout.for_spec(self.rank_spec, config.sliding_window_kv == "free")
         self.block_bytes = self.kv_layout.bytes_per_block(self.kv_bytes_per_token, bs)
         num_blocks = self.kv_budget_bytes() // self.block_bytes
         if num_blocks < 1:
@@ -110,8 +107,14 @@ class LLMEngine:
                 f"({self.block_bytes} bytes each); give it more"
             )
         self.pool = KVPool.for_spec(
-            self.spec, num_blocks, bs, config.torch_dtype, config.device, self.kv_layout
-        )
+            self.rank_spec, num_blocks, bs, config.torch_dtype, rank_device(config, 0),
+            self.kv_layout,
+        )  # fmt: skip
+        # the other tensor-parallel ranks, each with its shard and a pool of these blocks
+        self.workers = None
+        if config.tensor_parallel_size > 1:
+            self.workers = TensorWorkers.start(config, num_blocks)
+            weakref.finalize(self, self.workers.stop)
         # the C kernels where they run for this model and these options (why not, if not),
         # and how this engine is batch-invariant: "kernels", "torch" or "" (it is not)
         self.c_kernels, self.kernels_off_because, self.invariance = self._open_kernels()
@@ -142,6 +145,7 @@ class LLMEngine:
             batch_decode=self.invariance != "torch",
             kernels=self.c_kernels,
             compile_stats=self.compile_stats,
+            workers=self.workers,
         )
         self._ids = itertools.count()
         self._arrivals = itertools.count()
@@ -246,8 +250,20 @@ class LLMEngine:
         self.blocks.reset_prefix_cache()
         self.blocks.reset_counts()
         self.pool.discard()  # the filler's K/V: nobody reads it, and it held resident pages
+        if self.workers is not None:
+            self.workers.discard()
         self.blocks.forget_touched()
         self.step_log.reset()
+
+    @property
+    def broken(self) -> str | None:
+        """Why no step can run any more (a tensor-parallel rank failed), or None."""
+        return self.workers.failed if self.workers is not None else None
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do without them)."""
+        if self.workers is not None:
+            self.workers.stop()
 
     @property
     def stats(self) -> deque[StepStats]:
@@ -371,10 +387,9 @@ class LLMEngine:
         sampled, counts = [], StepCounts()
         if out.scheduled:
             try:
-                self.pool.copy_blocks(out.copies)
                 items = [item for item in out.scheduled if item.sample]
                 greedy = argmax_only([item.seq for item in items])
-                forward = self.runner.run(out.scheduled, argmax_only=greedy)
+                forward = self.runner.run(out.scheduled, greedy, out.copies)
                 for item in out.scheduled:
                     if not item.draft:  # a verify chunk's count waits for the verdict
                         self.blocks.computed(item.seq, item.n_tokens)

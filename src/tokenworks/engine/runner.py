@@ -6,6 +6,7 @@ The batch runs on the C kernels where they are open for this engine and take it
 
 from __future__ import annotations
 
+import msgspec
 import torch
 
 from tokenworks.engine.sampler import ForwardOutput
@@ -17,6 +18,8 @@ from tokenworks.ops.attention import AttentionMetadata
 def open_kernels(model, pool, config) -> tuple:
     """CKernels.open for a model over its pool with an EngineConfig's kernel options:
     (the kernels or None, why not)."""
+    if config.tensor_parallel_size > 1:
+        return None, "tensor parallelism runs the torch modules, split"
     if config.attention_tile is not None:
         return None, "attention_tile runs the torch path's tiled attention"
     if config.compile:
@@ -33,6 +36,22 @@ def open_kernels(model, pool, config) -> tuple:
     )
 
 
+class TorchStep(msgspec.Struct):
+    """What one torch forward of a step needs: the flat batch's tokens and positions, each
+    chunk's rows and context, its block tables (one per KV group), the rows that want
+    logits, and (embeddings) the rows whose hidden states are kept. Tensor-parallel workers
+    receive it as it is and run the same forward on their shards (engine/workers.py)."""
+
+    ids: list[int]
+    positions: list[int]
+    query_lens: list[int]
+    context_lens: list[int]
+    tables: list[list[list[int]]]
+    head_rows: list[int]
+    hidden_rows: list[int] | None = None
+    copies: list[tuple[int, int]] = []  # (from, to) blocks copied before the forward
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -44,8 +63,10 @@ class ModelRunner:
         kernels=None,  # kernels.CKernels, or None: the torch model runs every batch
         rows_up_to: int = 0,  # chunks this short run as decode rows (see rows_as_decodes)
         compile_stats=None,  # models.compiled.CompileStats where the layers are compiled
+        workers=None,  # engine.workers.TensorWorkers: each torch step is sent to them first
     ):
         self.model, self.pool, self.block_size = model, pool, block_size
+        self.workers = workers
         self.device, self.batch_decode = device, batch_decode
         self.kernels = kernels
         self.rows_up_to = rows_up_to
@@ -54,13 +75,16 @@ class ModelRunner:
         self._group_of = [layout.group_of(i) for i in range(layout.n_layers)]  # per layer
 
     @torch.inference_mode()
-    def run(self, batch: list[ScheduledSeq], argmax_only: bool = False) -> ForwardOutput:
+    def run(
+        self, batch: list[ScheduledSeq], argmax_only: bool = False, copies: list = ()
+    ) -> ForwardOutput:
         """Feed each sequence its scheduled tokens; return the logits [sampling rows, V] of
         the sequences whose chunk reaches their last token (the others are mid-prompt and
         sample nothing yet; a verify chunk has 1 + k rows), in batch order and in the
         dtype the model computes them.
         argmax_only: every sampling row is plain greedy, and a forward path that can may
-        hand back each row's argmax instead (the C decode step writes no logits then)."""
+        hand back each row's argmax instead (the C decode step writes no logits then).
+        copies: (from, to) pool blocks to copy first (the scheduler's copy-on-write)."""
         ids, positions, q_lens, ctx_lens, tables, last_rows = [], [], [], [], [], []
         # rows for prompt logprobs and for embeddings: (sequence, the rows' positions, the
         # flat row of the first)
@@ -90,22 +114,22 @@ class ModelRunner:
         head_rows = _rows(last_rows, prompt_rows)  # ascending, where any prompt rows join
         if prompt_rows or pooled_rows:
             argmax_only = False
-        rows = torch.tensor(head_rows, dtype=torch.long, device=self.device)
         out = None
         if self.kernels is not None and not pooled_rows:  # C hands back no hidden states
             layout = self.kernels.layout(q_lens, ctx_lens, tables)
             if layout is not None:
+                self.pool.copy_blocks(list(copies))
+                rows = torch.tensor(head_rows, dtype=torch.long, device=self.device)
                 out = ForwardOutput(*self.kernels.forward(ids_t, pos_t, layout, rows, argmax_only))
         if out is None:
-            meta = self.metadata(q_lens, ctx_lens, tables)
+            hidden_rows = _rows(head_rows, pooled_rows) if pooled_rows else None
+            step = TorchStep(ids, positions, q_lens, ctx_lens, tables, head_rows, hidden_rows,
+                             list(copies))  # fmt: skip
+            logits, h = self._run_step(step, ids_t, pos_t)
+            out = ForwardOutput(logits)
             if pooled_rows:
-                hidden_rows = _rows(head_rows, pooled_rows)
-                h = self.model.final_hidden(ids_t, pos_t, meta, self.pool, hidden_rows)
                 at = {r: i for i, r in enumerate(hidden_rows)}
-                out = ForwardOutput(self.model.head(h[[at[r] for r in head_rows]]))
                 out.pooled = [(s, w.start, h[at[r] : at[r] + len(w)]) for s, w, r in pooled_rows]
-            else:
-                out = ForwardOutput(self._forward(ids_t, pos_t, meta, rows))
         if prompt_rows:
             at = {r: i for i, r in enumerate(head_rows)}
             logits = out.logits
@@ -114,6 +138,33 @@ class ModelRunner:
                 (s, w.start + 1, logits[at[r] : at[r] + len(w)]) for s, w, r in prompt_rows
             ]
         return out
+
+    def _run_step(self, step: TorchStep, ids, positions) -> tuple:
+        """execute(), the tensor-parallel workers sent the step first where there are any:
+        a failure then leaves their group broken, and says so for every later step."""
+        if self.workers is None:
+            return self.execute(step, ids, positions)
+        self.workers.send(step)
+        try:
+            return self.execute(step, ids, positions)
+        except Exception as e:
+            raise self.workers.fail(e) from e
+
+    @torch.inference_mode()
+    def execute(self, step: TorchStep, ids=None, positions=None) -> tuple:
+        """The torch forward of a step: (logits of its head rows, the hidden states of its
+        hidden rows or None); ids, positions: the step's as tensors, where made already."""
+        self.pool.copy_blocks(step.copies)
+        if ids is None:
+            ids = torch.tensor(step.ids, device=self.device)
+            positions = torch.tensor(step.positions, device=self.device)
+        meta = self.metadata(step.query_lens, step.context_lens, step.tables)
+        rows = torch.tensor(step.head_rows, dtype=torch.long, device=self.device)
+        if step.hidden_rows is None:
+            return self._forward(ids, positions, meta, rows), None
+        h = self.model.final_hidden(ids, positions, meta, self.pool, step.hidden_rows)
+        at = {r: i for i, r in enumerate(step.hidden_rows)}
+        return self.model.head(h[[at[r] for r in step.head_rows]]), h
 
     def _forward(self, ids, positions, meta, rows) -> torch.Tensor:
         def run():
