@@ -309,6 +309,16 @@ class EngineConfig:
             metavar="N",
         ),
     )
+    pipeline_parallel_size: int = field(
+        default=1,
+        metadata=option(
+            "cut the layers into N stages, one group of processes each (times the tensor-"
+            "parallel size), a step's batch flowing through them in N micro-batches "
+            "(models/pipeline.py; runs the torch modules)",
+            group=DISTRIBUTED,
+            metavar="N",
+        ),
+    )
     distributed_timeout: float = field(
         default=60.0,
         metadata=option(
@@ -391,15 +401,15 @@ class EngineConfig:
             raise ValueError(
                 f"moe_strategy {self.moe_strategy!r}: expected auto, loop, grouped or dense"
             )
-        if self.tensor_parallel_size < 1:
-            raise ValueError("tensor_parallel_size must be >= 1")
-        if self.tensor_parallel_size > 1:
+        if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
+            raise ValueError("tensor_parallel_size and pipeline_parallel_size must be >= 1")
+        if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
             for name, on in (("kernels c", self.kernels == "c"), ("compile", self.compile),
                              ("batch_invariant", self.batch_invariant is True)):  # fmt: skip
                 if on:
                     raise ValueError(
-                        f"tensor_parallel_size runs the torch modules with a collective after "
-                        f"each split product; {name} does not go with it: drop one of the two"
+                        f"tensor and pipeline parallelism run the torch modules with collectives "
+                        f"between ranks; {name} does not go with them: drop one of the two"
                     )
         if self.distributed_timeout <= 0:
             raise ValueError("distributed_timeout (seconds) must be > 0")

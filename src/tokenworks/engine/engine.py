@@ -45,7 +45,14 @@ from tokenworks.engine.sequence import Sequence
 from tokenworks.engine.speculative import open_speculator
 from tokenworks.engine.step_log import StepCounts, StepLog, StepStats
 from tokenworks.engine.structured import GrammarCompiler
-from tokenworks.engine.workers import TensorWorkers, build_rank_model, rank_device, rank_threads
+from tokenworks.engine.workers import (
+    TensorWorkers,
+    build_rank_model,
+    rank_device,
+    rank_quantization,
+    rank_threads,
+    world_size,
+)
 from tokenworks.kernels.backend import KernelsUnavailableError
 from tokenworks.models import load
 from tokenworks.models.build import make_batch_invariant_
@@ -77,11 +84,14 @@ class LLMEngine:
         self.spec = loaded.spec
         self.tokenizer = TokenizerWrapper.from_loaded(loaded)
         # what the weights run as: the GGUF's blocks by default (config.resolved_quantization)
-        self.quantization = config.resolved_quantization(loaded.gguf_index is not None)
-        if config.tensor_parallel_size > 1 and self.quantization == "gguf":
-            self.quantization = None  # each rank's shard is sliced out of dequantised rows
-        # this process's model and its spec: the whole model, or rank 0's shard of it
-        self.model, self.rank_spec = build_rank_model(config, loaded, self.quantization)
+        self.quantization = rank_quantization(config, loaded.gguf_index is not None)
+        # the other ranks (tensor / pipeline parallel), joined before any model is built
+        self.workers, topology = None, None
+        if world_size(config) > 1:
+            self.workers, topology = TensorWorkers.start(config)
+            weakref.finalize(self, self.workers.stop)
+        # this process's model and its spec: the whole model, or rank 0's part of it
+        self.model, self.rank_spec = build_rank_model(config, loaded, self.quantization, topology)
         self.compile_stats = None
         if config.compile:
             if self.quantization is not None:
@@ -110,11 +120,8 @@ class LLMEngine:
             self.rank_spec, num_blocks, bs, config.torch_dtype, rank_device(config, 0),
             self.kv_layout,
         )  # fmt: skip
-        # the other tensor-parallel ranks, each with its shard and a pool of these blocks
-        self.workers = None
-        if config.tensor_parallel_size > 1:
-            self.workers = TensorWorkers.start(config, num_blocks)
-            weakref.finalize(self, self.workers.stop)
+        if self.workers is not None:  # each builds a pool of these blocks
+            self.workers.ready(num_blocks)
         # the C kernels where they run for this model and these options (why not, if not),
         # and how this engine is batch-invariant: "kernels", "torch" or "" (it is not)
         self.c_kernels, self.kernels_off_because, self.invariance = self._open_kernels()
@@ -146,6 +153,7 @@ class LLMEngine:
             kernels=self.c_kernels,
             compile_stats=self.compile_stats,
             workers=self.workers,
+            micro_batches=config.pipeline_parallel_size,
         )
         self._ids = itertools.count()
         self._arrivals = itertools.count()

@@ -12,14 +12,15 @@ import torch
 from tokenworks.engine.sampler import ForwardOutput
 from tokenworks.engine.scheduler import ScheduledSeq
 from tokenworks.kernels import CKernels
+from tokenworks.models.pipeline import PipelineStage, micro_batches
 from tokenworks.ops.attention import AttentionMetadata
 
 
 def open_kernels(model, pool, config) -> tuple:
     """CKernels.open for a model over its pool with an EngineConfig's kernel options:
     (the kernels or None, why not)."""
-    if config.tensor_parallel_size > 1:
-        return None, "tensor parallelism runs the torch modules, split"
+    if config.tensor_parallel_size * config.pipeline_parallel_size > 1:
+        return None, "tensor and pipeline parallelism run the torch modules, split"
     if config.attention_tile is not None:
         return None, "attention_tile runs the torch path's tiled attention"
     if config.compile:
@@ -64,9 +65,10 @@ class ModelRunner:
         rows_up_to: int = 0,  # chunks this short run as decode rows (see rows_as_decodes)
         compile_stats=None,  # models.compiled.CompileStats where the layers are compiled
         workers=None,  # engine.workers.TensorWorkers: each torch step is sent to them first
+        micro_batches: int = 1,  # a pipeline stage's model: a step runs in this many parts
     ):
         self.model, self.pool, self.block_size = model, pool, block_size
-        self.workers = workers
+        self.workers, self.micro_batches = workers, micro_batches
         self.device, self.batch_decode = device, batch_decode
         self.kernels = kernels
         self.rows_up_to = rows_up_to
@@ -158,6 +160,8 @@ class ModelRunner:
         if ids is None:
             ids = torch.tensor(step.ids, device=self.device)
             positions = torch.tensor(step.positions, device=self.device)
+        if isinstance(self.model, PipelineStage):
+            return self._pipelined(step, ids, positions), None
         meta = self.metadata(step.query_lens, step.context_lens, step.tables)
         rows = torch.tensor(step.head_rows, dtype=torch.long, device=self.device)
         if step.hidden_rows is None:
@@ -165,6 +169,26 @@ class ModelRunner:
         h = self.model.final_hidden(ids, positions, meta, self.pool, step.hidden_rows)
         at = {r: i for i, r in enumerate(step.hidden_rows)}
         return self.model.head(h[[at[r] for r in step.head_rows]]), h
+
+    def _pipelined(self, step: TorchStep, ids, positions) -> torch.Tensor | None:
+        """A step through a pipeline stage, in micro-batches of whole chunks: the logits of
+        its head rows on rank 0 (and on the last stage), None on the other ranks."""
+        if step.hidden_rows is not None:
+            raise ValueError(
+                "embeddings do not run with pipeline parallelism (the hidden states stay on "
+                "the last stage): use --pipeline-parallel-size 1"
+            )
+        logits = []
+        for mb in micro_batches(step.query_lens, step.head_rows, self.micro_batches):
+            c = slice(mb.chunks.start, mb.chunks.stop)
+            meta = self.metadata(step.query_lens[c], step.context_lens[c], step.tables[c])
+            rows = torch.tensor(mb.head_rows, dtype=torch.long, device=self.device)
+            out = self.model(ids[mb.start : mb.end], positions[mb.start : mb.end], meta,
+                             self.pool, logits_rows=rows, float_logits=False)  # fmt: skip
+            if out is not None:
+                logits.append(out)
+        first = self.model.finish(self.pool.k[0].dtype)
+        return first if first is not None else torch.cat(logits) if logits else None
 
     def _forward(self, ids, positions, meta, rows) -> torch.Tensor:
         def run():

@@ -50,9 +50,11 @@ def build_model(
     moe_strategy: str = "auto",
     moe_capacity_factor: float | None = None,
     attention_tile: int | None = None,
+    layers: range | None = None,  # a pipeline stage's layers (None: all)
 ) -> torch.nn.Module:
     with _without_random_init():  # (nor does a layer that will hold blocks touch its pages)
-        model = MODULES[family(spec.arch).module](spec)
+        module = MODULES[family(spec.arch).module]
+        model = module(spec) if layers is None else module(spec, layers)
     blocks = quantization == "gguf" and isinstance(model, LlamaModel)
     model.load_weights(weights if blocks else DenseView(weights))
     tables = getattr(model, "rope_tables", dict)()
@@ -62,7 +64,7 @@ def build_model(
     if quantization in QUANTIZED_LINEARS:
         head = model.lm_head
         quantize_(model, quantization, dense_from_rows)
-        if quantization == "int4":
+        if quantization == "int4" and head is not None:
             # The output layer is the most sensitive to rounding; GGUF files keep it at 8
             # bits or more (the default model: Q8_0), and so do we.
             model.lm_head = quantized_linear("int8", head, dense_from_rows)

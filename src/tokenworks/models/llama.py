@@ -146,13 +146,19 @@ class LlamaLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, layers: range | None = None):
+        """layers: a pipeline stage's layers only (models/pipeline.py): the embedding
+        where they start at the first, the final norm and head where they end at the last."""
         super().__init__()
         self.spec = spec
-        self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(LlamaLayer(spec, i) for i in range(spec.n_layers))
+        self.stage = layers if layers is not None else range(spec.n_layers)
+        self.first, self.last = self.stage.start == 0, self.stage.stop == spec.n_layers
+        self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size) if self.first else None
+        self.layers = nn.ModuleList(LlamaLayer(spec, i) for i in self.stage)
         self.norm = nn.Parameter(torch.ones(spec.hidden_size), requires_grad=False)
-        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.lm_head = (
+            nn.Linear(spec.hidden_size, spec.vocab_size, bias=False) if self.last else None
+        )
         cos, sin = cos_sin_table(spec, spec.max_position)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -179,19 +185,22 @@ class LlamaModel(nn.Module):
         BlockTensors, which the products and the embedding keep as stored."""
         with torch.no_grad():
             table = w["model.embed_tokens.weight"]
-            if isinstance(table, BlockTensor):
+            if self.first and isinstance(table, BlockTensor):
                 self.embed = BlockEmbedding(table)
-            else:
+            elif self.first:
                 self.embed.weight.copy_(table)
             self.norm.copy_(dense(w["model.norm.weight"]))
-            for i, layer in enumerate(self.layers):
-                layer.load(w, f"model.layers.{i}.")
+            for layer in self.layers:
+                layer.load(w, f"model.layers.{layer.layer}.")
+            if not self.last:
+                return
             if self.spec.tie_embeddings and isinstance(table, BlockTensor):
                 self.lm_head = BlockLinear([table])
-            elif self.spec.tie_embeddings:
+            elif self.spec.tie_embeddings and self.first:
                 self.lm_head.weight = self.embed.weight
             else:
-                self.lm_head = stored(self.lm_head, [w["lm_head.weight"]])
+                head = table if self.spec.tie_embeddings else w["lm_head.weight"]
+                self.lm_head = stored(self.lm_head, [head])
 
     def forward(
         self,
@@ -210,16 +219,27 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:  # [N, hidden]
         """The hidden states of `rows` (None: all) after the final norm: what the head
         reads, and what an embedding pools."""
+        x = self.run_layers(self.embed_input(input_ids), positions, meta, cache)
+        return self.final_norm(x, rows)
+
+    def embed_input(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
         x = self.embed(input_ids)
         if self.spec.embed_scale:  # Gemma: sqrt(hidden), rounded to the model's dtype first
             x = x * torch.tensor(self.spec.hidden_size**0.5, dtype=x.dtype)
+        return x
+
+    def run_layers(self, x, positions, meta: AttentionMetadata, cache=None) -> torch.Tensor:
+        """This model's layers (a pipeline stage's, or all) over x [T, hidden]."""
         tables = [(self.cos, self.sin), (self.cos_local, self.sin_local)]
         rope = [
             (c[positions].to(x.dtype).unsqueeze(1), s[positions].to(x.dtype).unsqueeze(1))
             for c, s in tables[: 1 + (self.spec.rope_local_theta is not None)]
         ]  # each [T, 1, D]
-        for i, layer in enumerate(self.layers):
-            x = layer(x, *rope[layer.rope_table], meta.for_layer(i), cache)
+        for layer in self.layers:
+            x = layer(x, *rope[layer.rope_table], meta.for_layer(layer.layer), cache)
+        return x
+
+    def final_norm(self, x: torch.Tensor, rows=None) -> torch.Tensor:
         if rows is not None:
             x = x[rows]
         return F.rms_norm(x, (self.spec.hidden_size,), self.norm, self.spec.norm_eps)

@@ -194,8 +194,10 @@ class VocabParallelHead(nn.Module):
 def parallelize_(model: nn.Module, spec: ModelSpec, shard: Shard) -> nn.Module:
     """Wrap a model built from shard_spec and shard_weights with its collectives."""
     rows = vocab_rows(spec, shard.size)
-    model.embed = VocabParallelEmbedding(model.embed, shard, rows)
-    model.lm_head = VocabParallelHead(model.lm_head, shard, spec.vocab_size)
+    if model.embed is not None:  # (a later pipeline stage has none)
+        model.embed = VocabParallelEmbedding(model.embed, shard, rows)
+    if model.lm_head is not None:
+        model.lm_head = VocabParallelHead(model.lm_head, shard, spec.vocab_size)
     for layer in model.layers:
         layer.o_proj = RowParallel(layer.o_proj, shard)
         layer.down = RowParallel(layer.down, shard)

@@ -1,6 +1,7 @@
-"""Tensor parallelism: a random-weight model split over 2 and 4 gloo ranks (separate
-processes on 127.0.0.1) gives the one-process logits within 1e-5, through a prompt pass and
-paged decode steps, and each rank holds only its shard."""
+"""Tensor and pipeline parallelism: a random-weight model split over gloo ranks (separate
+processes on 127.0.0.1) gives the one-process logits within 1e-5 (a prompt pass and paged
+decode steps) and greedy tokens, each rank holding only its part; a rank that dies fails
+the engine's steps instead of hanging them."""
 
 from __future__ import annotations
 
@@ -19,6 +20,15 @@ SMALL = dict(vocab_size=322, hidden_size=64, intermediate_size=112, num_hidden_l
 CONFIGS = {
     "llama": lambda: transformers.LlamaConfig(**SMALL, num_key_value_heads=2),
     "qwen3": lambda: transformers.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16),
+    "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
+        **SMALL,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+    ),  # fmt: skip
     "gemma3": lambda: transformers.Gemma3TextConfig(
         **SMALL | {"num_hidden_layers": 4},
         num_key_value_heads=2,
@@ -109,9 +119,7 @@ def saved(tmp_path_factory):
 
 
 # 4 ranks over 2 KV heads: each KV head held twice
-@pytest.mark.parametrize(
-    ("name", "size"), [("llama", 2), ("qwen3", 2), ("gemma3", 2), ("gemma3", 4)]
-)
+@pytest.mark.parametrize(("name", "size"), [("qwen3", 2), ("gemma3", 2), ("gemma3", 4)])
 def test_split_logits_equal_one_process(saved, name, size, tmp_path):
     from tokenworks.models.build import build_model
     from tokenworks.models.loader import load
@@ -157,26 +165,29 @@ def _with_tokenizer(path):
 PROMPTS = [[7, 8, 9], list(range(10, 50)), [3] * 20, [100 + i % 7 for i in range(23)]]
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3"])
-def test_the_engine_split_over_two_ranks_gives_one_process_greedy_tokens(saved, name):
+def _greedy(model, **kw) -> list:
     """Batched, chunked (a step budget of 16 tokens), prefix-cached (the last prompt comes
-    again), n = 2 (copy-on-write of the shared last block): the tokens of one process."""
+    again), n = 2 (copy-on-write of the shared last block)."""
     from tokenworks import LLM, SamplingParams
 
-    model = _with_tokenizer(saved(name))
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
-    prompts = PROMPTS + [PROMPTS[-1]]
-    got = {}
-    for size in (1, 2):
-        llm = LLM(model, dtype="float32", tensor_parallel_size=size, max_num_batched_tokens=16,
-                  threads=1)  # fmt: skip
-        try:
-            got[size] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-            pair = llm.generate([PROMPTS[1]], SamplingParams(max_tokens=6, n=2, temperature=0))
-            got[size].append([o.token_ids for o in pair[0].outputs])
-        finally:
-            llm.engine.close()
-    assert got[2] == got[1]
+    llm = LLM(model, dtype="float32", max_num_batched_tokens=16, threads=1, **kw)
+    try:
+        out = [o.outputs[0].token_ids for o in llm.generate(PROMPTS + [PROMPTS[-1]], params)]
+        pair = llm.generate([PROMPTS[1]], SamplingParams(max_tokens=6, n=2, temperature=0))
+        return out + [[o.token_ids for o in pair[0].outputs]]
+    finally:
+        llm.engine.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "tp", "pp"),
+    [("qwen3", 2, 1), ("llama", 1, 2), ("qwen3-moe", 1, 2), ("llama", 2, 2)],
+)
+def test_the_engine_over_several_ranks_gives_one_process_greedy_tokens(saved, name, tp, pp):
+    model = _with_tokenizer(saved(name))
+    want = _greedy(model)
+    assert _greedy(model, tensor_parallel_size=tp, pipeline_parallel_size=pp) == want
 
 
 def test_a_worker_that_dies_fails_the_step_and_every_later_one(saved):
@@ -198,7 +209,7 @@ def test_a_worker_that_dies_fails_the_step_and_every_later_one(saved):
         eng.step()
         os.kill(eng.workers.procs[0].pid, signal.SIGKILL)
         t0 = time.monotonic()
-        with pytest.raises(WorkerFailed, match="tensor-parallel"):
+        with pytest.raises(WorkerFailed, match="rank"):
             while True:  # steps until the death is seen (the kill lands asynchronously)
                 eng.step()
         assert time.monotonic() - t0 < 20
@@ -210,17 +221,37 @@ def test_a_worker_that_dies_fails_the_step_and_every_later_one(saved):
         eng.close()
 
 
-def test_the_default_model_split_over_its_three_kv_heads_matches(smol_llm, smol_loaded):
-    """SmolLM2 (9 query heads, 3 KV heads) over 3 ranks, each reading its shard of the
-    GGUF: the greedy tokens of the one-process float32 engine."""
+@pytest.mark.parametrize(("tp", "pp"), [(3, 1), (1, 2)])
+def test_the_default_model_split_matches(smol_llm, smol_loaded, tp, pp):
+    """SmolLM2 over its 3 KV heads (9 query heads), and in two stages of 15 layers: the
+    greedy tokens of the one-process float32 engine."""
     from tokenworks import LLM, SamplingParams
 
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, there"]
     want = [o.outputs[0].token_ids for o in smol_llm.generate(prompts, params)]
     llm = LLM("smollm2-135m", dtype="float32", quantization="none", loaded=smol_loaded,
-              tensor_parallel_size=3, warmup=False, threads=1)  # fmt: skip
+              tensor_parallel_size=tp, pipeline_parallel_size=pp, warmup=False,
+              threads=1)  # fmt: skip
     try:
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
+        if pp > 1:  # rank 0 holds the first stage: its layers and the embedding, no head
+            model = llm.engine.model.model
+            assert list(model.stage) == list(range(15)) and model.lm_head is None
     finally:
         llm.engine.close()
+
+
+def test_stages_share_out_the_layers_and_micro_batches_the_chunks():
+    from tokenworks.models.pipeline import micro_batches, stage_layers
+
+    assert stage_layers(30, 2) == [range(0, 15), range(15, 30)]
+    assert stage_layers(7, 3) == [range(0, 3), range(3, 5), range(5, 7)]
+    with pytest.raises(ValueError, match="1 to 2 stages"):
+        stage_layers(2, 3)
+    mbs = micro_batches([5, 1, 1, 1, 8], [4, 5, 6, 7, 15], 2)
+    assert [(m.start, m.end, list(m.chunks), m.head_rows) for m in mbs] == [
+        (0, 8, [0, 1, 2, 3], [4, 5, 6, 7]),
+        (8, 16, [4], [7]),
+    ]
+    assert len(micro_batches([1], [0], 4)) == 1
