@@ -95,7 +95,7 @@ def build_rank_model(config, loaded, quantization, topology: Topology | None = N
         weights = stage_weights(weights, layers)
     shard = tp.Shard(top.tp_rank, top.tp, top.tp_group)
     if top.tp > 1:
-        spec = tp.shard_spec(loaded.spec, top.tp)
+        spec = tp.shard_spec(loaded.spec, top.tp, top.tp_rank)
         weights = tp.shard_weights(weights, loaded.spec, shard)
     model = build_model(
         spec,

@@ -32,6 +32,7 @@ import math
 
 import numpy as np
 import torch
+import torch.distributed
 import torch.nn.functional as F
 from torch import nn
 
@@ -90,6 +91,11 @@ class MoE(nn.Module):
         self.m, self.layer = m, layer
         e, h, inter = m.n_experts, spec.hidden_size, m.intermediate
         self.router = nn.Parameter(torch.empty(e, h), requires_grad=False)
+        # the experts this module holds (expert parallelism: a rank's share, their
+        # outputs added across ranks by `parallel`'s all-reduce); the router scores all
+        self.first, last = m.local_experts or (0, e)
+        e = self.local = last - self.first
+        self.parallel = None  # models.tensor_parallel.Shard where experts are split
         self.score_bias = (
             nn.Parameter(torch.zeros(e), requires_grad=False) if m.score_bias else None
         )
@@ -110,11 +116,10 @@ class MoE(nn.Module):
     def load(self, w: dict, p: str) -> None:
         """Copy weights named p + "mlp.*" in (engine names: models/arch); experts stored as
         GGUF BlockTensors are kept as they are (self.blocks)."""
-        e = self.m.n_experts
         self.router.copy_(dense(w[p + "mlp.gate.weight"]))
         if self.score_bias is not None:
             self.score_bias.copy_(dense(w[p + "mlp.gate.e_score_correction_bias"]))
-        experts = [f"{p}mlp.experts.{j}." for j in range(e)]
+        experts = [f"{p}mlp.experts.{j}." for j in range(self.first, self.first + self.local)]
         names = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
         if all(isinstance(w[x + n], BlockTensor) for x in experts for n in names):
             self.gate_up = self.down = None  # never allocated: the blocks are the experts
@@ -206,12 +211,16 @@ class MoE(nn.Module):
         return rows_product(F.silu(gate) * up, self.down[e], self.tile)
 
     def _pairs_by_expert(self, weights, ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The (token, expert) pairs sorted by expert: (each pair's token, its weight, tokens
-        per expert [E])."""
-        flat = ids.reshape(-1)
+        """The (token, expert) pairs of this module's experts, sorted by expert: (each
+        pair's token, its weight, tokens per local expert [local])."""
+        flat, w = ids.reshape(-1), weights.reshape(-1)
+        token = torch.arange(flat.numel(), device=ids.device) // ids.shape[1]
+        if self.local != self.m.n_experts:  # expert parallel: the pairs of our experts
+            mine = (flat >= self.first) & (flat < self.first + self.local)
+            flat, w, token = flat[mine] - self.first, w[mine], token[mine]
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.m.n_experts)
-        return order // ids.shape[1], weights.reshape(-1)[order], counts
+        counts = torch.bincount(flat, minlength=self.local)
+        return token[order], w[order], counts
 
     def _loop(self, x, weights, ids) -> torch.Tensor:
         token, w, counts = self._pairs_by_expert(weights, ids)
@@ -260,8 +269,10 @@ class MoE(nn.Module):
         return ys.view(len(hit) * width, -1)[slot]
 
     def _dense(self, x, weights, ids) -> torch.Tensor:
-        dense = torch.zeros(x.shape[0], self.m.n_experts, dtype=x.dtype, device=x.device)
-        dense.scatter_add_(1, ids, weights.to(x.dtype))  # [T, E], 0 for unchosen experts
+        token, w, counts = self._pairs_by_expert(weights, ids)
+        expert = torch.repeat_interleave(torch.arange(self.local, device=x.device), counts)
+        dense = torch.zeros(x.shape[0], self.local, dtype=x.dtype, device=x.device)
+        dense.index_put_((token, expert), w.to(x.dtype), accumulate=True)  # 0: unchosen
         gate, up = torch.matmul(x, self.gate_up.transpose(1, 2)).chunk(2, dim=-1)  # [E, T, I]
         ys = torch.matmul(F.silu(gate) * up, self.down.transpose(1, 2))  # [E, T, h]
         return torch.einsum("eth,te->th", ys, dense)
@@ -282,4 +293,6 @@ class MoE(nn.Module):
             if self.shared_gate is not None:
                 shared = torch.sigmoid(self.shared_gate(x)) * shared
             out = out + shared
+        if self.parallel is not None:  # each rank's experts and slice of the shared ones
+            torch.distributed.all_reduce(out, group=self.parallel.group)
         return out

@@ -67,6 +67,8 @@ class MoESpec:
     group_scoring: str = "top2"  # a group's score: its best two summed (V3) or its best (V2)
     routed_scaling_factor: float = 1.0
     dense_layers: tuple[int, ...] = ()  # layers whose MLP is a plain dense one
+    # expert parallelism: the routed experts this rank holds, [first, last) (None: all)
+    local_experts: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.n_experts:

@@ -52,13 +52,17 @@ def check_divisible(spec: ModelSpec, size: int) -> None:
     """Raise, saying what to change, where `size` ranks cannot split this model."""
     if size < 1:
         raise ValueError(f"--tensor-parallel-size must be >= 1, got {size}")
-    if spec.mla is not None or spec.moe is not None or spec.arch == "gpt2":
+    if spec.mla is not None or spec.arch == "gpt2":
         raise ValueError(
-            f"tensor parallelism splits dense Llama-shaped models; {spec.name or spec.arch} "
-            "is not one (run it with --tensor-parallel-size 1)"
+            f"tensor parallelism splits Llama-shaped models (MoE ones too); "
+            f"{spec.name or spec.arch} is not one (run it with --tensor-parallel-size 1)"
         )
     kv = spec.n_kv_heads
     problems = []
+    if spec.moe is not None and spec.moe.n_experts % size:
+        problems.append(f"its {spec.moe.n_experts} experts")
+    if spec.moe is not None and spec.moe.shared_intermediate % size:
+        problems.append(f"its shared experts' width {spec.moe.shared_intermediate}")
     if spec.n_heads % size:
         problems.append(f"its {spec.n_heads} query heads")
     if kv % size and size % kv:
@@ -75,9 +79,11 @@ def check_divisible(spec: ModelSpec, size: int) -> None:
 def divisors(spec: ModelSpec) -> list[int]:
     """The tensor-parallel sizes that split this model's heads and MLP evenly."""
     out = []
+    moe = spec.moe
     for s in range(1, spec.n_heads + 1):
         kv_ok = spec.n_kv_heads % s == 0 or s % spec.n_kv_heads == 0
-        if spec.n_heads % s == 0 and spec.intermediate_size % s == 0 and kv_ok:
+        moe_ok = moe is None or (moe.n_experts % s == 0 and moe.shared_intermediate % s == 0)
+        if spec.n_heads % s == 0 and spec.intermediate_size % s == 0 and kv_ok and moe_ok:
             out.append(s)
     return out
 
@@ -87,15 +93,25 @@ def vocab_rows(spec: ModelSpec, size: int) -> int:
     return -(-spec.vocab_size // size)
 
 
-def shard_spec(spec: ModelSpec, size: int) -> ModelSpec:
-    """The spec of one rank's model: its heads, MLP width and vocabulary rows."""
+def shard_spec(spec: ModelSpec, size: int, rank: int = 0) -> ModelSpec:
+    """The spec of rank `rank`'s model: its heads, MLP width, vocabulary rows and (MoE)
+    its experts and slice of the shared experts."""
     check_divisible(spec, size)
+    moe = spec.moe
+    if moe is not None:
+        per = moe.n_experts // size
+        moe = dataclasses.replace(
+            moe,
+            local_experts=(rank * per, (rank + 1) * per),
+            shared_intermediate=moe.shared_intermediate // size,
+        )
     return dataclasses.replace(
         spec,
         n_heads=spec.n_heads // size,
         n_kv_heads=max(1, spec.n_kv_heads // size),
         intermediate_size=spec.intermediate_size // size,
         vocab_size=vocab_rows(spec, size),
+        moe=moe,
     )
 
 
@@ -116,23 +132,33 @@ def shard_weights(weights: Mapping, spec: ModelSpec, shard: Shard) -> dict:
     q_rows = spec.q_size // shard.size
     heads = kv_heads(spec, shard)
     kv_rows = slice(heads.start * d, heads.stop * d)
-    width = spec.intermediate_size // shard.size
+    width = slice(
+        r * spec.intermediate_size // shard.size, (r + 1) * spec.intermediate_size // shard.size
+    )
     vr = vocab_rows(spec, shard.size)
     rows = {
         "self_attn.q_proj": slice(r * q_rows, (r + 1) * q_rows),
         "self_attn.k_proj": kv_rows,
         "self_attn.v_proj": kv_rows,
-        "mlp.gate_proj": slice(r * width, (r + 1) * width),
-        "mlp.up_proj": slice(r * width, (r + 1) * width),
+        "mlp.gate_proj": width,
+        "mlp.up_proj": width,
     }
-    cols = {
-        "self_attn.o_proj": slice(r * q_rows, (r + 1) * q_rows),
-        "mlp.down_proj": slice(r * width, (r + 1) * width),
-    }
+    cols = {"self_attn.o_proj": slice(r * q_rows, (r + 1) * q_rows), "mlp.down_proj": width}
+    experts = range(spec.moe.n_experts) if spec.moe else range(0)
+    if spec.moe is not None:
+        per = spec.moe.n_experts // shard.size
+        experts = range(r * per, (r + 1) * per)
+        shared = spec.moe.shared_intermediate // shard.size
+        shared = slice(r * shared, (r + 1) * shared)
+        rows |= {"mlp.shared_experts.gate_proj": shared, "mlp.shared_experts.up_proj": shared}
+        cols |= {"mlp.shared_experts.down_proj": shared}
     out = {}
     for name in weights:
         base, _, kind = name.rpartition(".")
         product = base.partition(".layers.")[2].partition(".")[2]  # "self_attn.q_proj"
+        expert = product.partition("mlp.experts.")[2].partition(".")[0]
+        if expert and int(expert) not in experts:
+            continue  # another rank's expert
         if product in rows:
             out[name] = dense(weights[name])[rows[product]].clone()
         elif product in cols and kind == "weight":
@@ -200,7 +226,10 @@ def parallelize_(model: nn.Module, spec: ModelSpec, shard: Shard) -> nn.Module:
         model.lm_head = VocabParallelHead(model.lm_head, shard, spec.vocab_size)
     for layer in model.layers:
         layer.o_proj = RowParallel(layer.o_proj, shard)
-        layer.down = RowParallel(layer.down, shard)
+        if layer.moe is not None:  # its experts' outputs and shared slice, all-reduced
+            layer.moe.parallel = shard
+        else:
+            layer.down = RowParallel(layer.down, shard)
     model.tensor_parallel = shard
     return model
 
