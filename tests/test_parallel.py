@@ -264,3 +264,57 @@ def test_stages_share_out_the_layers_and_micro_batches_the_chunks():
         (8, 16, [4], [7]),
     ]
     assert len(micro_batches([1], [0], 4)) == 1
+
+
+def test_serve_splits_the_model_and_a_dead_rank_fails_its_request_and_restarts(saved):
+    """`tokenworks serve --tensor-parallel-size 2 --restart-engine`: the official OpenAI
+    client gets the one-process completion; a worker rank killed (SIGKILL), the request in
+    flight fails with an error that names the rank, the core stops (the server answers 503
+    meanwhile) and a new one with new ranks serves the same completion; SIGTERM then stops
+    everything with exit 0."""
+    import os
+    import signal
+
+    import httpx
+    import openai
+    from conftest import wait_for
+    from test_server_shutdown import Served, _gone
+
+    from tokenworks import LLM, SamplingParams
+
+    model = _with_tokenizer(saved("llama"))
+    llm = LLM(model, dtype="float32", warmup=False, threads=1)
+    want = llm.generate([PROMPTS[1]], SamplingParams(max_tokens=8, temperature=0))[0]
+    srv = Served("--tensor-parallel-size", "2", "--dtype", "float32", "--restart-engine",
+                 "--distributed-timeout", "10", model=model)  # fmt: skip
+
+    def ranks():
+        (core,) = srv.core_pids()
+        with open(f"/proc/{core}/task/{core}/children") as f:
+            children = [int(pid) for pid in f.read().split()]
+        return [p for p in children if b"spawn_main" in open(f"/proc/{p}/cmdline", "rb").read()]
+
+    try:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+        served = client.models.list().data[0].id
+
+        def complete():
+            out = client.completions.create(model=served, prompt=PROMPTS[1], max_tokens=8,
+                                            temperature=0)  # fmt: skip
+            return out.choices[0].text
+
+        assert complete() == want.outputs[0].text
+        (worker,) = ranks()
+        cores = srv.core_pids()
+        os.kill(worker, signal.SIGKILL)
+        with pytest.raises(openai.APIError, match="rank"):
+            complete()
+        wait_for(lambda: srv.core_pids() not in ([], cores), timeout=120)  # a new core
+        wait_for(lambda: httpx.get(srv.url + "/health").status_code == 200, timeout=120)
+        assert complete() == want.outputs[0].text
+        (new_worker,) = ranks()
+        srv.signal(signal.SIGTERM, group=False)
+        assert srv.exit_code(timeout=30) == 0, "".join(srv.output)
+        assert _gone(new_worker)
+    finally:
+        srv.close()

@@ -102,8 +102,6 @@ def test_tiled_attention_bytes_equal_what_the_c_kernel_moves(window, tile):
         torch.randn(len(lens), n_heads, d), pool.k[0], pool.v[0], tables, torch.tensor(lens), bs,
         0.25, window, online=(tile, 1), traffic=counted,
     )  # fmt: skip
-    want = sum(
-        tr.tiled_attention_bytes(tr.AttentionShape(1, min(n, window or n), d, n_heads, n_kv), 1, tile)
-        for n in lens
-    )  # fmt: skip
+    shapes = [tr.AttentionShape(1, min(n, window or n), d, n_heads, n_kv) for n in lens]
+    want = sum(tr.tiled_attention_bytes(s, 1, tile) for s in shapes)
     assert counted.read + counted.written == want

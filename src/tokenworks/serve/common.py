@@ -195,6 +195,8 @@ async def submit(
         raise APIError(504, str(e), code="deadline_exceeded") from e
     except EngineNotRunningError as e:
         raise APIError(503, str(e), code="engine_unavailable") from e
+    except RequestFailedError as e:  # the engine failed before it said it took the request
+        raise APIError(500, str(e), code="engine_failure") from e
     except ValueError as e:  # too long, too large, bad token ids, bad grammar
         raise bad_request(str(e), "prompt" if "prompt" in str(e) else None) from e
 
