@@ -318,3 +318,43 @@ def test_serve_splits_the_model_and_a_dead_rank_fails_its_request_and_restarts(s
         assert _gone(new_worker)
     finally:
         srv.close()
+
+
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_the_messages_a_step_sends_are_the_cost_models(saved, tp, pp):
+    """Counted on rank 0 over one prompt pass of 3 prompts and one decode step of the 3:
+    the all-reduces, all-gathers and stage sends, and their bytes, that plan/parallel.py
+    predicts for those tokens (float32 activations)."""
+    from tokenworks import LLM, SamplingParams
+    from tokenworks.engine.workers import comms_of
+    from tokenworks.plan import parallel
+
+    llm = LLM(_with_tokenizer(saved("llama")), dtype="float32", tensor_parallel_size=tp,
+              pipeline_parallel_size=pp, warmup=False, threads=1)  # fmt: skip
+    eng = llm.engine
+    try:
+        prompts = PROMPTS[:3]
+        for p in prompts:
+            eng.add_request(prompt_token_ids=p, params=SamplingParams(max_tokens=4))
+        shape = eng.spec.shape
+        for tokens, rows in ((sum(map(len, prompts)), 3), (3, 3)):  # the prompts, a decode
+            for c in comms_of(eng.model):
+                c.reset()
+            eng.step()
+            count, nbytes = {}, {}
+            for c in comms_of(eng.model):
+                count |= c.count
+                nbytes |= c.nbytes
+            if tp > 1:
+                want = parallel.tensor_traffic(shape, tokens, rows, act_bytes=4)
+                assert count == {"all_reduce": want.allreduces, "all_gather": want.allgathers}
+                assert nbytes["all_reduce"] == want.allreduces * want.allreduce_bytes
+                assert nbytes["all_gather"] == want.allgather_bytes
+            else:  # rank 0 sends each micro-batch's hidden states, receives its logits
+                micro = min(pp, 3)
+                want = parallel.pipeline_traffic(shape, tokens, rows, pp, 4, micro)
+                assert count == {"send": micro, "recv": micro}
+                assert nbytes["send"] + nbytes["recv"] == want.send_bytes
+                assert count["send"] + count["recv"] == want.sends
+    finally:
+        eng.close()

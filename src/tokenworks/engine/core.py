@@ -286,14 +286,19 @@ def run_init(init: str | None) -> None:
 
 
 def serve_core(
-    config: EngineConfig, commands_address: str, outputs_address: str, init: str | None = None
+    config: EngineConfig,
+    commands_address: str,
+    outputs_address: str,
+    init: str | None = None,
+    parent: int | None = None,
 ) -> None:
     """Load the engine, connect to the client's two sockets and run until shut down (or
-    until the client's process is gone). A core process's main, and a Ray actor's run."""
+    until the client's process, `parent`, is gone: a client that died while this core
+    started is seen too). A core process's main, and a Ray actor's run."""
     run_init(init)
     # the client detokenises (engine/detokenizer.py): the core only steps
     config = dataclasses.replace(config, detokenize=False)
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     context = zmq.Context()
     commands, outputs = _connect(context, commands_address, outputs_address)
     try:
@@ -356,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commands", required=True, help="ZeroMQ address to take commands from")
     p.add_argument("--outputs", required=True, help="ZeroMQ address to send outputs to")
     p.add_argument("--init", help="module:function to call before the engine is built")
+    p.add_argument("--parent", type=int, help="the client's pid: stop once it is gone")
     args = p.parse_args(argv)
     # the client starts this process in a process group of its own, so a signal to the
     # server's group reaches the server alone and it stops the core when it is done; a
@@ -363,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s[core]: %(message)s")
     config = msgspec.json.decode(args.config, type=EngineConfig)
-    serve_core(config, args.commands, args.outputs, args.init)
+    serve_core(config, args.commands, args.outputs, args.init, args.parent)
     return 0
 
 

@@ -139,7 +139,8 @@ class CoreClient(EngineFront):
         else:
             config = msgspec.json.encode(self.config).decode()
             argv = [sys.executable, "-m", "tokenworks.engine.core", "--commands", commands,
-                    "--outputs", outputs, "--config", config]  # fmt: skip
+                    "--outputs", outputs, "--config", config,
+                    "--parent", str(os.getpid())]  # fmt: skip
             argv += ["--init", self.init] if self.init else []
             # it imports what this process can (the init hook's module too)
             env = os.environ | {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}

@@ -117,6 +117,15 @@ def build_rank_model(config, loaded, quantization, topology: Topology | None = N
     return model, spec
 
 
+def comms_of(model) -> list:
+    """The message counters of this rank's part of the model (models.tensor_parallel
+    Comms): its tensor-parallel group's, and its pipeline stage's."""
+    found = {id(m.shard.comms): m.shard.comms for m in model.modules() if hasattr(m, "shard")}
+    if isinstance(model, PipelineStage):
+        found[id(model.comms)] = model.comms
+    return list(found.values())
+
+
 def _worker_main(rank, address, config_json, conn) -> None:
     """A worker rank: join the group, build its part of the model, take the pool's size,
     say ready, then run steps until told to stop (or until rank 0's end of the pipe

@@ -32,13 +32,13 @@ import math
 
 import numpy as np
 import torch
-import torch.distributed
 import torch.nn.functional as F
 from torch import nn
 
 from tokenworks.kernels.block_linear import BlockLinear, dense, stored
 from tokenworks.kernels.blocks import BlockTensor
 from tokenworks.models.spec import ModelSpec
+from tokenworks.models.tensor_parallel import all_reduce
 from tokenworks.ops.linear import rows_product
 
 STRATEGIES = ("auto", "loop", "grouped", "dense")
@@ -294,5 +294,5 @@ class MoE(nn.Module):
                 shared = torch.sigmoid(self.shared_gate(x)) * shared
             out = out + shared
         if self.parallel is not None:  # each rank's experts and slice of the shared ones
-            torch.distributed.all_reduce(out, group=self.parallel.group)
+            all_reduce(out, self.parallel.group, self.parallel.comms)
         return out

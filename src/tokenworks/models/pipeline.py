@@ -14,11 +14,14 @@ asynchronous (isend) so that a stage goes on to its next micro-batch at once.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from tokenworks.models.tensor_parallel import Comms
 
 
 def stage_layers(n_layers: int, stages: int) -> list[range]:
@@ -76,6 +79,7 @@ class PipelineStage(nn.Module):
         nn.Module.__init__(self)
         self.model, self.topology, self.vocab = model, topology, vocab
         self.pending: list = []  # (work, tensor) of sends not yet known to be done
+        self.comms = Comms()
         self.expected: list[int] = []  # rank 0: the logits rows of each micro-batch sent
 
     def forward(self, ids, positions, meta, cache=None, logits_rows=None, float_logits=True):
@@ -84,7 +88,7 @@ class PipelineStage(nn.Module):
             x = m.embed_input(ids)
         else:
             x = torch.empty(len(ids), m.spec.hidden_size, dtype=m.norm.dtype, device=m.norm.device)
-            dist.recv(x, src=t.peer(t.stage - 1))
+            self._recv(x, t.peer(t.stage - 1))
         x = m.run_layers(x, positions, meta, cache)
         if t.stage < t.last_stage:
             self._send(x.contiguous(), t.peer(t.stage + 1))
@@ -97,7 +101,14 @@ class PipelineStage(nn.Module):
         return logits.float() if float_logits else logits
 
     def _send(self, x: torch.Tensor, to: int) -> None:
+        t0 = time.perf_counter()  # (the isend's call: its transfer overlaps what follows)
         self.pending.append((dist.isend(x, dst=to), x))
+        self.comms.add("send", x.numel() * x.element_size(), time.perf_counter() - t0)
+
+    def _recv(self, x: torch.Tensor, src: int) -> None:
+        t0 = time.perf_counter()
+        dist.recv(x, src=src)
+        self.comms.add("recv", x.numel() * x.element_size(), time.perf_counter() - t0)
 
     def finish(self, dtype) -> torch.Tensor | None:
         """After a step's micro-batches: wait for this rank's sends, and on rank 0 (when it
@@ -107,7 +118,7 @@ class PipelineStage(nn.Module):
             parts = []
             for rows in self.expected:
                 part = torch.empty(rows, self.vocab, dtype=dtype, device=self.model.norm.device)
-                dist.recv(part, src=self.topology.last_stage * self.topology.tp)
+                self._recv(part, self.topology.last_stage * self.topology.tp)
                 parts.append(part)
             out = torch.cat(parts)
         for work, _ in self.pending:

@@ -24,8 +24,9 @@ logits agree to float32 rounding, not bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -35,6 +36,33 @@ from tokenworks.kernels.block_linear import dense
 from tokenworks.models.spec import ModelSpec
 
 
+@dataclass
+class Comms:
+    """The messages this rank took part in, by kind (all_reduce, all_gather, send, recv):
+    how many, their bytes (as this rank holds them: an all-gather's whole result) and the
+    seconds each call took here (waiting for the slowest rank included)."""
+
+    count: dict = field(default_factory=dict)
+    nbytes: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+
+    def add(self, kind: str, nbytes: int, seconds: float) -> None:
+        self.count[kind] = self.count.get(kind, 0) + 1
+        self.nbytes[kind] = self.nbytes.get(kind, 0) + nbytes
+        self.seconds[kind] = self.seconds.get(kind, 0.0) + seconds
+
+    def reset(self) -> None:
+        self.count, self.nbytes, self.seconds = {}, {}, {}
+
+
+def all_reduce(x: torch.Tensor, group, comms: Comms | None) -> None:
+    """Sum x across the group's ranks, in place, counted in comms."""
+    t0 = time.perf_counter()
+    dist.all_reduce(x, group=group)
+    if comms is not None:
+        comms.add("all_reduce", x.numel() * x.element_size(), time.perf_counter() - t0)
+
+
 @dataclass(frozen=True)
 class Shard:
     """This process's place in a tensor-parallel group."""
@@ -42,6 +70,7 @@ class Shard:
     rank: int
     size: int
     group: object = None  # a torch.distributed ProcessGroup (None: the default group)
+    comms: Comms = field(default_factory=Comms, compare=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.size:
@@ -177,11 +206,11 @@ class RowParallel(nn.Module):
 
     def __init__(self, inner: nn.Module, shard: Shard):
         super().__init__()
-        self.inner, self.group = inner, shard.group
+        self.inner, self.shard = inner, shard
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.inner(x)
-        dist.all_reduce(y, group=self.group)
+        all_reduce(y, self.shard.group, self.shard.comms)
         return y
 
 
@@ -191,14 +220,14 @@ class VocabParallelEmbedding(nn.Module):
 
     def __init__(self, inner: nn.Module, shard: Shard, rows: int):
         super().__init__()
-        self.inner, self.group = inner, shard.group
+        self.inner, self.shard = inner, shard
         self.first, self.rows = shard.rank * rows, rows
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.first
         inside = (local >= 0) & (local < self.rows)
         x = self.inner(local.clamp(0, self.rows - 1)).masked_fill(~inside.unsqueeze(-1), 0)
-        dist.all_reduce(x, group=self.group)
+        all_reduce(x, self.shard.group, self.shard.comms)
         return x
 
 
@@ -207,13 +236,15 @@ class VocabParallelHead(nn.Module):
 
     def __init__(self, inner: nn.Module, shard: Shard, vocab: int):
         super().__init__()
-        self.inner, self.group = inner, shard.group
-        self.size, self.vocab = shard.size, vocab
+        self.inner, self.shard, self.vocab = inner, shard, vocab
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         part = self.inner(x).contiguous()
-        parts = [torch.empty_like(part) for _ in range(self.size)]
-        dist.all_gather(parts, part, group=self.group)
+        parts = [torch.empty_like(part) for _ in range(self.shard.size)]
+        t0 = time.perf_counter()
+        dist.all_gather(parts, part, group=self.shard.group)
+        seconds = time.perf_counter() - t0
+        self.shard.comms.add("all_gather", part.numel() * part.element_size() * len(parts), seconds)
         return torch.cat(parts, dim=-1)[..., : self.vocab]
 
 

@@ -1,8 +1,8 @@
 """`tokenworks plan ...`: the planning toolkit on the command line, as tables or --json.
 
 One file past 400 lines: one short command per planner (models, hardware, kv, fit,
-roofline, quant, queue, spec, cost, batching, paging) and the parser that names them, each
-a few lines of argument reading and a table.
+roofline, quant, queue, spec, cost, batching, paging, traffic, parallel) and the parser
+that names them, each a few lines of argument reading and a table.
 """
 
 from __future__ import annotations
@@ -367,6 +367,61 @@ def cmd_traffic(args) -> int:
 # ------------------------------------------------------------------ the parser
 
 
+def cmd_parallel(args) -> int:
+    from tokenworks.plan import parallel
+    from tokenworks.plan.machines import get_hardware
+    from tokenworks.plan.models import get_model
+    from tokenworks.plan.quant import parse_scheme
+
+    m, hw, scheme = get_model(args.model), get_hardware(args.gpu), parse_scheme(args.dtype)
+    if args.link == "measured":
+        from tokenworks.plan.probe import probe_link
+
+        sizes, seconds = probe_link()
+        link = parallel.fit_link(sizes, seconds)
+    else:
+        link = parallel.get_link(args.link)
+    devices = args.devices or ("shared" if hw.kind == "cpu" else "separate")
+    splits = [
+        parallel.split_step(
+            m,
+            hw,
+            scheme,
+            link,
+            tp,
+            pp,
+            phase,
+            batch,
+            args.context,
+            args.prompt,
+            act_bytes=args.act_bytes,
+            devices=devices,
+            compute_dtype=_compute_dtype(args, scheme),
+        )  # fmt: skip
+        for phase, batches in (("decode", args.batch), ("prefill", [1]))
+        for batch in batches
+        for tp in args.tp
+        for pp in args.pp
+    ]
+    rows = [
+        {
+            "split": s.strategy, "phase": s.phase, "tokens": s.tokens,
+            "compute": fmt_seconds(s.compute_s), "comm": fmt_seconds(s.comm_s),
+            "step": fmt_seconds(s.step_s), "speed-up": f"{s.speedup:.2f}x",
+            "bytes/token": fmt_bytes(s.bytes_per_token), "messages": s.messages,
+            "pays": "-" if s.tp * s.pp == 1 else "yes" if s.pays else "no",
+        }
+        for s in splits
+    ]  # fmt: skip
+    head = (
+        f"{m.name} on {hw.name} ({devices} devices), link {link.name}: "
+        f"{fmt_rate(link.bandwidth)}, {fmt_seconds(link.latency)} a message"
+    )
+    out = {"link": link.__dict__, "devices": devices, "splits": [s.to_dict() for s in splits]}
+    _emit(args, out, head + "\n" + table(rows))
+    return 0
+
+
 def add_plan_parser(sub) -> None:
     plan = sub.add_parser("plan", help="predictions: fit, roofline, KV, queues, cost...")
     psub = plan.add_subparsers(dest="plan_command", required=True)
@@ -463,6 +518,28 @@ def add_plan_parser(sub) -> None:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--heads", type=int, default=9)
     p.add_argument("--kv-heads", type=int, default=3)
+
+    p = command(
+        "parallel",
+        cmd_parallel,
+        "tensor and pipeline parallelism: what each sends, and whether it pays",
+    )
+    _model_args(p)
+    _hw_args(p)
+    _weights_arg(p)
+    p.add_argument("--link", default="measured",
+                   help="nvlink4, pcie4, pcie5, ib-ndr, eth-100g, eth-10g, or measured (gloo "
+                   "all-reduce between two processes of this machine)")  # fmt: skip
+    p.add_argument("--tp", type=_ints, default=[1, 2], help="tensor-parallel degrees")
+    p.add_argument("--pp", type=_ints, default=[1, 2], help="pipeline stages")
+    p.add_argument("--batch", type=_ints, default=[1, 64], help="decode batches")
+    p.add_argument("--context", type=int, default=1024, help="decode context")
+    p.add_argument("--prompt", type=int, default=512, help="prefill length")
+    p.add_argument("--act-bytes", type=float, default=2.0, help="bytes of an activation")
+    p.add_argument("--devices", choices=["separate", "shared"], default=None,
+                   help="separate: each rank its own device (default for GPUs); shared: the "
+                   "ranks share one machine (default for a CPU)")  # fmt: skip
+    p.add_argument("--compute-dtype", default=None, help="default bf16 (fp8 for fp8 weights)")
 
     p = command("paging", cmd_paging, "contiguous versus paged KV allocation")
     _model_args(p)
