@@ -371,6 +371,23 @@ def add_bench_parsers(sub) -> None:
     _out(p)
     p.set_defaults(fn=_run("tokenworks.bench.compiled:run_compiled_bench"))
     p = bsub.add_parser(
+        "parallel",
+        help="tensor and pipeline parallelism over processes of this machine against one "
+        "process with the same cores: decode, offline throughput, and the messages a step "
+        "sends beside plan parallel's prediction",
+    )
+    p.add_argument("--models", default="smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b",
+                   help="comma-separated catalogue names")  # fmt: skip
+    p.add_argument("--modes", default="one,tp,pp")
+    p.add_argument("--degree", type=int, default=2, help="ranks of the split modes")
+    p.add_argument("--threads", type=int, default=2, help="threads in all (shared by ranks)")
+    p.add_argument("--prompt", type=int, default=64)
+    p.add_argument("--decode", type=int, default=32, help="decode steps timed / generated")
+    p.add_argument("--requests", type=int, default=16, help="offline prompts")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    _out(p)
+    p.set_defaults(fn=_run("tokenworks.bench.parallel:run_parallel_bench"))
+    p = bsub.add_parser(
         "tiled-attention",
         help="naive, SDPA and tiled prompt attention (time, peak memory) and the decode "
         "paths (torch, tiled, C rows, C online softmax) by context",

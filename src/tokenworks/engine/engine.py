@@ -48,6 +48,7 @@ from tokenworks.engine.structured import GrammarCompiler
 from tokenworks.engine.workers import (
     TensorWorkers,
     build_rank_model,
+    check_split,
     rank_device,
     rank_quantization,
     rank_threads,
@@ -88,6 +89,7 @@ class LLMEngine:
         # the other ranks (tensor / pipeline parallel), joined before any model is built
         self.workers, topology = None, None
         if world_size(config) > 1:
+            check_split(self.spec, config)
             self.workers, topology = TensorWorkers.start(config)
             weakref.finalize(self, self.workers.stop)
         # this process's model and its spec: the whole model, or rank 0's part of it

@@ -68,6 +68,19 @@ def rank_quantization(config, gguf_file: bool) -> str | None:
     return None if q == "gguf" and config.tensor_parallel_size > 1 else q
 
 
+def check_split(spec, config) -> None:
+    """Raise, saying what to change, where the model cannot be split as configured (before
+    any worker is started)."""
+    if config.tensor_parallel_size > 1:
+        tp.check_divisible(spec, config.tensor_parallel_size)
+    if config.pipeline_parallel_size > 1:
+        if spec.arch == "gpt2" or spec.mla is not None:
+            raise ValueError(
+                f"pipeline parallelism runs Llama-shaped models; {spec.arch} is not one"
+            )
+        stage_layers(spec.n_layers, config.pipeline_parallel_size)
+
+
 def join(config, rank: int, address: str) -> Topology:
     """Join the ranks' process group (and each pipeline stage's tensor-parallel group:
     every rank makes every group, in the same order, as torch.distributed asks)."""
