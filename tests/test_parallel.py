@@ -12,39 +12,22 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from test_architectures import CONFIGS as ARCH_CONFIGS
 
 from tokenworks.models import tensor_parallel as tp
 
-SMALL = dict(vocab_size=322, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
-             num_attention_heads=4, max_position_embeddings=256)  # fmt: skip
-CONFIGS = {
-    "llama": lambda: transformers.LlamaConfig(**SMALL, num_key_value_heads=2),
-    "qwen3": lambda: transformers.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16),
-    "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
-        **SMALL,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        norm_topk_prob=True,
-    ),  # fmt: skip
-    "qwen2-moe": lambda: transformers.Qwen2MoeConfig(
-        **SMALL,
-        num_key_value_heads=2,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=48,
-    ),  # fmt: skip
-    "gemma3": lambda: transformers.Gemma3TextConfig(
-        **SMALL | {"num_hidden_layers": 4},
-        num_key_value_heads=2,
-        head_dim=16,
-        sliding_window=8,
-        query_pre_attn_scalar=24,
-    ),  # fmt: skip
-}
+# the families' random configs of tests/test_architectures.py, with a vocabulary of 322
+# rows (4 ranks split it with padding)
+FAMILIES = {"llama": "llama-gqa", "qwen3": "qwen3", "qwen3-moe": "qwen3-moe",
+            "qwen2-moe": "qwen2-moe", "gemma3": "gemma3"}  # fmt: skip
+
+
+def _config(name: str):
+    cfg = ARCH_CONFIGS[FAMILIES[name]]()
+    cfg.vocab_size = 322
+    return cfg
+
+
 PROMPT, DECODE = 12, 4
 
 
@@ -113,7 +96,7 @@ def saved(tmp_path_factory):
     def get(name):
         if name not in dirs:
             torch.manual_seed(0)
-            cfg = CONFIGS[name]()
+            cfg = _config(name)
             cfg._attn_implementation = "eager"
             model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
             with torch.no_grad():  # sharper than the initial weights: fewer near-ties

@@ -46,7 +46,7 @@ from tokenworks.engine.speculative import open_speculator
 from tokenworks.engine.step_log import StepCounts, StepLog, StepStats
 from tokenworks.engine.structured import GrammarCompiler
 from tokenworks.engine.workers import (
-    TensorWorkers,
+    WorkerRanks,
     build_rank_model,
     check_split,
     rank_device,
@@ -90,7 +90,7 @@ class LLMEngine:
         self.workers, topology = None, None
         if world_size(config) > 1:
             check_split(self.spec, config)
-            self.workers, topology = TensorWorkers.start(config)
+            self.workers, topology = WorkerRanks.start(config)
             weakref.finalize(self, self.workers.stop)
         # this process's model and its spec: the whole model, or rank 0's part of it
         self.model, self.rank_spec = build_rank_model(config, loaded, self.quantization, topology)

@@ -64,7 +64,7 @@ class ModelRunner:
         kernels=None,  # kernels.CKernels, or None: the torch model runs every batch
         rows_up_to: int = 0,  # chunks this short run as decode rows (see rows_as_decodes)
         compile_stats=None,  # models.compiled.CompileStats where the layers are compiled
-        workers=None,  # engine.workers.TensorWorkers: each torch step is sent to them first
+        workers=None,  # engine.workers.WorkerRanks: each torch step is sent to them first
         micro_batches: int = 1,  # a pipeline stage's model: a step runs in this many parts
     ):
         self.model, self.pool, self.block_size = model, pool, block_size

@@ -84,17 +84,17 @@ def check_split(spec, config) -> None:
 def join(config, rank: int, address: str) -> Topology:
     """Join the ranks' process group (and each pipeline stage's tensor-parallel group:
     every rank makes every group, in the same order, as torch.distributed asks)."""
-    tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+    tensor, stages = config.tensor_parallel_size, config.pipeline_parallel_size
     dist.init_process_group(
         "gloo" if config.device == "cpu" else "nccl",
         init_method=address,
         rank=rank,
-        world_size=tp * pp,
+        world_size=tensor * stages,
         timeout=datetime.timedelta(seconds=config.distributed_timeout),
     )
-    groups = [dist.new_group(list(range(s * tp, (s + 1) * tp))) if tp > 1 else None
-              for s in range(pp)]  # fmt: skip
-    return Topology(rank, tp, pp, groups[rank // tp])
+    groups = [dist.new_group(list(range(s * tensor, (s + 1) * tensor))) if tensor > 1 else None
+              for s in range(stages)]  # fmt: skip
+    return Topology(rank, tensor, stages, groups[rank // tensor])
 
 
 def build_rank_model(config, loaded, quantization, topology: Topology | None = None):
@@ -187,7 +187,7 @@ def _free_port() -> int:
 
 
 @dataclasses.dataclass
-class TensorWorkers:
+class WorkerRanks:
     """Rank 0's side: the worker processes and a pipe to each."""
 
     procs: list
@@ -196,7 +196,7 @@ class TensorWorkers:
     stopped: bool = False
 
     @classmethod
-    def start(cls, config) -> tuple[TensorWorkers, Topology]:
+    def start(cls, config) -> tuple[WorkerRanks, Topology]:
         """Spawn ranks 1.., and join the process group with them as rank 0; each worker
         goes on to read the model and build its part (ready() waits for that)."""
         if dist.is_initialized():
@@ -206,6 +206,7 @@ class TensorWorkers:
             )
         address = f"tcp://127.0.0.1:{_free_port()}"
         ctx = multiprocessing.get_context("spawn")
+        # (a speculative drafter runs on rank 0 alone: the workers never see one)
         text = json.dumps(config.to_dict() | {"speculative_config": None})
         procs, conns = [], []
         for rank in range(1, world_size(config)):
