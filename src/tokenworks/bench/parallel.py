@@ -91,23 +91,18 @@ def measure(name: str, mode: str, args, link) -> dict:
         }
         if mode == "tp":
             t = parallel.tensor_traffic(shape, 1, 1, act)
-            reduce_s = parallel.allreduce_time(t.allreduce_bytes, degree, link)
             row["predicted_per_decode_step"] = {
                 "count": {"all_reduce": t.allreduces, "all_gather": t.allgathers},
                 "bytes": {"all_reduce": t.allreduces * t.allreduce_bytes,
                           "all_gather": t.allgather_bytes},
-                "seconds": {
-                    "all_reduce": t.allreduces * reduce_s,
-                    "all_gather": parallel.allgather_time(t.allgather_bytes, degree, link),
-                },
+                "seconds": parallel.tensor_seconds(t, degree, link),
             }  # fmt: skip
         elif mode == "pp":
             t = parallel.pipeline_traffic(shape, 1, 1, degree, act)
             row["predicted_per_decode_step"] = {
                 "count": t.sends,
                 "bytes": t.send_bytes,
-                "seconds": (degree - 1) * parallel.send_time(shape.hidden * act, link)
-                + parallel.send_time(shape.vocab * act, link),
+                "seconds": parallel.pipeline_seconds(shape, 1, 1, degree, act, 1, link),
             }  # fmt: skip
         return row
     finally:

@@ -118,6 +118,24 @@ def pipeline_traffic(
     return Traffic(sends=stages * micro, send_bytes=hidden + rows * model.vocab * act_bytes)
 
 
+def tensor_seconds(t: Traffic, ranks: int, link: Link) -> dict:
+    """The time of a tensor-parallel step's collectives, by kind."""
+    return {
+        "all_reduce": t.allreduces * allreduce_time(t.allreduce_bytes, ranks, link),
+        "all_gather": t.allgathers * allgather_time(t.allgather_bytes, ranks, link),
+    }
+
+
+def pipeline_seconds(
+    model: ModelShape, tokens: int, rows: int, stages: int, act_bytes: float, micro: int,
+    link: Link,
+) -> float:  # fmt: skip
+    """The sends a pipelined step waits for: the last micro-batch's across each boundary
+    (the earlier ones overlap the next micro-batch's compute), and the logits back."""
+    hidden = send_time(tokens / micro * model.hidden * act_bytes, link)
+    return (stages - 1) * hidden + send_time(rows * model.vocab * act_bytes, link)
+
+
 @dataclass
 class Split:
     strategy: str
@@ -172,18 +190,13 @@ def split_step(
     else:  # one machine's bandwidth and cores, however the work is cut
         compute = t_one
     comm = 0.0
-    traffic = [tensor_traffic(model, tokens, rows, act_bytes)] if tp > 1 else []
+    traffic = []
     if tp > 1:
-        t = traffic[0]
-        comm += t.allreduces * allreduce_time(t.allreduce_bytes, tp, link)
-        comm += t.allgathers * allgather_time(t.allgather_bytes, tp, link)
+        traffic.append(tensor_traffic(model, tokens, rows, act_bytes))
+        comm += sum(tensor_seconds(traffic[-1], tp, link).values())
     if pp > 1:
-        p = pipeline_traffic(model, tokens, rows, pp, act_bytes, m)
-        traffic.append(p)
-        # the boundary sends of the last micro-batch are on the critical path; earlier
-        # ones overlap the next micro-batch's compute
-        comm += (pp - 1) * send_time(tokens / m * model.hidden * act_bytes, link)
-        comm += send_time(rows * model.vocab * act_bytes, link)
+        traffic.append(pipeline_traffic(model, tokens, rows, pp, act_bytes, m))
+        comm += pipeline_seconds(model, tokens, rows, pp, act_bytes, m, link)
     moved = sum(t.total_bytes for t in traffic)
     messages = sum(t.allreduces + t.allgathers + t.sends for t in traffic)
     step = compute + comm
