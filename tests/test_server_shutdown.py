@@ -151,7 +151,8 @@ def test_streams_in_flight_finish_or_end_with_an_error_event_and_new_requests_ge
         ]
         for t in threads:
             t.start()
-        wait_for(lambda: _running(srv) >= 2, timeout=60)
+        # all four accepted before the signal (one still in its client would get a 503)
+        wait_for(lambda: _accepted(srv) == 4 and _running(srv) >= 2, timeout=60)
         srv.signal(signal.SIGTERM, group=True)
         wait_for(lambda: httpx.get(srv.url + "/health").status_code == 503, timeout=10)
         refused = httpx.post(
@@ -168,12 +169,21 @@ def test_streams_in_flight_finish_or_end_with_an_error_event_and_new_requests_ge
         srv.close()
 
 
+def _metric(srv: Served, *names: str) -> int:
+    """The sum of the server's /metrics series whose names start with one of `names`."""
+    lines = httpx.get(srv.url + "/metrics").text.splitlines()
+    return int(sum(float(ln.split()[-1]) for ln in lines if ln.startswith(names)))
+
+
 def _running(srv: Served) -> int:
-    """Requests the server's engine is running, as its /metrics says."""
-    for line in httpx.get(srv.url + "/metrics").text.splitlines():
-        if line.startswith("tokenworks:num_requests_running"):
-            return int(float(line.split()[-1]))
-    return 0
+    """Requests the server's engine is running."""
+    return _metric(srv, "tokenworks:num_requests_running")
+
+
+def _accepted(srv: Served) -> int:
+    """Requests the server's engine holds or has finished."""
+    return _metric(srv, "tokenworks:num_requests_running", "tokenworks:num_requests_waiting",
+                   "tokenworks:request_success_total")  # fmt: skip
 
 
 def test_a_second_signal_exits_at_once():
