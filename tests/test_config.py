@@ -73,6 +73,21 @@ def test_bad_kernel_choices_say_what_to_use():
         EngineConfig(kernels="cpp")
 
 
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        ({"nnodes": 2, "node_rank": 2, "tensor_parallel_size": 2}, r"node rank from 0 to 1"),
+        ({"nnodes": 2, "tensor_parallel_size": 3}, r"does not divide the 3 ranks"),
+        ({"nnodes": 2, "tensor_parallel_size": 2, "distributed_executor_backend": "ray"},
+         r"Ray places the ranks"),
+        ({"distributed_executor_backend": "slurm"}, r"expected one of mp, ray"),
+    ],
+)  # fmt: skip
+def test_bad_node_layouts_say_what_to_change(kw, says):
+    with pytest.raises(ValueError, match=says):
+        EngineConfig(**kw)
+
+
 def test_an_engine_says_why_it_runs_torch(toy_llm):
     from tokenworks import LLM
 

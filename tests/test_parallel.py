@@ -303,6 +303,115 @@ def test_serve_splits_the_model_and_a_dead_rank_fails_its_request_and_restarts(s
         srv.close()
 
 
+def _node(model: str, port: int, *flags: str):
+    """`tokenworks serve ... --nnodes 2 --node-rank 1`: the second node's command line,
+    a process group of its own (as a shell on another machine starts it)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "tokenworks.cli", "serve", "--model", model, "--nnodes", "2",
+           "--node-rank", "1", "--master-port", str(port), "--threads", "1", *flags]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+
+
+def _two_free_ports() -> int:
+    """A port whose next one is free too (the store's and the step channel's)."""
+    import socket
+
+    for _ in range(100):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            try:
+                b.bind(("127.0.0.1", a.getsockname()[1] + 1))
+            except OSError:
+                continue
+            return a.getsockname()[1]
+    raise RuntimeError("no two free ports in a row")
+
+
+def test_two_nodes_on_one_machine_give_one_process_tokens(saved):
+    """Two groups of processes on 127.0.0.1 standing for two machines: node 1 started
+    first (its ranks wait for node 0), node 0's engine split with it (TP = 2 x PP = 2,
+    ranks 2 and 3 on node 1) gives the one-process tokens, and when node 0's engine
+    closes, node 1 exits 0."""
+    model = _with_tokenizer(saved("llama"))
+    want = _greedy(model)
+    port = _two_free_ports()
+    node = _node(model, port, "--tensor-parallel-size", "2", "--pipeline-parallel-size", "2")
+    try:
+        got = _greedy(model, tensor_parallel_size=2, pipeline_parallel_size=2, nnodes=2,
+                      master_port=port)  # fmt: skip
+        assert got == want
+        assert node.wait(timeout=30) == 0, node.stdout.read()
+    finally:
+        node.kill()
+
+
+def test_a_node_that_dies_fails_the_step_within_the_collective_timeout(saved):
+    """Node 1 killed (its whole process group, as when a machine is lost) while node 0's
+    engine is generating: a step fails naming the ranks within --distributed-timeout, and
+    every later one fails at once."""
+    import os
+    import signal
+    import time
+
+    from tokenworks import LLM, SamplingParams
+    from tokenworks.engine.workers import WorkerFailed
+
+    model = _with_tokenizer(saved("llama"))
+    port = _two_free_ports()
+    node = _node(model, port, "--tensor-parallel-size", "2")
+    llm = LLM(model, dtype="float32", tensor_parallel_size=2, nnodes=2, master_port=port,
+              distributed_timeout=15, warmup=False, threads=1)  # fmt: skip
+    eng = llm.engine
+    try:
+        seqs = [eng.add_request(prompt_token_ids=p, params=SamplingParams(max_tokens=50))
+                for p in PROMPTS]  # fmt: skip
+        eng.step()
+        os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
+        t0 = time.monotonic()
+        with pytest.raises(WorkerFailed, match="rank"):
+            while True:
+                eng.step()
+        assert time.monotonic() - t0 < 15 + 5
+        assert eng.broken and all(s.finish_reason == "abort" for s in seqs)
+    finally:
+        eng.close()
+        node.kill()
+
+
+def test_worker_ranks_as_ray_actors_give_one_process_tokens_and_a_dead_one_fails(saved):
+    """--distributed-executor-backend ray on a local Ray cluster: the worker ranks are
+    actors (TP = 2: rank 1), the tokens one process's; a killed actor fails the next step."""
+    ray = pytest.importorskip("ray")
+    from tokenworks import SamplingParams
+    from tokenworks.engine.workers import WorkerFailed
+
+    model = _with_tokenizer(saved("llama"))
+    want = _greedy(model)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        assert _greedy(model, tensor_parallel_size=2, distributed_executor_backend="ray") == want
+        from tokenworks import LLM
+
+        llm = LLM(model, dtype="float32", tensor_parallel_size=2, warmup=False, threads=1,
+                  distributed_executor_backend="ray", distributed_timeout=15)  # fmt: skip
+        eng = llm.engine
+        try:
+            assert not eng.workers.procs and len(eng.workers.actors) == 1
+            ray.kill(eng.workers.actors[0][0])
+            eng.add_request(prompt_token_ids=PROMPTS[1], params=SamplingParams(max_tokens=20))
+            with pytest.raises(WorkerFailed, match="rank"):
+                while eng.has_unfinished():
+                    eng.step()
+        finally:
+            eng.close()
+    finally:
+        ray.shutdown()
+
+
 @pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
 def test_the_messages_a_step_sends_are_the_cost_models(saved, tp, pp):
     """Counted on rank 0 over one prompt pass of 3 prompts and one decode step of the 3:

@@ -15,8 +15,9 @@ _LAZY = {
     "FinishReason": "tokenworks.engine.request",
     "RequestOutput": "tokenworks.engine.request",
     "SamplingParams": "tokenworks.engine.request",
+    "run_node": "tokenworks.engine.workers",  # a machine's share of the ranks (--node-rank)
 }
-__all__ = ["LLM", "FinishReason", "RequestOutput", "SamplingParams", "__version__"]
+__all__ = ["LLM", "FinishReason", "RequestOutput", "SamplingParams", "run_node", "__version__"]
 
 
 def __getattr__(name: str):

@@ -144,6 +144,13 @@ def cmd_serve(args) -> int:
     return run_server(EngineConfig(model=args.model, **engine_kwargs(args)), options, limits)
 
 
+def _run_node(args) -> int:
+    from tokenworks import run_node
+    from tokenworks.config import EngineConfig
+
+    return run_node(EngineConfig(model=args.model, **engine_kwargs(args)))
+
+
 def cmd_pull(args) -> int:
     from tokenworks.models import catalogue
 
@@ -252,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     from tokenworks.models.loaded import ModelLoadError
 
     try:
+        if getattr(args, "node_rank", 0) > 0:  # this machine runs its share of the ranks only
+            return _run_node(args)
         return args.fn(args)
     except (ValueError, ModelNotFoundError, ModelLoadError, ChecksumError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -32,6 +32,7 @@ DEFAULT_DTYPE = "bfloat16"  # the fast dtype on CPU and CUDA alike (float32 alwa
 MEMORY = "KV memory and scheduling"
 SPECULATIVE_METHODS = ("ngram", "draft_model")
 DISTRIBUTED = "distributed"
+EXECUTOR_BACKENDS = ("mp", "ray")  # where engine cores and worker ranks run
 
 
 @dataclass(frozen=True)
@@ -327,6 +328,52 @@ class EngineConfig:
             group=DISTRIBUTED,
         ),
     )
+    distributed_executor_backend: str = field(
+        default="mp",
+        metadata=option(
+            "where serve's engine cores and the worker ranks run: mp, local processes; ray, "
+            "Ray actors placed on the cluster RAY_ADDRESS names (or a local one), each taking "
+            "--threads CPUs (needs pip install 'tokenworks[ray]')",
+            group=DISTRIBUTED,
+            choices=EXECUTOR_BACKENDS,
+        ),
+    )
+    nnodes: int = field(
+        default=1,
+        metadata=option(
+            "machines the ranks span (torchrun's name), each running the same command with "
+            "its own --node-rank; node 0 serves, the others run their share of the ranks",
+            group=DISTRIBUTED,
+            metavar="N",
+        ),
+    )
+    node_rank: int = field(
+        default=0,
+        metadata=option(
+            "this machine's place among --nnodes: 0 runs the engine (and its first ranks), "
+            "k > 0 runs ranks k x world/nnodes onwards, taking its steps from node 0",
+            group=DISTRIBUTED,
+            metavar="K",
+        ),
+    )
+    master_addr: str = field(
+        default="127.0.0.1",
+        metadata=option(
+            "with --nnodes above 1: node 0's address, where every rank meets "
+            "(torch.distributed's TCP store on --master-port, the steps on the port after)",
+            group=DISTRIBUTED,
+            metavar="HOST",
+        ),
+    )
+    master_port: int = field(
+        default=29500,
+        metadata=option(
+            "with --nnodes above 1: node 0's rendezvous port (torchrun's default); the "
+            "steps travel on the next port",
+            group=DISTRIBUTED,
+            metavar="PORT",
+        ),
+    )
     warmup: bool = field(
         default=True,
         metadata=option(
@@ -413,6 +460,29 @@ class EngineConfig:
                     )
         if self.distributed_timeout <= 0:
             raise ValueError("distributed_timeout (seconds) must be > 0")
+        if self.distributed_executor_backend not in EXECUTOR_BACKENDS:
+            raise ValueError(
+                f"distributed_executor_backend {self.distributed_executor_backend!r}: expected "
+                f"one of {', '.join(EXECUTOR_BACKENDS)}"
+            )
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(
+                f"node_rank {self.node_rank} with nnodes {self.nnodes}: give a node rank from "
+                f"0 to {self.nnodes - 1} (and nnodes >= 1)"
+            )
+        world = self.tensor_parallel_size * self.pipeline_parallel_size
+        if self.nnodes > 1:
+            if world % self.nnodes:
+                raise ValueError(
+                    f"nnodes {self.nnodes} does not divide the {world} ranks (tensor "
+                    f"{self.tensor_parallel_size} x pipeline {self.pipeline_parallel_size}): "
+                    "every node runs the same number of them"
+                )
+            if self.distributed_executor_backend == "ray":
+                raise ValueError(
+                    "with distributed_executor_backend ray, Ray places the ranks on its "
+                    "nodes: leave out nnodes and node_rank"
+                )
         if self.moe_capacity_factor is not None and self.moe_capacity_factor <= 0:
             raise ValueError("moe_capacity_factor must be > 0 (or unset: no capacity limit)")
 

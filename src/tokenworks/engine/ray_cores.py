@@ -1,10 +1,15 @@
-"""Engine cores as Ray actors: `--distributed-executor-backend ray` (vLLM's name for it).
+"""Engine cores and worker ranks as Ray actors: `--distributed-executor-backend ray`
+(vLLM's name for it).
 
 Each replica's core runs engine/core.py's serve_core inside a Ray actor, which Ray places
 on any node of the cluster with `threads` CPUs free; it connects back to the API process's
 two ZeroMQ sockets over TCP, and everything else (messages, routing, detokenising, death
 detection) is what a core process does. RayCore has the part of subprocess.Popen's
 interface CoreClient uses, so the client does not care where its core runs.
+
+A worker rank of tensor or pipeline parallelism (engine/workers.py) runs its loop in a
+RankActor the same way: it connects to rank 0's step channel, and rank 0 sees it die when
+its run returns or fails.
 
 The cluster is the one RAY_ADDRESS names, or else a local one started here. On a one-node
 cluster the sockets listen on 127.0.0.1; on several nodes they listen on this node's
@@ -21,6 +26,7 @@ import msgspec
 log = logging.getLogger("tokenworks.engine")
 
 _actor_class = None
+_rank_actor_class = None
 
 
 class RayNotInstalledError(RuntimeError):
@@ -113,3 +119,49 @@ class RayCore:
 
     def kill(self) -> None:
         self._ray.kill(self.actor)
+
+
+def _rank_actor():
+    global _rank_actor_class
+    if _rank_actor_class is None:
+        ray = require_ray()
+
+        class RankActor:
+            def run(self, rank: int, channel: str) -> int:
+                import logging
+
+                from tokenworks.engine.workers import _worker_main
+
+                logging.basicConfig(
+                    level=logging.INFO, format="%(levelname)s %(name)s[ray rank]: %(message)s"
+                )
+                _worker_main(rank, channel)
+                return 0
+
+        _rank_actor_class = ray.remote(RankActor)
+    return _rank_actor_class
+
+
+def start_rank(rank: int, channel: str, threads: int | None, gpu: bool) -> tuple:
+    """Worker rank `rank` in a Ray actor taking `threads` CPUs (and a GPU of its own on
+    CUDA), running until rank 0 stops it: (the actor, its run's ObjectRef)."""
+    actor = _rank_actor().options(num_cpus=threads or 1, num_gpus=1 if gpu else 0).remote()
+    return actor, actor.run.remote(rank, channel)
+
+
+def first_done(actors: list) -> int | None:
+    """The index of the first rank actor whose run has ended (returned or died), or None."""
+    ray = require_ray()
+    done, _ = ray.wait([ref for _, ref in actors], num_returns=1, timeout=0)
+    if not done:
+        return None
+    return [ref for _, ref in actors].index(done[0])
+
+
+def stop_ranks(actors: list, timeout: float) -> None:
+    """Wait up to `timeout` s for the rank actors' runs to end (they were told to stop),
+    then kill the actors: their CPUs go back to the cluster."""
+    ray = require_ray()
+    ray.wait([ref for _, ref in actors], num_returns=len(actors), timeout=timeout)
+    for actor, _ in actors:
+        ray.kill(actor)

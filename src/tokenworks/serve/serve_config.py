@@ -12,7 +12,6 @@ from tokenworks.options import option
 from tokenworks.serve.reasoning import REASONING_PARSERS
 from tokenworks.serve.tool_formats import TOOL_CALL_PARSERS
 
-PROCESS_BACKENDS = ("mp", "ray")  # where cores of their own run (CoreClient's other than thread)
 BACKEND_KINDS = ("native", "transformers", "remote")  # what --backend serves a model with
 
 
@@ -107,15 +106,6 @@ class ServeConfig:
             metavar="N",
         ),
     )
-    distributed_executor_backend: str = field(
-        default="mp",
-        metadata=option(
-            "where engine cores run: mp, local processes; ray, Ray actors placed on the "
-            "cluster RAY_ADDRESS names (or a local one), each taking --threads CPUs (needs "
-            "pip install 'tokenworks[ray]')",
-            choices=PROCESS_BACKENDS,
-        ),
-    )
     router: str = field(
         default="prefix",
         metadata=option(
@@ -174,11 +164,6 @@ class ServeConfig:
             raise ValueError(f"--data-parallel-size {self.data_parallel_size}: give 1 or more")
         if self.shutdown_timeout < 0:
             raise ValueError(f"--shutdown-timeout {self.shutdown_timeout}: give 0 or more")
-        if self.distributed_executor_backend not in PROCESS_BACKENDS:
-            raise ValueError(
-                f"--distributed-executor-backend {self.distributed_executor_backend!r}: "
-                f"expected one of {', '.join(PROCESS_BACKENDS)}"
-            )
         if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", self.metrics_prefix):
             raise ValueError(
                 f"--metrics-prefix {self.metrics_prefix!r}: give a name of letters, digits and _"
@@ -198,15 +183,10 @@ class ServeConfig:
         self.backends  # noqa: B018 (each --backend checked here)
         if self.router not in POLICIES:
             raise ValueError(f"--router {self.router!r}: expected one of {', '.join(POLICIES)}")
-        own_cores = (
-            self.restart_engine
-            or self.data_parallel_size > 1
-            or self.distributed_executor_backend != "mp"
-        )
-        if not self.engine_process and own_cores:
+        if not self.engine_process and (self.restart_engine or self.data_parallel_size > 1):
             raise ValueError(
-                "--restart-engine, --data-parallel-size and --distributed-executor-backend "
-                "run engine cores of their own: leave out --no-engine-process"
+                "--restart-engine and --data-parallel-size run engine cores of their own: "
+                "leave out --no-engine-process"
             )
 
     @property
@@ -228,7 +208,13 @@ class ServeConfig:
             out[name] = spec
         return out
 
-    @property
-    def core_backend(self) -> str:
-        """CoreClient's backend for the engine cores."""
-        return self.distributed_executor_backend if self.engine_process else "thread"
+    def core_backend(self, config) -> str:
+        """CoreClient's backend for the engine cores of EngineConfig `config`."""
+        if not self.engine_process:
+            if config.distributed_executor_backend != "mp":
+                raise ValueError(
+                    "--distributed-executor-backend ray runs engine cores as Ray actors: "
+                    "leave out --no-engine-process"
+                )
+            return "thread"
+        return config.distributed_executor_backend

@@ -118,9 +118,8 @@ def backend_front(name: str, config: EngineConfig, spec: str, options: ServeConf
         from tokenworks.engine.hf_front import HFFront
 
         return HFFront(model)
-    return CoreClient(
-        dataclasses.replace(config, model=model), on_death=on_death, backend=options.core_backend
-    )
+    config = dataclasses.replace(config, model=model)
+    return CoreClient(config, on_death=on_death, backend=options.core_backend(config))
 
 
 def template_text(value: str) -> str:
@@ -148,10 +147,12 @@ def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits)
 
     from tokenworks.engine.ray_cores import RayNotInstalledError
 
+    try:
+        backend = options.core_backend(config)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     cores = [
-        CoreClient(
-            config, restart=options.restart_engine, on_death=stop, backend=options.core_backend
-        )
+        CoreClient(config, restart=options.restart_engine, on_death=stop, backend=backend)
         for _ in range(options.data_parallel_size)
     ]
     engine = cores[0] if len(cores) == 1 else ReplicaRouter(cores, options.router)
