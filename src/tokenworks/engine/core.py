@@ -37,6 +37,7 @@ import zmq
 from tokenworks.config import EngineConfig
 from tokenworks.engine import core_messages as m
 from tokenworks.engine.engine import LLMEngine
+from tokenworks.engine.kv_transfer import export_prefix, import_prefix
 from tokenworks.engine.messages import CompletionDelta, EngineGauges, RequestMetrics, RequestUpdate
 from tokenworks.engine.sequence import Sequence
 
@@ -118,6 +119,7 @@ class _Sent:
     """What the core has sent of one request in flight."""
 
     emitted: dict[int, int] = field(default_factory=dict)  # tokens, per completion index
+    export: bool = False  # write the prompt's KV blocks out when it ends (kv_transfer.py)
     first: float | None = None  # when its first and latest updates went out
     last: float | None = None
 
@@ -189,6 +191,8 @@ class EngineCore:
             if isinstance(command, m.StopSequence):
                 self.stop_sequence(command)
                 continue
+            if command.kv_import is not None:
+                self.import_blocks(command)
             try:
                 self.engine.add_request(
                     prompt_token_ids=command.prompt_token_ids,
@@ -200,8 +204,17 @@ class EngineCore:
             except Exception as e:  # bad input or a full queue: the caller's to report
                 self.send(m.Refused(command.request_id, type(e).__name__, str(e)))
                 continue
-            self.sent[command.request_id] = _Sent()
+            self.sent[command.request_id] = _Sent(export=command.kv_export)
             self.send(m.Accepted(command.request_id))
+
+    def import_blocks(self, command: m.AddRequest) -> None:
+        """Another engine prefilled the prompt: take its blocks into the prefix cache (the
+        request then runs its tail alone). Where they cannot be read, it runs whole."""
+        try:
+            import_prefix(self.engine, command.kv_import)
+        except Exception as e:
+            log.warning("%s: the prefilled KV blocks were not taken (%s); running the whole "
+                        "prompt", command.request_id, e)  # fmt: skip
 
     def stop_sequence(self, command: m.StopSequence) -> None:
         """A stop string ended a completion; where that ends its request, its timings go
@@ -257,6 +270,8 @@ class EngineCore:
                 out.inter_token_s.append(now - sent.last)
             sent.last = now
             if update.finished:
+                if sent.export:
+                    update.kv_blocks = export_prefix(engine, head.prompt_ids, head.cache_salt)
                 del self.sent[request_id]
                 out.finished.append(request_metrics(head, sent.first, now))
             out.updates.append(update)

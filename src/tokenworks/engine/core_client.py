@@ -38,6 +38,7 @@ from tokenworks.engine.front import EngineFront
 from tokenworks.engine.messages import (
     EngineCoreDiedError,
     EngineNotRunningError,
+    KVBlocks,
     RequestFailedError,
 )
 from tokenworks.engine.request import SamplingParams
@@ -246,7 +247,12 @@ class CoreClient(EngineFront):
         priority: int = 0,
         cache_salt: str | None = None,
         deadline: float | None = None,
+        kv_export: bool = False,
+        kv_import: KVBlocks | None = None,
     ) -> RequestStream:
+        """EngineFront.submit; kv_export, kv_import: prefill / decode disaggregation's
+        (engine/disaggregated.py): write the prompt's KV blocks out when the request ends
+        (its last update carries them), or read these in before it starts."""
         if not self.is_running or self._stopping:
             raise EngineNotRunningError(
                 f"the engine core is not running ({self.died or 'not started or stopping'})"
@@ -256,7 +262,8 @@ class CoreClient(EngineFront):
         stream = Stream(request_id, asyncio.get_running_loop(), asyncio.Queue(), text)
         with self._lock:
             self._streams[request_id] = stream
-        self._send(m.AddRequest(request_id, list(prompt_token_ids), params, priority, cache_salt))
+        self._send(m.AddRequest(request_id, list(prompt_token_ids), params, priority, cache_salt,
+                                kv_export, kv_import))  # fmt: skip
         try:
             accepted = await next_item(stream.queue, deadline)
         except BaseException:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from tokenworks.engine.messages import EngineGauges, RequestMetrics, RequestUpdate
+from tokenworks.engine.messages import EngineGauges, KVBlocks, RequestMetrics, RequestUpdate
 from tokenworks.engine.request import SamplingParams
 
 # ------------------------------------------------------------------ API -> core
@@ -22,6 +22,10 @@ class AddRequest(msgspec.Struct, tag=True):
     params: SamplingParams
     priority: int = 0
     cache_salt: str | None = None
+    # prefill / decode disaggregation (engine/kv_transfer.py): write the prompt's blocks
+    # out when the request ends; or read these blocks in before it starts
+    kv_export: bool = False
+    kv_import: KVBlocks | None = None
 
 
 class Abort(msgspec.Struct, tag=True):

@@ -69,6 +69,7 @@ class RequestText:
                 update.cached_tokens,
                 self._prompt_logprobs(update.prompt_logprobs),
                 update.embedding,
+                update.kv_blocks,
             ),
             stops,
         )

@@ -354,6 +354,25 @@ class BlockManager:
             self.free.appendleft(b)
         return len(parked)
 
+    def cached(self, h: bytes, group: int) -> int | None:
+        """The block the prefix cache holds for full-block hash h in a layer group."""
+        return self.prefix.get(self._key(h, group)) if self.prefix else None
+
+    def adopt(self, h: bytes, group: int, fill) -> int | None:
+        """Cache a block whose K/V come from elsewhere (another engine prefilled it): take
+        a block, let fill(block) write it, and register it under (h, group) unreferenced,
+        for a later prompt to find. None where it is cached already or no block is free."""
+        if self.prefix is None or self.cached(h, group) is not None:
+            return None
+        try:
+            b = self._take()
+        except NoFreeBlocksError:
+            return None
+        fill(b)
+        self.prefix.register(b, self._key(h, group))
+        self._decref(b)  # parked: findable, and evicted first when nobody asks for it
+        return b
+
     def fork(self, parent, child) -> None:
         """child shares every block of parent (parallel sampling): references, not copies."""
         for table in parent.block_tables:

@@ -54,6 +54,23 @@ class CompletionDelta:
 
 
 @dataclass
+class KVBlocks:
+    """A prompt's full KV blocks, written by the engine that prefilled it to a file in
+    shared memory for the engine that decodes it (engine/kv_transfer.py): block j holds
+    layer group groups[j]'s K/V of the block whose chained prefix hash is hashes[j]."""
+
+    path: str
+    hashes: list[bytes]
+    groups: list[int]
+    block_bytes: int
+    seconds: float  # writing them
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.hashes) * self.block_bytes
+
+
+@dataclass
 class RequestUpdate:
     request_id: str
     deltas: list[CompletionDelta]
@@ -64,6 +81,7 @@ class RequestUpdate:
     # first None
     prompt_logprobs: list[TokenLogprob | None] | None = None
     embedding: list[float] | None = None  # in a pooling request's last update
+    kv_blocks: KVBlocks | None = None  # in a prefill-only request's last update, where asked
 
 
 @dataclass

@@ -115,6 +115,16 @@ class ServeConfig:
             choices=POLICIES,
         ),
     )
+    disaggregate: str | None = field(
+        default=None,
+        metadata=option(
+            "prefill=P,decode=D: P engine cores that only prefill prompts and D that decode, "
+            "each request's prompt KV blocks moving from the one to the least-loaded other "
+            "through shared memory (engine/disaggregated.py); instead of "
+            "--data-parallel-size",
+            metavar="prefill=P,decode=D",
+        ),
+    )
     restart_engine: bool = field(
         default=False,
         metadata=option(
@@ -181,12 +191,19 @@ class ServeConfig:
                 f"{', '.join(TOOL_CALL_PARSERS)}"
             )
         self.backends  # noqa: B018 (each --backend checked here)
+        self.disaggregation  # noqa: B018 (checked here)
         if self.router not in POLICIES:
             raise ValueError(f"--router {self.router!r}: expected one of {', '.join(POLICIES)}")
-        if not self.engine_process and (self.restart_engine or self.data_parallel_size > 1):
+        own_cores = self.restart_engine or self.data_parallel_size > 1 or self.disaggregate
+        if not self.engine_process and own_cores:
             raise ValueError(
-                "--restart-engine and --data-parallel-size run engine cores of their own: "
-                "leave out --no-engine-process"
+                "--restart-engine, --data-parallel-size and --disaggregate run engine cores "
+                "of their own: leave out --no-engine-process"
+            )
+        if self.disaggregate and self.data_parallel_size > 1:
+            raise ValueError(
+                "--disaggregate sets how many engine cores prefill and how many decode: "
+                "leave out --data-parallel-size"
             )
 
     @property
@@ -207,6 +224,19 @@ class ServeConfig:
                 raise ValueError(f"--backend {item!r}: {name} is named twice")
             out[name] = spec
         return out
+
+    @property
+    def disaggregation(self) -> tuple[int, int] | None:
+        """--disaggregate prefill=P,decode=D as (P, D); None without it."""
+        if self.disaggregate is None:
+            return None
+        m = re.fullmatch(r"prefill=(\d+),decode=(\d+)", self.disaggregate.replace(" ", ""))
+        if m is None or min(int(m[1]), int(m[2])) < 1:
+            raise ValueError(
+                f"--disaggregate {self.disaggregate!r}: give prefill=P,decode=D with P and D "
+                "at least 1, as prefill=1,decode=1"
+            )
+        return int(m[1]), int(m[2])
 
     def core_backend(self, config) -> str:
         """CoreClient's backend for the engine cores of EngineConfig `config`."""

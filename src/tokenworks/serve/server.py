@@ -17,6 +17,7 @@ import uvicorn
 
 from tokenworks.config import EngineConfig
 from tokenworks.engine.core_client import CoreClient
+from tokenworks.engine.disaggregated import DisaggregatedRouter
 from tokenworks.engine.replicas import ReplicaRouter
 from tokenworks.serve import reasoning, tool_formats
 from tokenworks.serve.app import build_app
@@ -151,11 +152,22 @@ def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits)
         backend = options.core_backend(config)
     except ValueError as e:
         raise SystemExit(str(e)) from None
+    split = options.disaggregation
+    ranks = config.tensor_parallel_size * config.pipeline_parallel_size
+    if split is not None and (not config.enable_prefix_caching or ranks > 1):
+        raise SystemExit(
+            "--disaggregate moves prompts' blocks through the prefix cache of one process "
+            "per engine: leave out --no-enable-prefix-caching, --tensor-parallel-size and "
+            "--pipeline-parallel-size"
+        )
     cores = [
         CoreClient(config, restart=options.restart_engine, on_death=stop, backend=backend)
-        for _ in range(options.data_parallel_size)
+        for _ in range(sum(split) if split else options.data_parallel_size)
     ]
-    engine = cores[0] if len(cores) == 1 else ReplicaRouter(cores, options.router)
+    if split is not None:
+        engine = DisaggregatedRouter(cores[: split[0]], cores[split[0] :])
+    else:
+        engine = cores[0] if len(cores) == 1 else ReplicaRouter(cores, options.router)
     try:
         engine.start()
     except RayNotInstalledError as e:

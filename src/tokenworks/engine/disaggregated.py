@@ -1,0 +1,118 @@
+"""Prefill / decode disaggregation: prefill engines and decode engines apart, behind one
+front (`tokenworks serve --disaggregate prefill=P,decode=D`).
+
+A long prompt's prefill is one big step; run beside decoding streams, it stalls every one
+of them for its length. Apart, the prefill engines take the prompts and the decode engines
+take the streams, and only the prompts' KV blocks move between them.
+
+For each request the router
+1. sends the prompt to the least-loaded prefill engine as a prefill-only request (one
+   greedy token, which is dropped), asking for its KV blocks;
+2. when it ends, has those blocks written to a file in shared memory
+   (engine/kv_transfer.py);
+3. sends the request itself to the least-loaded decode engine with that file. The decode
+   engine reads the blocks into its prefix cache before it adds the request, so the
+   request runs only the prompt's tail and then decodes: its first token, and all its
+   sampling, happen there, as on a colocated engine;
+4. deletes the file once the decode engine has taken it.
+
+A prompt shorter than a block plus one token, a request for prompt logprobs (the whole
+prompt must run where they are read) and an embedding go to a decode engine alone. Each
+engine is an engine core of its own (engine/core_client.py), prefill engines first in
+`replicas`: the metrics label them 0 .. P-1 and the decode engines P .. P+D-1, and each
+request counts on both.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from tokenworks.engine.admission import QueueFullError
+from tokenworks.engine.core_client import CoreClient
+from tokenworks.engine.replicas import ReplicaRouter
+from tokenworks.engine.request import SamplingParams
+
+PREFILL_ONLY = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+
+
+@dataclass
+class Transfer:
+    """One request's handoff from a prefill engine to a decode engine."""
+
+    request_id: str
+    blocks: int
+    nbytes: int
+    write_s: float  # the prefill engine writing the blocks out
+    handoff_s: float  # its last update arriving -> the decode engine having read them in
+
+
+class DisaggregatedRouter(ReplicaRouter):
+    def __init__(self, prefill: list[CoreClient], decode: list[CoreClient]):
+        if not prefill or not decode:
+            raise ValueError("disaggregation needs at least one prefill and one decode engine")
+        super().__init__([*prefill, *decode], "least_loaded")
+        self.n_prefill = len(prefill)
+        self.transfers: deque[Transfer] = deque(maxlen=10000)
+
+    def _least_loaded(self, indices: range) -> int:
+        loads = self.loads()
+        return min(indices, key=loads.__getitem__)
+
+    def prefills(self, params: SamplingParams, prompt: list[int]) -> bool:
+        """Does this request go through a prefill engine (a full block to move)?"""
+        full = (len(prompt) - 1) // self.engine.admission.block_size
+        return full > 0 and params.prompt_logprobs is None and params.pooling is None
+
+    async def submit(
+        self,
+        params: SamplingParams,
+        prompt_token_ids: list[int],
+        request_id: str | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        deadline: float | None = None,
+    ):
+        """As EngineFront.submit: prefilled on a prefill engine (where it pays), then
+        accepted by a decode engine, whose stream this is."""
+        request_id = request_id or self.new_request_id()
+        kv, t0 = None, 0.0
+        if self.prefills(params, prompt_token_ids):
+            kv = await self._prefill(prompt_token_ids, request_id, priority, cache_salt, deadline)
+            t0 = time.perf_counter()
+        try:
+            d = self._least_loaded(range(self.n_prefill, len(self.replicas)))
+            self._load[request_id] = (d, len(prompt_token_ids) + params.max_tokens * params.n)
+            stream = await self.replicas[d].submit(params, prompt_token_ids, request_id,
+                                                   priority, cache_salt, deadline,
+                                                   kv_import=kv)  # fmt: skip
+        finally:
+            if kv is not None:
+                os.unlink(kv.path)
+        self.routed[d] += 1
+        if kv is not None:
+            self.transfers.append(Transfer(request_id, len(kv.hashes), kv.nbytes, kv.seconds,
+                                           time.perf_counter() - t0))  # fmt: skip
+        return stream
+
+    async def _prefill(self, prompt, request_id, priority, cache_salt, deadline):
+        """Run the prompt on the least-loaded prefill engine; its KV blocks (None where
+        that engine's queue is full: the decode engine then runs the prompt itself)."""
+        p = self._least_loaded(range(self.n_prefill))
+        self._load[request_id] = (p, len(prompt))
+        try:
+            stream = await self.replicas[p].submit(
+                PREFILL_ONLY, prompt, request_id, priority, cache_salt, deadline, kv_export=True
+            )
+        except QueueFullError:
+            return None
+        self.routed[p] += 1
+        kv = None
+        try:
+            async for update in stream:
+                kv = update.kv_blocks or kv
+        finally:
+            await stream.aclose()
+        return kv
