@@ -136,7 +136,7 @@ def test_the_planners_and_shapes_import_without_torch():
 
 
 # the asyncio side of engine/: what the API process runs to talk to a core
-FRONTS = {"core_client", "front", "hf_front", "replicas", "streams"}
+FRONTS = {"core_client", "disaggregated", "front", "hf_front", "replicas", "streams"}
 
 
 def test_nothing_under_engine_but_its_fronts_imports_asyncio_or_a_front():
