@@ -388,6 +388,23 @@ def add_bench_parsers(sub) -> None:
     _out(p)
     p.set_defaults(fn=_run("tokenworks.bench.parallel:run_parallel_bench"))
     p = bsub.add_parser(
+        "disaggregation",
+        help="prefill / decode disaggregation against colocation on two engine cores: the "
+        "decode streams' inter-token latency while long prompts arrive, the long prompts' "
+        "time to first token, and each KV handoff's bytes and seconds",
+    )
+    p.add_argument("--models", default="smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b",
+                   help="comma-separated catalogue names")  # fmt: skip
+    p.add_argument("--threads", type=int, default=1, help="threads of each engine core")
+    p.add_argument("--streams", type=int, default=4, help="decode streams running throughout")
+    p.add_argument("--stream-prompt", type=int, default=64, help="each stream's prompt tokens")
+    p.add_argument("--long", type=int, default=3, help="long prompts arriving meanwhile")
+    p.add_argument("--prompt", type=int, default=2048, help="each long prompt's tokens")
+    p.add_argument("--long-tokens", type=int, default=16, help="tokens each long one generates")
+    p.add_argument("--interval", type=float, default=4.0, help="seconds between long prompts")
+    _out(p)
+    p.set_defaults(fn=_run("tokenworks.bench.disaggregation:run_disaggregation_bench"))
+    p = bsub.add_parser(
         "tiled-attention",
         help="naive, SDPA and tiled prompt attention (time, peak memory) and the decode "
         "paths (torch, tiled, C rows, C online softmax) by context",
