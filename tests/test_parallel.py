@@ -234,6 +234,31 @@ def test_the_default_model_split_matches(smol_llm, smol_loaded, tp, pp):
         llm.engine.close()
 
 
+def test_the_default_model_split_keeps_the_files_blocks(smol_loaded):
+    """SmolLM2 as its GGUF stores it, over 3 ranks: every rank's products stay Q4_1 / Q8_0
+    blocks (its rows a view of the file, its columns whole blocks), far fewer bytes than
+    its float shard, and the greedy tokens are one process's on the same blocks."""
+    from tokenworks import LLM, SamplingParams
+    from tokenworks.kernels.block_linear import BlockLinear
+
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, there"]
+    kw = dict(loaded=smol_loaded, dtype="float32", kernels="torch", warmup=False, threads=1)
+    one = LLM("smollm2-135m", **kw)
+    want = [o.outputs[0].token_ids for o in one.generate(prompts, params)]
+    llm = LLM("smollm2-135m", tensor_parallel_size=3, **kw)
+    try:
+        assert llm.engine.quantization == "gguf"
+        layers = llm.engine.model.layers
+        products = [m for m in layers.modules() if isinstance(m, BlockLinear)]
+        assert len(products) >= 4 * len(layers)  # (q, k, v fused or not; o; gate/up; down)
+        held = tp.resident_bytes(llm.engine.model)
+        assert held < tp.resident_bytes(one.engine.model) / 2
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
+    finally:
+        llm.engine.close()
+
+
 def test_stages_share_out_the_layers_and_micro_batches_the_chunks():
     from tokenworks.models.pipeline import micro_batches, stage_layers
 

@@ -50,7 +50,6 @@ from tokenworks.engine.workers import (
     build_rank_model,
     check_split,
     rank_device,
-    rank_quantization,
     rank_threads,
     world_size,
 )
@@ -85,7 +84,7 @@ class LLMEngine:
         self.spec = loaded.spec
         self.tokenizer = TokenizerWrapper.from_loaded(loaded)
         # what the weights run as: the GGUF's blocks by default (config.resolved_quantization)
-        self.quantization = rank_quantization(config, loaded.gguf_index is not None)
+        self.quantization = config.resolved_quantization(loaded.gguf_index is not None)
         # the other ranks (tensor / pipeline parallel), joined before any model is built
         self.workers, topology = None, None
         if world_size(config) > 1:

@@ -86,13 +86,6 @@ def rank_threads(config) -> int | None:
     return max(1, (os.cpu_count() or 1) // world_size(config))
 
 
-def rank_quantization(config, gguf_file: bool) -> str | None:
-    """What the weights run as (config.resolved_quantization), except that a GGUF's blocks
-    are dequantised where tensor parallelism slices them (a shard's rows are floats)."""
-    q = config.resolved_quantization(gguf_file)
-    return None if q == "gguf" and config.tensor_parallel_size > 1 else q
-
-
 def check_split(spec, config) -> None:
     """Raise, saying what to change, where the model cannot be split as configured (before
     any worker is started)."""
@@ -254,7 +247,7 @@ def _worker_main(rank: int, channel: str) -> None:
                 torch.set_num_threads(rank_threads(config))
             topology = join(config, rank, setup["store"])
             loaded = load(config.model, keep_index=False)
-            quantization = rank_quantization(config, loaded.gguf_index is not None)
+            quantization = config.resolved_quantization(loaded.gguf_index is not None)
             model, spec = build_rank_model(config, loaded, quantization, topology)
             del loaded
             num_blocks = int(link.recv())

@@ -68,6 +68,22 @@ class BlockTensor:
         data = self.data[index]
         return BlockTensor(self.ggml_type, (data.shape[0], self.shape[1]), data)
 
+    def columns(self, index: slice) -> BlockTensor | None:
+        """The columns `index` selects, copied out of every row: whole blocks only (None
+        where a bound falls inside a block)."""
+        per, nbytes = block_shape(self.ggml_type)
+        start, stop, _ = index.indices(self.shape[1])
+        if start % per or stop % per:
+            return None
+        data = self.data[:, start // per * nbytes : stop // per * nbytes].contiguous()
+        return BlockTensor(self.ggml_type, (self.shape[0], stop - start), data)
+
+    def padded(self, rows: int) -> BlockTensor:
+        """This tensor with zero rows appended up to `rows` (a block of zero bytes holds a
+        zero scale: its weights read as 0 in every executed format)."""
+        pad = self.data.new_zeros(rows - self.shape[0], self.data.shape[1])
+        return BlockTensor(self.ggml_type, (rows, self.shape[1]), torch.cat([self.data, pad]))
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weights the blocks hold, [rows, cols] in dtype."""
         return dequantize(self, dtype)

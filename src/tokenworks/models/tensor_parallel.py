@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tokenworks.kernels.block_linear import dense
+from tokenworks.kernels.blocks import BlockTensor
 from tokenworks.models.spec import ModelSpec
 
 
@@ -153,9 +154,10 @@ def kv_heads(spec: ModelSpec, shard: Shard) -> range:
 
 
 def shard_weights(weights: Mapping, spec: ModelSpec, shard: Shard) -> dict:
-    """This rank's slices of the (engine-named) weights; norms and the rest whole. Each
-    tensor is read (and a GGUF block tensor dequantised) one at a time, and only its slice
-    is kept."""
+    """This rank's slices of the (engine-named) weights; norms and the rest whole. A GGUF
+    tensor stays blocks: its rows as a view of the file (only this rank's pages are ever
+    read), its columns copied out whole blocks at a time; only a column split that falls
+    inside a block is dequantised (that tensor's slice alone)."""
     check_divisible(spec, shard.size)
     r, d = shard.rank, spec.head_dim
     q_rows = spec.q_size // shard.size
@@ -189,16 +191,37 @@ def shard_weights(weights: Mapping, spec: ModelSpec, shard: Shard) -> dict:
         if expert and int(expert) not in experts:
             continue  # another rank's expert
         if product in rows:
-            out[name] = dense(weights[name])[rows[product]].clone()
+            out[name] = _rows(weights[name], rows[product])
         elif product in cols and kind == "weight":
-            out[name] = dense(weights[name])[:, cols[product]].clone()
+            out[name] = _columns(weights[name], cols[product])
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
-            table = dense(weights[name])[r * vr : (r + 1) * vr]
-            pad = vr - table.shape[0]  # the last rank's rows past the vocabulary: zeros
-            out[name] = torch.cat([table, table.new_zeros(pad, table.shape[1])])
+            # the last rank's rows past the vocabulary: zeros
+            out[name] = _rows(weights[name], slice(r * vr, (r + 1) * vr), pad_to=vr)
         else:
             out[name] = weights[name]
     return out
+
+
+def _rows(w, index: slice, pad_to: int | None = None):
+    """Rows of a weight (a GGUF tensor's as a view of its blocks), zero rows appended up
+    to pad_to."""
+    if isinstance(w, BlockTensor):
+        part = w.rows(index)
+        return part.padded(pad_to) if pad_to and pad_to > part.shape[0] else part
+    part = w[index].clone()
+    if pad_to and pad_to > part.shape[0]:
+        part = torch.cat([part, part.new_zeros(pad_to - part.shape[0], *part.shape[1:])])
+    return part
+
+
+def _columns(w, index: slice):
+    """Columns of a weight: a GGUF tensor's whole blocks where the split allows, else
+    its slice dequantised."""
+    if isinstance(w, BlockTensor):
+        part = w.columns(index)
+        if part is not None:
+            return part
+    return dense(w)[:, index].clone()
 
 
 class RowParallel(nn.Module):
