@@ -47,8 +47,10 @@ from tokenworks.engine.step_log import StepCounts, StepLog, StepStats
 from tokenworks.engine.structured import GrammarCompiler
 from tokenworks.engine.workers import (
     WorkerRanks,
+    block_bytes_of,
     build_rank_model,
     check_split,
+    own_layers,
     rank_device,
     rank_threads,
     world_size,
@@ -110,7 +112,9 @@ class LLMEngine:
             kv_bytes_per_token(self.rank_spec.shape, config.resolved_dtype)
         )
         self.kv_layout = KVLayout.for_spec(self.rank_spec, config.sliding_window_kv == "free")
-        self.block_bytes = self.kv_layout.bytes_per_block(self.kv_bytes_per_token, bs)
+        self.block_bytes = block_bytes_of(
+            self.rank_spec, config, self.kv_layout, self.kv_bytes_per_token
+        )
         num_blocks = self.kv_budget_bytes() // self.block_bytes
         if num_blocks < 1:
             raise ValueError(
@@ -119,7 +123,7 @@ class LLMEngine:
             )
         self.pool = KVPool.for_spec(
             self.rank_spec, num_blocks, bs, config.torch_dtype, rank_device(config, 0),
-            self.kv_layout,
+            self.kv_layout, own_layers(self.rank_spec, config, 0),
         )  # fmt: skip
         if self.workers is not None:  # each builds a pool of these blocks
             self.workers.ready(num_blocks)

@@ -47,16 +47,25 @@ class KVPool:
         device: torch.device | str = "cpu",
         v_dim: int | None = None,  # None: head_dim
         layout: KVLayout | None = None,  # None: one group, a tensor per layer
+        layers: range | None = None,  # a pipeline stage's layers: tensors for these alone
     ):
         slots = num_blocks * block_size
         v_dim = head_dim if v_dim is None else v_dim
         layout = layout or KVLayout.single(n_layers)
         self._maps: list[mmap.mmap] = []  # the CPU pool's memory (see _zeros)
         k_shape, v_shape = (slots, n_kv_heads, head_dim), (slots, n_kv_heads, v_dim)
-        # one tensor per layer of a group; layer j of every group shares tensor j
-        k = [self._zeros(k_shape, dtype, device) for _ in range(layout.size)]
-        v = [self._zeros(v_shape, dtype, device) for _ in range(layout.size)] if v_dim else []
-        self.tensors = k + v  # each once (the per-layer lists repeat them)
+        # one tensor per layer of a group; layer j of every group shares tensor j (a stage
+        # leaves the tensors of other stages' layers empty)
+        used = layout.slots(range(n_layers) if layers is None else layers)
+
+        def side(shape):
+            return [self._zeros(shape, dtype, device) if j in used
+                    else torch.empty(0, *shape[1:], dtype=dtype, device=device)
+                    for j in range(layout.size)]  # fmt: skip
+
+        k = side(k_shape)
+        v = side(v_shape) if v_dim else []
+        self.tensors = [t for t in k + v if t.numel()]  # each once (the lists repeat them)
         self.k = [k[layout.slot_of(i)] for i in range(n_layers)]
         self.v = [v[layout.slot_of(i)] for i in range(n_layers)] if v_dim else []
         self.num_blocks, self.block_size, self.layout = num_blocks, block_size, layout
@@ -74,14 +83,16 @@ class KVPool:
 
     @classmethod
     def for_spec(
-        cls, spec, num_blocks: int, block_size: int, dtype, device="cpu", layout=None
-    ) -> KVPool:
+        cls, spec, num_blocks: int, block_size: int, dtype, device="cpu", layout=None,
+        layers=None,
+    ) -> KVPool:  # fmt: skip
         """A pool laid out as the model's cache (ModelSpec.kv_layout), its layers grouped
-        as `layout` says (KVLayout; None: one group)."""
+        as `layout` says (KVLayout; None: one group), holding `layers` (None: all)."""
         heads, k_dim, v_dim = spec.kv_layout
         return cls(
-            spec.n_layers, num_blocks, block_size, heads, k_dim, dtype, device, v_dim, layout
-        )
+            spec.n_layers, num_blocks, block_size, heads, k_dim, dtype, device, v_dim, layout,
+            layers,
+        )  # fmt: skip
 
     def discard(self) -> None:
         """Forget every value in the pool (they read as zeros again) and give its pages

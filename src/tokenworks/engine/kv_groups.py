@@ -91,10 +91,16 @@ class KVLayout:
 
     # ------------------------------------------------------------------ counting
 
-    def bytes_per_block(self, kv_bytes_per_token: int, block_size: int) -> int:
+    def bytes_per_block(self, kv_bytes_per_token: int, block_size: int, layers=None) -> int:
         """Bytes one block id holds: `size` layers of block_size tokens (kv_bytes_per_token
-        is the model's, over all its layers)."""
-        return kv_bytes_per_token * self.size * block_size // self.n_layers
+        is the model's, over all its layers); or, for a pipeline stage holding only
+        `layers`, the pool tensors those layers use."""
+        used = self.size if layers is None else len(self.slots(layers))
+        return kv_bytes_per_token * used * block_size // self.n_layers
+
+    def slots(self, layers) -> set[int]:
+        """The pool tensors (a side) these layers' K/V live in."""
+        return {self.slot_of(i) for i in layers}
 
     first_needed = staticmethod(first_block_read)  # the first block a query reads
 

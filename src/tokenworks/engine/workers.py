@@ -86,6 +86,20 @@ def rank_threads(config) -> int | None:
     return max(1, (os.cpu_count() or 1) // world_size(config))
 
 
+def own_layers(spec, config, rank: int) -> range | None:
+    """The layers rank `rank` holds, and keeps KV for: its pipeline stage's (None: all)."""
+    pp = config.pipeline_parallel_size
+    return stage_layers(spec.n_layers, pp)[rank // config.tensor_parallel_size] if pp > 1 else None
+
+
+def block_bytes_of(spec, config, layout: KVLayout, kv_bytes_per_token: int) -> int:
+    """Bytes of one block on the rank that holds the most of them: every rank's pool has
+    the same blocks, over its own stage's layers."""
+    stages = range(0, world_size(config), config.tensor_parallel_size)
+    return max(layout.bytes_per_block(kv_bytes_per_token, config.block_size,
+                                      own_layers(spec, config, r)) for r in stages)  # fmt: skip
+
+
 def check_split(spec, config) -> None:
     """Raise, saying what to change, where the model cannot be split as configured (before
     any worker is started)."""
@@ -121,7 +135,7 @@ def build_rank_model(config, loaded, quantization, topology: Topology | None = N
     (models/tensor_parallel.py, models/pipeline.py)."""
     top = topology or Topology(0)
     spec, weights = loaded.spec, loaded.weights
-    layers = stage_layers(spec.n_layers, top.pp)[top.stage] if top.pp > 1 else None
+    layers = own_layers(spec, config, top.rank)
     if layers is not None:
         weights = stage_weights(weights, layers)
     shard = tp.Shard(top.tp_rank, top.tp, top.tp_group)
@@ -253,7 +267,8 @@ def _worker_main(rank: int, channel: str) -> None:
             num_blocks = int(link.recv())
             layout = KVLayout.for_spec(spec, config.sliding_window_kv == "free")
             device, bs = rank_device(config, rank), config.block_size
-            pool = KVPool.for_spec(spec, num_blocks, bs, config.torch_dtype, device, layout)
+            pool = KVPool.for_spec(spec, num_blocks, bs, config.torch_dtype, device, layout,
+                                   own_layers(spec, config, rank))  # fmt: skip
             micro = config.pipeline_parallel_size
             runner = ModelRunner(model, pool, bs, device, micro_batches=micro)
         except HeadGone:
