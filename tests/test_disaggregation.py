@@ -138,3 +138,20 @@ def test_serve_disaggregated_answers_as_one_engine_and_stops_cleanly(engines):
         assert srv.exit_code(timeout=30) == 0, "".join(srv.output)
     finally:
         srv.close()
+
+
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        ({"disaggregate": "prefill=0,decode=1"}, "P and D at least 1"),
+        ({"disaggregate": "1,1"}, "give prefill=P,decode=D"),
+        ({"disaggregate": "prefill=1,decode=1", "data_parallel_size": 2}, "leave out --data"),
+        ({"disaggregate": "prefill=1,decode=1", "engine_process": False}, "engine cores"),
+    ],
+)
+def test_a_bad_split_says_what_to_give(kw, says):
+    from tokenworks.serve.serve_config import ServeConfig
+
+    with pytest.raises(ValueError, match=says):
+        ServeConfig(**kw)
+    assert ServeConfig(disaggregate="prefill=2, decode=3").disaggregation == (2, 3)

@@ -19,7 +19,7 @@ from tokenworks.models import tensor_parallel as tp
 # the families' random configs of tests/test_architectures.py, with a vocabulary of 322
 # rows (4 ranks split it with padding)
 FAMILIES = {"llama": "llama-gqa", "qwen3": "qwen3", "qwen3-moe": "qwen3-moe",
-            "qwen2-moe": "qwen2-moe", "gemma3": "gemma3"}  # fmt: skip
+            "qwen2-moe": "qwen2-moe", "gemma3": "gemma3", "gpt2": "gpt2"}  # fmt: skip
 
 
 def _config(name: str):
@@ -110,7 +110,9 @@ def saved(tmp_path_factory):
 
 
 # 4 ranks over 2 KV heads: each KV head held twice
-@pytest.mark.parametrize(("name", "size"), [("qwen3", 2), ("gemma3", 2), ("gemma3", 4)])
+@pytest.mark.parametrize(
+    ("name", "size"), [("qwen3", 2), ("gemma3", 2), ("gemma3", 4), ("gpt2", 2)]
+)
 def test_split_logits_equal_one_process(saved, name, size, tmp_path):
     from tokenworks.models.build import build_model
     from tokenworks.models.loader import load
@@ -174,7 +176,7 @@ def _greedy(model, **kw) -> list:
 
 @pytest.mark.parametrize(
     ("name", "tp", "pp"),
-    [("qwen3", 2, 1), ("llama", 1, 2), ("qwen3-moe", 2, 1), ("qwen3-moe", 2, 2)],
+    [("qwen3", 2, 1), ("llama", 1, 2), ("qwen3-moe", 2, 1), ("qwen3-moe", 2, 2), ("gpt2", 2, 1)],
 )
 def test_the_engine_over_several_ranks_gives_one_process_greedy_tokens(saved, name, tp, pp):
     model = _with_tokenizer(saved(name))
@@ -257,6 +259,27 @@ def test_the_default_model_split_keeps_the_files_blocks(smol_loaded):
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
     finally:
         llm.engine.close()
+
+
+def test_a_stages_kv_pool_holds_its_own_layers_and_its_budget_counts_them(saved):
+    """PP = 2 with the same kv_cache_memory: a block costs the larger stage's layers, so
+    the pool holds more blocks than one process's, and rank 0's tensors are its stage's."""
+    from tokenworks import LLM
+    from tokenworks.models.pipeline import stage_layers
+
+    kw = dict(dtype="float32", kv_cache_memory=0.002, warmup=False, threads=1)
+    model = _with_tokenizer(saved("llama"))
+    one = LLM(model, **kw).engine
+    two = LLM(model, pipeline_parallel_size=2, **kw).engine
+    try:
+        n = one.spec.n_layers
+        first, last = stage_layers(n, 2)
+        assert two.block_bytes == one.block_bytes * max(len(first), len(last)) // n
+        assert two.blocks.num_blocks >= 2 * one.blocks.num_blocks - 1
+        assert two.pool.nbytes == two.blocks.num_blocks * one.block_bytes * len(first) // n
+        assert all(two.pool.k[i].numel() == 0 for i in last)
+    finally:
+        two.close()
 
 
 def test_stages_share_out_the_layers_and_micro_batches_the_chunks():

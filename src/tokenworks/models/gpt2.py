@@ -20,8 +20,9 @@ class GPT2Block(nn.Module):
         self.spec, self.layer = spec, layer
         h = spec.hidden_size
         self.ln_1 = nn.LayerNorm(h, eps=spec.norm_eps)
-        self.c_attn = nn.Linear(h, 3 * h)
-        self.c_proj = nn.Linear(h, h)
+        q = spec.q_size  # h, or a tensor-parallel rank's heads' share of it
+        self.c_attn = nn.Linear(h, 3 * q)
+        self.c_proj = nn.Linear(q, h)
         self.ln_2 = nn.LayerNorm(h, eps=spec.norm_eps)
         self.c_fc = nn.Linear(h, spec.intermediate_size)
         self.mlp_proj = nn.Linear(spec.intermediate_size, h)

@@ -82,10 +82,11 @@ def check_divisible(spec: ModelSpec, size: int) -> None:
     """Raise, saying what to change, where `size` ranks cannot split this model."""
     if size < 1:
         raise ValueError(f"--tensor-parallel-size must be >= 1, got {size}")
-    if spec.mla is not None or spec.arch == "gpt2":
+    if spec.mla is not None:
         raise ValueError(
-            f"tensor parallelism splits Llama-shaped models (MoE ones too); "
-            f"{spec.name or spec.arch} is not one (run it with --tensor-parallel-size 1)"
+            f"tensor parallelism splits Llama-shaped models (MoE ones too) and GPT-2; "
+            f"{spec.name or spec.arch}'s latent attention is not split (run it with "
+            "--tensor-parallel-size 1)"
         )
     kv = spec.n_kv_heads
     problems = []
@@ -159,6 +160,8 @@ def shard_weights(weights: Mapping, spec: ModelSpec, shard: Shard) -> dict:
     read), its columns copied out whole blocks at a time; only a column split that falls
     inside a block is dequantised (that tensor's slice alone)."""
     check_divisible(spec, shard.size)
+    if spec.arch == "gpt2":
+        return _gpt2_weights(weights, spec, shard)
     r, d = shard.rank, spec.head_dim
     q_rows = spec.q_size // shard.size
     heads = kv_heads(spec, shard)
@@ -199,6 +202,39 @@ def shard_weights(weights: Mapping, spec: ModelSpec, shard: Shard) -> dict:
             out[name] = _rows(weights[name], slice(r * vr, (r + 1) * vr), pad_to=vr)
         else:
             out[name] = weights[name]
+    return out
+
+
+def _gpt2_weights(weights: Mapping, spec: ModelSpec, shard: Shard) -> dict:
+    """GPT-2's shard, in its file's names and Conv1D layout ([in, out]): c_attn's q, k and
+    v columns of this rank's heads, c_fc's of its MLP width; the rows of the two output
+    projections that read them, their biases on rank 0 alone (the all-reduce adds them
+    once); the token embedding's (and tied head's) vocabulary rows; positions and norms
+    whole."""
+    r, n, h = shard.rank, shard.size, spec.hidden_size
+    heads = slice(r * spec.q_size // n, (r + 1) * spec.q_size // n)
+    width = slice(r * spec.intermediate_size // n, (r + 1) * spec.intermediate_size // n)
+    qkv = torch.cat([torch.arange(j * h + heads.start, j * h + heads.stop) for j in range(3)])
+    vr = vocab_rows(spec, n)
+    out = {}
+    for name, w in weights.items():
+        w = dense(w)
+        part = name.removeprefix("transformer.").partition(".")[2]  # after "h"
+        product = part.partition(".")[2]  # "attn.c_attn.weight"
+        if name.endswith("wte.weight"):
+            out[name] = _rows(w, slice(r * vr, (r + 1) * vr), pad_to=vr)
+        elif product in ("attn.c_attn.weight", "attn.c_attn.bias"):
+            out[name] = w[..., qkv].clone()
+        elif product in ("mlp.c_fc.weight", "mlp.c_fc.bias"):
+            out[name] = w[..., width].clone()
+        elif product == "attn.c_proj.weight":
+            out[name] = w[heads].clone()
+        elif product == "mlp.c_proj.weight":
+            out[name] = w[width].clone()
+        elif product in ("attn.c_proj.bias", "mlp.c_proj.bias"):
+            out[name] = w if r == 0 else torch.zeros_like(w)
+        else:
+            out[name] = w
     return out
 
 
@@ -274,6 +310,14 @@ class VocabParallelHead(nn.Module):
 def parallelize_(model: nn.Module, spec: ModelSpec, shard: Shard) -> nn.Module:
     """Wrap a model built from shard_spec and shard_weights with its collectives."""
     rows = vocab_rows(spec, shard.size)
+    if spec.arch == "gpt2":
+        model.wte = VocabParallelEmbedding(model.wte, shard, rows)
+        model.lm_head = VocabParallelHead(model.lm_head, shard, spec.vocab_size)
+        for block in model.blocks:
+            block.c_proj = RowParallel(block.c_proj, shard)
+            block.mlp_proj = RowParallel(block.mlp_proj, shard)
+        model.tensor_parallel = shard
+        return model
     if model.embed is not None:  # (a later pipeline stage has none)
         model.embed = VocabParallelEmbedding(model.embed, shard, rows)
     if model.lm_head is not None:
