@@ -189,30 +189,41 @@ def test_a_worker_that_dies_fails_the_step_and_every_later_one(saved):
     within the collective timeout; its requests end aborted; later steps fail at once."""
     import os
     import signal
-    import time
 
-    from tokenworks import LLM, SamplingParams
-    from tokenworks.engine.workers import WorkerFailed
+    from tokenworks import LLM
 
     llm = LLM(_with_tokenizer(saved("llama")), dtype="float32", tensor_parallel_size=2,
               distributed_timeout=20, warmup=False, threads=1)  # fmt: skip
-    eng = llm.engine
     try:
-        seqs = [eng.add_request(prompt_token_ids=p, params=SamplingParams(max_tokens=50))
-                for p in PROMPTS]  # fmt: skip
-        eng.step()
-        os.kill(eng.workers.procs[0].pid, signal.SIGKILL)
-        t0 = time.monotonic()
-        with pytest.raises(WorkerFailed, match="rank"):
-            while True:  # steps until the death is seen (the kill lands asynchronously)
-                eng.step()
-        assert time.monotonic() - t0 < 20
-        assert eng.broken and all(s.finish_reason == "abort" for s in seqs)
-        eng.add_request(prompt_token_ids=[1, 2, 3], params=SamplingParams(max_tokens=2))
-        with pytest.raises(WorkerFailed):
-            eng.step()
+        _killed_mid_generation(
+            llm.engine, lambda: os.kill(llm.engine.workers.procs[0].pid, signal.SIGKILL), 20
+        )
     finally:
-        eng.close()
+        llm.engine.close()
+
+
+def _killed_mid_generation(eng, kill, timeout: float) -> None:
+    """Requests running, `kill` a worker: a step raises WorkerFailed naming a rank within
+    `timeout` s (steps until the death is seen: a kill lands asynchronously), the requests
+    end aborted, the engine says it is broken, and a later step fails at once."""
+    import time
+
+    from tokenworks import SamplingParams
+    from tokenworks.engine.workers import WorkerFailed
+
+    seqs = [eng.add_request(prompt_token_ids=p, params=SamplingParams(max_tokens=50))
+            for p in PROMPTS]  # fmt: skip
+    eng.step()
+    kill()
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailed, match="rank"):
+        while True:
+            eng.step()
+    assert time.monotonic() - t0 < timeout
+    assert eng.broken and all(s.finish_reason == "abort" for s in seqs)
+    eng.add_request(prompt_token_ids=[1, 2, 3], params=SamplingParams(max_tokens=2))
+    with pytest.raises(WorkerFailed):
+        eng.step()
 
 
 @pytest.mark.parametrize(("tp", "pp"), [(3, 1), (1, 2)])
@@ -402,31 +413,23 @@ def test_a_node_that_dies_fails_the_step_within_the_collective_timeout(saved):
     every later one fails at once."""
     import os
     import signal
-    import time
 
-    from tokenworks import LLM, SamplingParams
-    from tokenworks.engine.workers import WorkerFailed
+    from tokenworks import LLM
 
     model = _with_tokenizer(saved("llama"))
     port = _two_free_ports()
     node = _node(model, port, "--tensor-parallel-size", "2")
     llm = LLM(model, dtype="float32", tensor_parallel_size=2, nnodes=2, master_port=port,
               distributed_timeout=15, warmup=False, threads=1)  # fmt: skip
-    eng = llm.engine
-    try:
-        seqs = [eng.add_request(prompt_token_ids=p, params=SamplingParams(max_tokens=50))
-                for p in PROMPTS]  # fmt: skip
-        eng.step()
+
+    def kill():  # the whole machine
         os.killpg(node.pid, signal.SIGKILL)
         node.wait()
-        t0 = time.monotonic()
-        with pytest.raises(WorkerFailed, match="rank"):
-            while True:
-                eng.step()
-        assert time.monotonic() - t0 < 15 + 5
-        assert eng.broken and all(s.finish_reason == "abort" for s in seqs)
+
+    try:
+        _killed_mid_generation(llm.engine, kill, 15 + 5)
     finally:
-        eng.close()
+        llm.engine.close()
         node.kill()
 
 
