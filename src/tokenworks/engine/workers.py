@@ -295,6 +295,17 @@ def _worker_main(rank: int, channel: str) -> None:
             dist.destroy_process_group()
 
 
+def _spawn(procs: list, ranks: range, channel: str, daemon: bool) -> None:
+    """Start a process for each of these worker ranks, reaching rank 0 at `channel`, each
+    added to `procs` as it starts (so a failure midway leaves none unaccounted for)."""
+    ctx = multiprocessing.get_context("spawn")
+    for rank in ranks:
+        p = ctx.Process(target=_worker_main, args=(rank, channel), name=f"tokenworks-rank{rank}",
+                        daemon=daemon)  # fmt: skip
+        p.start()
+        procs.append(p)
+
+
 @dataclasses.dataclass
 class WorkerRanks:
     """Rank 0's side: the step channel, and the workers it started (the rest come from
@@ -350,12 +361,7 @@ class WorkerRanks:
                         ray_cores.start_rank(rank, rendezvous.channel, threads, gpu)
                     )
             else:
-                ctx = multiprocessing.get_context("spawn")
-                for rank in range(1, per):
-                    p = ctx.Process(target=_worker_main, args=(rank, rendezvous.channel),
-                                    name=f"tokenworks-rank{rank}", daemon=True)  # fmt: skip
-                    p.start()
-                    workers.procs.append(p)
+                _spawn(workers.procs, range(1, per), rendezvous.channel, daemon=True)
                 for node in range(1, config.nnodes):
                     workers.remote[node] = list(range(node * per, (node + 1) * per))
             workers._greet(config, rendezvous)
@@ -388,7 +394,7 @@ class WorkerRanks:
 
         for rank, data in self._replies(waiting, timeout, "come", every=say_who):
             if data == HELLO:
-                self.sock.send_multipart([str(rank).encode(), setup])
+                self._to(rank, setup)
                 waiting.discard(rank)
 
     def _replies(self, waiting: set, timeout: float, what: str, every=None):
@@ -445,11 +451,15 @@ class WorkerRanks:
     def discard(self) -> None:
         self._say(DISCARD)
 
+    def _to(self, rank: int, data: bytes, flags: int = 0) -> None:
+        """Send to one worker (its DEALER is named by its rank)."""
+        self.sock.send_multipart([str(rank).encode(), data], flags)
+
     def _say(self, data: bytes) -> None:
         self.check()
         for rank in self.ranks:
             try:
-                self.sock.send_multipart([str(rank).encode(), data])
+                self._to(rank, data)
             except zmq.ZMQError as e:
                 self.failed = f"worker rank {rank} is gone ({e})"
                 raise WorkerFailed(self.failed) from e
@@ -469,7 +479,7 @@ class WorkerRanks:
         self.stopped = True
         for rank in self.ranks:
             try:
-                self.sock.send_multipart([str(rank).encode(), STOP], zmq.NOBLOCK)
+                self._to(rank, STOP, zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
         for p in self.procs:
@@ -495,17 +505,14 @@ def run_node(config) -> int:
     channel = Rendezvous.of(config).channel
     log.info("node %d of %d: ranks %d..%d, taking their steps from %s", config.node_rank,
              config.nnodes, first, first + per - 1, channel)  # fmt: skip
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_worker_main, args=(rank, channel), name=f"tokenworks-rank{rank}")
-             for rank in range(first, first + per)]  # fmt: skip
 
     def stop(sig, frame):
         raise SystemExit(128 + sig)
 
     handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    procs = []
     try:
-        for p in procs:
-            p.start()
+        _spawn(procs, range(first, first + per), channel, daemon=False)
         for p in procs:
             p.join()
     finally:
