@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from tokenworks.engine.admission import QueueFullError
 from tokenworks.engine.core_client import CoreClient
+from tokenworks.engine.prefix_cache import movable_blocks
 from tokenworks.engine.replicas import ReplicaRouter
 from tokenworks.engine.request import SamplingParams
 
@@ -57,13 +58,9 @@ class DisaggregatedRouter(ReplicaRouter):
         self.n_prefill = len(prefill)
         self.transfers: deque[Transfer] = deque(maxlen=10000)
 
-    def _least_loaded(self, indices: range) -> int:
-        loads = self.loads()
-        return min(indices, key=loads.__getitem__)
-
     def prefills(self, params: SamplingParams, prompt: list[int]) -> bool:
         """Does this request go through a prefill engine (a full block to move)?"""
-        full = (len(prompt) - 1) // self.engine.admission.block_size
+        full = movable_blocks(len(prompt), self.engine.admission.block_size)
         return full > 0 and params.prompt_logprobs is None and params.pooling is None
 
     async def submit(
@@ -83,7 +80,7 @@ class DisaggregatedRouter(ReplicaRouter):
             kv = await self._prefill(prompt_token_ids, request_id, priority, cache_salt, deadline)
             t0 = time.perf_counter()
         try:
-            d = self._least_loaded(range(self.n_prefill, len(self.replicas)))
+            d = self.least_loaded(range(self.n_prefill, len(self.replicas)))
             self._load[request_id] = (d, len(prompt_token_ids) + params.max_tokens * params.n)
             stream = await self.replicas[d].submit(params, prompt_token_ids, request_id,
                                                    priority, cache_salt, deadline,
@@ -100,7 +97,7 @@ class DisaggregatedRouter(ReplicaRouter):
     async def _prefill(self, prompt, request_id, priority, cache_salt, deadline):
         """Run the prompt on the least-loaded prefill engine; its KV blocks (None where
         that engine's queue is full: the decode engine then runs the prompt itself)."""
-        p = self._least_loaded(range(self.n_prefill))
+        p = self.least_loaded(range(self.n_prefill))
         self._load[request_id] = (p, len(prompt))
         try:
             stream = await self.replicas[p].submit(

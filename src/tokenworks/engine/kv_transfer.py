@@ -31,7 +31,7 @@ import time
 import torch
 
 from tokenworks.engine.messages import KVBlocks
-from tokenworks.engine.prefix_cache import prefix_hashes
+from tokenworks.engine.prefix_cache import movable_blocks, prefix_hashes
 
 SHARED_MEMORY = "/dev/shm"  # where it exists; the temporary directory otherwise
 
@@ -54,7 +54,7 @@ def export_prefix(engine, prompt_ids: list[int], cache_salt: str | None) -> KVBl
     if blocks.prefix is None:
         raise ValueError("exporting a prompt's KV blocks needs the prefix cache")
     bs = blocks.block_size
-    usable = (len(prompt_ids) - 1) // bs
+    usable = movable_blocks(len(prompt_ids), bs)
     found = []  # (hash, group, block)
     for h in prefix_hashes(prompt_ids[: usable * bs], bs, cache_salt):
         for g in range(len(blocks.windows)):

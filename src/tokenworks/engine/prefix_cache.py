@@ -42,6 +42,12 @@ def prefix_hashes(
     return hashes
 
 
+def movable_blocks(n_prompt: int, block_size: int) -> int:
+    """The full blocks of a prompt another engine can take from this one's cache: all but
+    the one holding the last token, which must run there to give its logits."""
+    return (n_prompt - 1) // block_size
+
+
 class PrefixCache:
     """hash -> block id for full blocks, plus the LRU of cached blocks nobody references."""
 

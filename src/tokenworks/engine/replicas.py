@@ -93,11 +93,16 @@ class ReplicaRouter(EngineFront):
                 del self._load[request_id]
         return out
 
+    def least_loaded(self, indices: range, loads: list[int] | None = None) -> int:
+        """Of these replicas, the one with the fewest outstanding tokens."""
+        loads = self.loads() if loads is None else loads
+        return min(indices, key=loads.__getitem__)
+
     def pick(self, prompt: list[int], params: SamplingParams, cache_salt: str | None) -> int:
         if self.policy == "round_robin":
             return next(self._turn)
         loads = self.loads()
-        least = min(range(len(loads)), key=loads.__getitem__)
+        least = self.least_loaded(range(len(loads)), loads)
         if self.policy == "least_loaded":
             return least
         block_size = self.engine.admission.block_size
