@@ -19,6 +19,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from tokenworks.bench.compiled import prompt_of
+from tokenworks.bench.metrics import percentile
 from tokenworks.bench.record import make_record, write_record
 
 SETUPS = ("colocated", "disaggregated")
@@ -40,11 +41,6 @@ def _front(setup: str, config):
     if setup == "colocated":
         return ReplicaRouter(cores, "least_loaded")
     return DisaggregatedRouter(cores[:1], cores[1:])
-
-
-def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 async def _workload(front, vocab: int, args) -> dict:
@@ -83,8 +79,8 @@ async def _workload(front, vocab: int, args) -> dict:
     gaps = [b - a for times in arrivals for a, b in zip(times, times[1:], strict=False)
             if a >= start and b <= end]  # fmt: skip
     return {
-        "itl_p50_s": _pct(gaps, 0.5),
-        "itl_p99_s": _pct(gaps, 0.99),
+        "itl_p50_s": percentile(gaps, 50),
+        "itl_p99_s": percentile(gaps, 99),
         "itl_max_s": max(gaps),
         "stream_tokens_s": len(gaps) / (end - start),
         "ttft_p50_s": statistics.median(ttfts),
