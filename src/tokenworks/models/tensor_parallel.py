@@ -163,27 +163,24 @@ def shard_weights(weights: Mapping, spec: ModelSpec, shard: Shard) -> dict:
     if spec.arch == "gpt2":
         return _gpt2_weights(weights, spec, shard)
     r, d = shard.rank, spec.head_dim
-    q_rows = spec.q_size // shard.size
+    q = _share(spec.q_size, shard)
     heads = kv_heads(spec, shard)
     kv_rows = slice(heads.start * d, heads.stop * d)
-    width = slice(
-        r * spec.intermediate_size // shard.size, (r + 1) * spec.intermediate_size // shard.size
-    )
+    width = _share(spec.intermediate_size, shard)
     vr = vocab_rows(spec, shard.size)
     rows = {
-        "self_attn.q_proj": slice(r * q_rows, (r + 1) * q_rows),
+        "self_attn.q_proj": q,
         "self_attn.k_proj": kv_rows,
         "self_attn.v_proj": kv_rows,
         "mlp.gate_proj": width,
         "mlp.up_proj": width,
     }
-    cols = {"self_attn.o_proj": slice(r * q_rows, (r + 1) * q_rows), "mlp.down_proj": width}
+    cols = {"self_attn.o_proj": q, "mlp.down_proj": width}
     experts = range(spec.moe.n_experts) if spec.moe else range(0)
     if spec.moe is not None:
         per = spec.moe.n_experts // shard.size
         experts = range(r * per, (r + 1) * per)
-        shared = spec.moe.shared_intermediate // shard.size
-        shared = slice(r * shared, (r + 1) * shared)
+        shared = _share(spec.moe.shared_intermediate, shard)
         rows |= {"mlp.shared_experts.gate_proj": shared, "mlp.shared_experts.up_proj": shared}
         cols |= {"mlp.shared_experts.down_proj": shared}
     out = {}
@@ -211,11 +208,10 @@ def _gpt2_weights(weights: Mapping, spec: ModelSpec, shard: Shard) -> dict:
     projections that read them, their biases on rank 0 alone (the all-reduce adds them
     once); the token embedding's (and tied head's) vocabulary rows; positions and norms
     whole."""
-    r, n, h = shard.rank, shard.size, spec.hidden_size
-    heads = slice(r * spec.q_size // n, (r + 1) * spec.q_size // n)
-    width = slice(r * spec.intermediate_size // n, (r + 1) * spec.intermediate_size // n)
+    r, h = shard.rank, spec.hidden_size
+    heads, width = _share(spec.q_size, shard), _share(spec.intermediate_size, shard)
     qkv = torch.cat([torch.arange(j * h + heads.start, j * h + heads.stop) for j in range(3)])
-    vr = vocab_rows(spec, n)
+    vr = vocab_rows(spec, shard.size)
     out = {}
     for name, w in weights.items():
         w = dense(w)
@@ -236,6 +232,12 @@ def _gpt2_weights(weights: Mapping, spec: ModelSpec, shard: Shard) -> dict:
         else:
             out[name] = w
     return out
+
+
+def _share(total: int, shard: Shard) -> slice:
+    """This rank's equal part of `total` rows or columns (heads x head_dim, a width)."""
+    part = total // shard.size
+    return slice(shard.rank * part, (shard.rank + 1) * part)
 
 
 def _rows(w, index: slice, pad_to: int | None = None):
