@@ -24,17 +24,17 @@ def install(set_attr=setattr) -> None:
     from tokenworks.engine.runner import ModelRunner
     from tokenworks.engine.scheduler import Scheduler
 
-    sample_one, run, schedule = sampler_module.sample_one, ModelRunner.run, Scheduler.schedule
+    sample_one, start, schedule = sampler_module.sample_one, ModelRunner.start, Scheduler.schedule
 
     def poisoned_sample_one(logits, params, *args):
         if params.seed == SAMPLING_SEED:
             raise RuntimeError("injected sampling fault")
         return sample_one(logits, params, *args)
 
-    def poisoned_run(self, batch, *args, **kw):
+    def poisoned_start(self, batch, *args, **kw):
         if any(_seed(s.seq) == FORWARD_SEED for s in batch):
             raise RuntimeError("injected forward fault")
-        return run(self, batch, *args, **kw)
+        return start(self, batch, *args, **kw)
 
     def poisoned_schedule(self, *args, **kw):
         if any(_seed(s) == SCHEDULE_SEED for s in self.waiting):
@@ -42,5 +42,5 @@ def install(set_attr=setattr) -> None:
         return schedule(self, *args, **kw)
 
     set_attr(sampler_module, "sample_one", poisoned_sample_one)
-    set_attr(ModelRunner, "run", poisoned_run)
+    set_attr(ModelRunner, "start", poisoned_start)
     set_attr(Scheduler, "schedule", poisoned_schedule)

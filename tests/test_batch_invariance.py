@@ -24,19 +24,24 @@ def capture(llm: LLM) -> dict:
     """Record every sampling row's logits of llm's engine into the dict returned: (prompt,
     tokens seen) -> logits [V]."""
     runner, seen = llm.engine.runner, {}
-    real = runner.run
+    real = runner.start
 
-    def run(batch, argmax_only=False, copies=()):
-        out = real(batch, False, copies)
-        row = 0
-        for item in batch:
-            if item.sample:
-                s = item.seq
-                seen[(tuple(s.prompt_ids), s.n_cached + item.n_tokens)] = out.logits[row].clone()
-                row += 1
-        return out
+    def start(batch, argmax_only=False, copies=()):
+        finish = real(batch, False, copies)
 
-    runner.run = run
+        def captured():
+            out, row = finish(), 0
+            for item in batch:
+                if item.sample:
+                    s = item.seq
+                    key = (tuple(s.prompt_ids), s.n_cached + item.n_tokens)
+                    seen[key] = out.logits[row].clone()
+                    row += 1
+            return out
+
+        return captured
+
+    runner.start = start
     return seen
 
 

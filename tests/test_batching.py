@@ -268,13 +268,13 @@ def test_a_failed_forward_pass_aborts_its_requests_and_the_engine_carries_on(toy
     eng = llm.engine
     free = eng.blocks.num_free
     seqs = [eng.add_request(prompt_token_ids=[9] * 40 + [i], params=GREEDY) for i in range(3)]
-    real_run = eng.runner.run
+    real_start = eng.runner.start
 
     def broken(*args, **kwargs):  # fault injection: the next forward pass raises
-        eng.runner.run = real_run
+        eng.runner.start = real_start
         raise RuntimeError("injected fault")
 
-    eng.runner.run = broken
+    eng.runner.start = broken
     with pytest.raises(RuntimeError, match="injected"):
         eng.step()
     assert all(s.finish_reason == "abort" for s in seqs)

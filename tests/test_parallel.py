@@ -293,6 +293,46 @@ def test_a_stages_kv_pool_holds_its_own_layers_and_its_budget_counts_them(saved)
         two.close()
 
 
+def test_a_pipeline_keeps_a_batch_in_flight_for_each_stage(saved):
+    """PP = 2: a step launches a batch through stage 0 and returns nothing; the next
+    launches a second from the sequences the first does not hold, then finishes the first.
+    Each batch takes half the requests. A request aborted while its batch is in flight
+    ends alone: the others' tokens are one process's, and every block comes back."""
+    from tokenworks import LLM, SamplingParams
+
+    model = _with_tokenizer(saved("llama"))
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    kw = dict(dtype="float32", warmup=False, threads=1)
+    want = [o.outputs[0].token_ids for o in LLM(model, **kw).generate(PROMPTS, params)]
+    eng = LLM(model, pipeline_parallel_size=2, **kw).engine
+    try:
+        assert eng.in_flight == 2
+        seqs = [eng.add_request(prompt_token_ids=p, params=params) for p in PROMPTS]
+        assert eng.step() == []
+
+        def in_flight():
+            return [{item.seq for item in f.out.scheduled} for f in eng._flights]
+
+        [first] = in_flight()
+        assert len(first) == 2
+        assert set(eng.step()) == first  # the second launched, the first finished
+        [second] = in_flight()
+        assert second == set(seqs) - first
+        victim = seqs.index(min(second, key=lambda s: s.arrival))
+        eng.abort_request(seqs[victim].request_id)
+        while eng.has_unfinished():
+            eng.step()
+        assert seqs[victim].finish_reason == "abort"
+        got = [s.output_ids for s in seqs]
+        assert [g for i, g in enumerate(got) if i != victim] == [
+            w for i, w in enumerate(want) if i != victim
+        ]
+        eng.blocks.check()
+        assert eng.blocks.num_free == eng.blocks.num_blocks
+    finally:
+        eng.close()
+
+
 def test_stages_share_out_the_layers_and_micro_batches_the_chunks():
     from tokenworks.models.pipeline import micro_batches, stage_layers
 
@@ -473,7 +513,8 @@ def test_the_messages_a_step_sends_are_the_cost_models(saved, tp, pp):
     from tokenworks.plan import parallel
 
     llm = LLM(_with_tokenizer(saved("llama")), dtype="float32", tensor_parallel_size=tp,
-              pipeline_parallel_size=pp, warmup=False, threads=1)  # fmt: skip
+              pipeline_parallel_size=pp, pipeline_batches=1, warmup=False,
+              threads=1)  # fmt: skip
     eng = llm.engine
     try:
         prompts = PROMPTS[:3]

@@ -320,6 +320,16 @@ class EngineConfig:
             metavar="N",
         ),
     )
+    pipeline_batches: int | None = field(
+        default=None,
+        metadata=option(
+            "batches a pipeline keeps in flight: the next starts through the first stage "
+            "while the later stages finish the last, each taking its share of the running "
+            "sequences (default: one per stage; 1: one batch at a time)",
+            group=DISTRIBUTED,
+            metavar="N",
+        ),
+    )
     distributed_timeout: float = field(
         default=60.0,
         metadata=option(
@@ -458,6 +468,8 @@ class EngineConfig:
                         f"tensor and pipeline parallelism run the torch modules with collectives "
                         f"between ranks; {name} does not go with them: drop one of the two"
                     )
+        if self.pipeline_batches is not None and self.pipeline_batches < 1:
+            raise ValueError("pipeline_batches must be >= 1 (or unset: one per stage)")
         if self.distributed_timeout <= 0:
             raise ValueError("distributed_timeout (seconds) must be > 0")
         if self.distributed_executor_backend not in EXECUTOR_BACKENDS:

@@ -136,6 +136,7 @@ class EngineCore:
         self.engine, self.commands, self.outputs = engine, commands, outputs
         self.keep_running = keep_running
         self.sent: dict[str, _Sent] = {}  # the requests in flight
+        self.preemptions = engine.totals["preemptions"]  # when the last outputs went out
 
     def ready(self) -> m.Ready:
         e, adm = self.engine, self.engine.admission
@@ -257,7 +258,10 @@ class EngineCore:
     def outputs_of(self, sampled: list[Sequence]) -> m.Outputs:
         now = time.monotonic()
         engine = self.engine
-        out = m.Outputs([], gauges_of(engine), engine.stats[-1].preemptions)
+        # (since the last outputs: a pipeline's step may only launch a batch, and log none)
+        total = engine.totals["preemptions"]
+        out = m.Outputs([], gauges_of(engine), total - self.preemptions)
+        self.preemptions = total
         for request_id, seqs in by_request(sampled).items():
             sent = self.sent.get(request_id)
             if sent is None:  # aborted meanwhile

@@ -23,6 +23,7 @@ import logging
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 
 import torch
 
@@ -66,6 +67,15 @@ from tokenworks.tokenizer import TokenizerWrapper
 log = logging.getLogger("tokenworks.engine")
 
 __all__ = ["LLMEngine", "PromptTooLongError", "QueueFullError", "RequestTooLargeError", "StepStats"]
+
+
+@dataclasses.dataclass
+class _Flight:
+    """A batch launched and not yet finished: what was scheduled, and the function that
+    gives its forward output (engine/runner.py ModelRunner.start)."""
+
+    out: SchedulerOutput
+    result: Callable[[], ForwardOutput]
 
 
 class LLMEngine:
@@ -160,6 +170,14 @@ class LLMEngine:
             workers=self.workers,
             micro_batches=config.pipeline_parallel_size,
         )
+        # a pipeline's batches launched and not yet finished, oldest first; how many it
+        # keeps going (one per stage by default; 1 where a drafter proposes from each
+        # step's tokens, or the model is not split into stages)
+        self._flights: deque[_Flight] = deque()
+        self.in_flight = 1
+        if config.pipeline_parallel_size > 1 and self.speculator is None:
+            self.in_flight = config.pipeline_batches or config.pipeline_parallel_size
+        self._launched_s = 0.0  # seconds of step() calls that launched and finished nothing
         self._ids = itertools.count()
         self._arrivals = itertools.count()
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id (group heads)
@@ -230,6 +248,7 @@ class LLMEngine:
             f"{self.max_model_len}; up to {c.max_num_seqs} sequences, "
             f"{c.max_num_batched_tokens} tokens a step; {torch.get_num_threads()} threads"
             + (f"; speculative: {self.speculator.describe()}" if self.speculator else "")
+            + (f"; {self.in_flight} batches in flight" if self.in_flight > 1 else "")
         )
 
     WARMUP_PROMPT = 128  # tokens in each of the warm-up's prompts
@@ -387,38 +406,69 @@ class LLMEngine:
         return head.group_finished
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._flights)
 
     # ------------------------------------------------------------------ the loop
 
     def step(self) -> list[Sequence]:
-        """Run one forward pass; return the sequences that got new tokens."""
+        """Run one forward pass; return the sequences that got new tokens.
+
+        A pipeline keeps up to `in_flight` batches going: a step launches its batch
+        through the first stage, from the sequences no batch in flight holds, and returns
+        the tokens of the oldest batch once that many are in flight (or when nothing new
+        could start). Elsewhere each step's batch is done before it returns."""
         t0 = time.perf_counter()
         spec = self.speculator
         drafts = spec.propose(self.scheduler.running) if spec is not None else None
-        out = self.scheduler.schedule(drafts)
-        sampled, counts = [], StepCounts()
+        busy = frozenset(item.seq for f in self._flights for item in f.out.scheduled)
+        out = self.scheduler.schedule(drafts, busy, self.in_flight)
         if out.scheduled:
             try:
                 items = [item for item in out.scheduled if item.sample]
                 greedy = argmax_only([item.seq for item in items])
-                forward = self.runner.run(out.scheduled, greedy, out.copies)
-                for item in out.scheduled:
-                    if not item.draft:  # a verify chunk's count waits for the verdict
-                        self.blocks.computed(item.seq, item.n_tokens)
-                for seq, first, rows in forward.prompt:
-                    seq.record_prompt_logprobs(first, rows)
-                for seq, first, hidden in forward.pooled:
-                    seq.pool(first, hidden)
-                sampled = self._sample_all(items, forward, counts)
+                self._flights.append(_Flight(out, self.runner.start(out.scheduled, greedy,
+                                                                    out.copies)))  # fmt: skip
             except Exception:
                 self._fail(out)
                 raise
-        duration = time.perf_counter() - t0
-        if spec is not None:
-            spec.end_step(out.scheduled, self.scheduler.running, duration, counts.emitted)
-        self.step_log.record(out, counts, duration, self.scheduler, self.blocks, self.block_bytes)
+        if self._flights and (not out.scheduled or len(self._flights) >= self.in_flight):
+            return self._finish(self._flights.popleft(), t0)
+        self._launched_s += time.perf_counter() - t0
+        if not self._flights:  # an idle step: nothing ran
+            self._record(out, StepCounts(), 0.0)
+        return []
+
+    def _finish(self, flight: _Flight, t0: float) -> list[Sequence]:
+        """The oldest batch in flight: its output taken, its tokens sampled."""
+        out, counts = flight.out, StepCounts()
+        try:
+            forward = flight.result()
+            for item in out.scheduled:
+                # (a verify chunk's count waits for the verdict; an aborted one holds nothing)
+                if not item.draft and not item.seq.finished:
+                    self.blocks.computed(item.seq, item.n_tokens)
+            for seq, first, rows in forward.prompt:
+                seq.record_prompt_logprobs(first, rows)
+            for seq, first, hidden in forward.pooled:
+                seq.pool(first, hidden)
+            sampled = self._sample_all([item for item in out.scheduled if item.sample],
+                                       forward, counts)  # fmt: skip
+        except Exception:
+            for f in (flight, *self._flights):  # the ranks' group is broken for all of them
+                self._fail(f.out)
+            self._flights.clear()
+            raise
+        self._record(out, counts, time.perf_counter() - t0)
         return sampled
+
+    def _record(self, out: SchedulerOutput, counts: StepCounts, seconds: float) -> None:
+        """A finished step in the log; its duration counts the calls that only launched
+        since the last (so the durations add up to the time spent in step())."""
+        duration, self._launched_s = seconds + self._launched_s, 0.0
+        if self.speculator is not None:
+            self.speculator.end_step(out.scheduled, self.scheduler.running, duration,
+                                     counts.emitted)  # fmt: skip
+        self.step_log.record(out, counts, duration, self.scheduler, self.blocks, self.block_bytes)
 
     def _sample_all(
         self, items: list, forward: ForwardOutput, counts: StepCounts

@@ -6,6 +6,8 @@ The batch runs on the C kernels where they are open for this engine and take it
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 import torch
 
@@ -76,7 +78,6 @@ class ModelRunner:
         layout = pool.layout
         self._group_of = [layout.group_of(i) for i in range(layout.n_layers)]  # per layer
 
-    @torch.inference_mode()
     def run(
         self, batch: list[ScheduledSeq], argmax_only: bool = False, copies: list = ()
     ) -> ForwardOutput:
@@ -87,6 +88,16 @@ class ModelRunner:
         argmax_only: every sampling row is plain greedy, and a forward path that can may
         hand back each row's argmax instead (the C decode step writes no logits then).
         copies: (from, to) pool blocks to copy first (the scheduler's copy-on-write)."""
+        return self.start(batch, argmax_only, copies)()
+
+    @torch.inference_mode()
+    def start(
+        self, batch: list[ScheduledSeq], argmax_only: bool = False, copies: list = ()
+    ) -> Callable[[], ForwardOutput]:
+        """run(), launched: the batch goes into the model now, and the function returned
+        gives its output. A pipeline's first stage returns once its own part is done, so
+        the next batch can start while the later stages finish this one; everywhere else
+        the forward is over when this returns."""
         ids, positions, q_lens, ctx_lens, tables, last_rows = [], [], [], [], [], []
         # rows for prompt logprobs and for embeddings: (sequence, the rows' positions, the
         # flat row of the first)
@@ -116,63 +127,79 @@ class ModelRunner:
         head_rows = _rows(last_rows, prompt_rows)  # ascending, where any prompt rows join
         if prompt_rows or pooled_rows:
             argmax_only = False
-        out = None
         if self.kernels is not None and not pooled_rows:  # C hands back no hidden states
             layout = self.kernels.layout(q_lens, ctx_lens, tables)
             if layout is not None:
                 self.pool.copy_blocks(list(copies))
                 rows = torch.tensor(head_rows, dtype=torch.long, device=self.device)
                 out = ForwardOutput(*self.kernels.forward(ids_t, pos_t, layout, rows, argmax_only))
-        if out is None:
-            hidden_rows = _rows(head_rows, pooled_rows) if pooled_rows else None
-            step = TorchStep(ids, positions, q_lens, ctx_lens, tables, head_rows, hidden_rows,
-                             list(copies))  # fmt: skip
-            logits, h = self._run_step(step, ids_t, pos_t)
+                return lambda: _with_prompt_rows(out, head_rows, last_rows, prompt_rows)
+        hidden_rows = _rows(head_rows, pooled_rows) if pooled_rows else None
+        step = TorchStep(ids, positions, q_lens, ctx_lens, tables, head_rows, hidden_rows,
+                         list(copies))  # fmt: skip
+        later = self._run_step(step, ids_t, pos_t)
+
+        @torch.inference_mode()
+        def finish() -> ForwardOutput:
+            logits, h = later()
             out = ForwardOutput(logits)
             if pooled_rows:
                 at = {r: i for i, r in enumerate(hidden_rows)}
                 out.pooled = [(s, w.start, h[at[r] : at[r] + len(w)]) for s, w, r in pooled_rows]
-        if prompt_rows:
-            at = {r: i for i, r in enumerate(head_rows)}
-            logits = out.logits
-            out.logits = logits[[at[r] for r in last_rows]]
-            out.prompt = [
-                (s, w.start + 1, logits[at[r] : at[r] + len(w)]) for s, w, r in prompt_rows
-            ]
-        return out
+            return _with_prompt_rows(out, head_rows, last_rows, prompt_rows)
 
-    def _run_step(self, step: TorchStep, ids, positions) -> tuple:
-        """execute(), the tensor-parallel workers sent the step first where there are any:
-        a failure then leaves their group broken, and says so for every later step."""
+        return finish
+
+    def _run_step(self, step: TorchStep, ids, positions) -> Callable[[], tuple]:
+        """launch(), the tensor-parallel workers sent the step first where there are any:
+        a failure then (launching it or collecting it) leaves their group broken, and says
+        so for every later step."""
         if self.workers is None:
-            return self.execute(step, ids, positions)
+            return self.launch(step, ids, positions)
         self.workers.send(step)
         try:
-            return self.execute(step, ids, positions)
+            later = self.launch(step, ids, positions)
         except Exception as e:
             raise self.workers.fail(e) from e
 
-    @torch.inference_mode()
+        def result() -> tuple:
+            try:
+                return later()
+            except Exception as e:
+                raise self.workers.fail(e) from e
+
+        return result
+
     def execute(self, step: TorchStep, ids=None, positions=None) -> tuple:
         """The torch forward of a step: (logits of its head rows, the hidden states of its
         hidden rows or None); ids, positions: the step's as tensors, where made already."""
+        return self.launch(step, ids, positions)()
+
+    @torch.inference_mode()
+    def launch(self, step: TorchStep, ids=None, positions=None) -> Callable[[], tuple]:
+        """execute(), started: the function returned gives its result (a pipeline stage's
+        logits arrive from the last stage; elsewhere the forward is done already)."""
         self.pool.copy_blocks(step.copies)
         if ids is None:
             ids = torch.tensor(step.ids, device=self.device)
             positions = torch.tensor(step.positions, device=self.device)
         if isinstance(self.model, PipelineStage):
-            return self._pipelined(step, ids, positions), None
+            logits = self._pipelined(step, ids, positions)
+            return lambda: (logits(), None)
         meta = self.metadata(step.query_lens, step.context_lens, step.tables)
         rows = torch.tensor(step.head_rows, dtype=torch.long, device=self.device)
         if step.hidden_rows is None:
-            return self._forward(ids, positions, meta, rows), None
+            done = self._forward(ids, positions, meta, rows), None
+            return lambda: done
         h = self.model.final_hidden(ids, positions, meta, self.pool, step.hidden_rows)
         at = {r: i for i, r in enumerate(step.hidden_rows)}
-        return self.model.head(h[[at[r] for r in step.head_rows]]), h
+        done = self.model.head(h[[at[r] for r in step.head_rows]]), h
+        return lambda: done
 
-    def _pipelined(self, step: TorchStep, ids, positions) -> torch.Tensor | None:
-        """A step through a pipeline stage, in micro-batches of whole chunks: the logits of
-        its head rows on rank 0 (and on the last stage), None on the other ranks."""
+    def _pipelined(self, step: TorchStep, ids, positions) -> Callable[[], torch.Tensor | None]:
+        """A step through a pipeline stage, in micro-batches of whole chunks; the function
+        returned gives the logits of its head rows on rank 0 (once the last stage has sent
+        them) and on the last stage, None on the other ranks."""
         if step.hidden_rows is not None:
             raise ValueError(
                 "embeddings do not run with pipeline parallelism (the hidden states stay on "
@@ -187,8 +214,14 @@ class ModelRunner:
                              self.pool, logits_rows=rows, float_logits=False)  # fmt: skip
             if out is not None:
                 logits.append(out)
-        first = self.model.finish(self.pool.k[0].dtype)
-        return first if first is not None else torch.cat(logits) if logits else None
+        flight, dtype = self.model.launched(), self.pool.k[0].dtype
+
+        @torch.inference_mode()
+        def collect() -> torch.Tensor | None:
+            first = self.model.collect(flight, dtype)
+            return first if first is not None else torch.cat(logits) if logits else None
+
+        return collect
 
     def _forward(self, ids, positions, meta, rows) -> torch.Tensor:
         def run():
@@ -226,6 +259,17 @@ class ModelRunner:
             AttentionMetadata.single(n),
             None,
         )
+
+
+def _with_prompt_rows(out: ForwardOutput, head_rows, last_rows, prompt_rows) -> ForwardOutput:
+    """out, its logits cut to the sampling rows where prompt-logprob rows came with them
+    (those go to out.prompt: each sequence, its first position, its rows)."""
+    if prompt_rows:
+        at = {r: i for i, r in enumerate(head_rows)}
+        logits = out.logits
+        out.logits = logits[[at[r] for r in last_rows]]
+        out.prompt = [(s, w.start + 1, logits[at[r] : at[r] + len(w)]) for s, w, r in prompt_rows]
+    return out
 
 
 def _rows(rows: list[int], extra: list[tuple]) -> list[int]:

@@ -148,13 +148,20 @@ class Scheduler:
         out.preempted.append(seq)
         bisect.insort(self.waiting, seq, key=self._key)
 
-    def schedule(self, drafts: dict | None = None) -> SchedulerOutput:
-        """drafts: {seq: proposed tokens} for running sequences that decode this step."""
+    def schedule(
+        self, drafts: dict | None = None, busy: frozenset = frozenset(), share: int = 1
+    ) -> SchedulerOutput:
+        """drafts: {seq: proposed tokens} for running sequences that decode this step.
+        busy: running sequences in a batch still in flight (a pipeline's), left out and
+        never preempted. share: the batches in flight share the sequences, this one taking
+        at most its 1/share of those the running slots hold (so each has some)."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        run = list(self.running)
+        slots = min(len(self.running) + len(self.waiting), self.config.max_num_seqs)
+        most = -(-slots // share)  # sequences this batch may take
+        run = [s for s in self.running if s not in busy]
         i = 0
-        while i < len(run) and budget > 0:
+        while i < len(run) and budget > 0 and len(out.scheduled) < most:
             seq = run[i]
             n = self._chunk(seq, budget)
             if n == 0:
@@ -171,10 +178,11 @@ class Scheduler:
                 self._take(seq, n, out, draft)
                 budget -= n
                 i += 1
-        self.running = run
+        self.running = sorted([s for s in self.running if s in busy] + run, key=self._key)
         if out.preempted:
             return out  # memory is short: admit nothing new this step
-        while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
+        while (self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0
+               and len(out.scheduled) < most):  # fmt: skip
             seq = self.waiting[0]
             hit = self.blocks.match_prefix(seq)
             n = self._chunk(seq, budget)

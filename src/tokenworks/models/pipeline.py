@@ -10,6 +10,12 @@ One batch through S stages keeps one stage busy at a time. Cut into micro-batche
 (GPipe), stage 0 runs the second while stage 1 runs the first: with m micro-batches the
 stages idle for (S - 1) / (m + S - 1) of the step instead of (S - 1) / S. The sends are
 asynchronous (isend) so that a stage goes on to its next micro-batch at once.
+
+Between steps the engine keeps several batches in flight (engine/engine.py): rank 0 starts
+the next step's batch through stage 0 while the later stages finish the last one, and takes
+each step's logits (`collect`) when it needs them. Every rank runs the steps in the order
+they were sent, so a block one step writes is written on every rank before a later step
+reads it, and a block freed by one step is done with before a later one reuses it.
 """
 
 from __future__ import annotations
@@ -78,9 +84,8 @@ class PipelineStage(nn.Module):
     def __init__(self, model: nn.Module, topology: Topology, vocab: int):
         nn.Module.__init__(self)
         self.model, self.topology, self.vocab = model, topology, vocab
-        self.pending: list = []  # (work, tensor) of sends not yet known to be done
         self.comms = Comms()
-        self.expected: list[int] = []  # rank 0: the logits rows of each micro-batch sent
+        self.flight = Flight()  # what the step being run has sent and awaits
 
     def forward(self, ids, positions, meta, cache=None, logits_rows=None, float_logits=True):
         t, m = self.topology, self.model
@@ -93,7 +98,7 @@ class PipelineStage(nn.Module):
         if t.stage < t.last_stage:
             self._send(x.contiguous(), t.peer(t.stage + 1))
             if t.rank == 0:
-                self.expected.append(len(ids) if logits_rows is None else len(logits_rows))
+                self.flight.expected.append(len(ids) if logits_rows is None else len(logits_rows))
             return None
         logits = m.head(m.final_norm(x, logits_rows))
         if t.rank != 0 and t.tp_rank == 0:
@@ -102,7 +107,7 @@ class PipelineStage(nn.Module):
 
     def _send(self, x: torch.Tensor, to: int) -> None:
         t0 = time.perf_counter()  # (the isend's call: its transfer overlaps what follows)
-        self.pending.append((dist.isend(x, dst=to), x))
+        self.flight.pending.append((dist.isend(x, dst=to), x))
         self.comms.add("send", x.numel() * x.element_size(), time.perf_counter() - t0)
 
     def _recv(self, x: torch.Tensor, src: int) -> None:
@@ -110,21 +115,36 @@ class PipelineStage(nn.Module):
         dist.recv(x, src=src)
         self.comms.add("recv", x.numel() * x.element_size(), time.perf_counter() - t0)
 
-    def finish(self, dtype) -> torch.Tensor | None:
-        """After a step's micro-batches: wait for this rank's sends, and on rank 0 (when it
-        is not the last stage too) receive each micro-batch's logits, in order."""
+    def launched(self) -> Flight:
+        """The step whose micro-batches have just run through this stage: its sends and
+        the logits rank 0 awaits, to collect() when they are wanted."""
+        flight, self.flight = self.flight, Flight()
+        return flight
+
+    def collect(self, flight: Flight, dtype) -> torch.Tensor | None:
+        """Wait for a launched step's sends, and on rank 0 (when it is not the last stage
+        too) receive each of its micro-batches' logits, in order. Steps are collected in
+        the order they were launched: the last stage sends their logits in that order."""
         out = None
-        if self.expected:
+        if flight.expected:
             parts = []
-            for rows in self.expected:
+            for rows in flight.expected:
                 part = torch.empty(rows, self.vocab, dtype=dtype, device=self.model.norm.device)
                 self._recv(part, self.topology.last_stage * self.topology.tp)
                 parts.append(part)
             out = torch.cat(parts)
-        for work, _ in self.pending:
+        for work, _ in flight.pending:
             work.wait()
-        self.pending, self.expected = [], []
         return out
+
+
+@dataclass
+class Flight:
+    """A step launched through a stage: its sends not yet known to be done (each with its
+    tensor, kept alive until then), and on rank 0 the logits rows of each micro-batch."""
+
+    pending: list = field(default_factory=list)
+    expected: list[int] = field(default_factory=list)
 
 
 @dataclass
