@@ -2,12 +2,12 @@
 
 Modes: "one" (one process, all --threads threads), "tp" (tensor parallel over --degree
 ranks, or the next size that divides the model's heads; threads shared out), "pp"
-(--degree pipeline stages, likewise); all run the torch
-modules in one dtype on the weights dequantised alike. For each it measures single-stream
-decode (the median step of one sequence) and offline throughput (--requests prompts
-generated together), and on rank 0 the messages of a decode step (count, bytes, seconds)
-beside plan/parallel.py's prediction for the same step over this machine's gloo link,
-measured in the same run.
+(--degree pipeline stages, likewise, a batch in flight for each stage) and "pp-serial"
+(the same stages, one batch at a time); all run the torch modules in one dtype on the
+weights dequantised alike. For each it measures single-stream decode (seconds a token of
+one sequence) and offline throughput (--requests prompts generated together), and on
+rank 0 the messages of a decode step (count, bytes, seconds) beside plan/parallel.py's
+prediction for the same step over this machine's gloo link, measured in the same run.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from tokenworks.bench.compiled import prompt_of, timed_step
+from tokenworks.bench.compiled import prompt_of
 from tokenworks.bench.record import make_record, write_record
 
-MODES = ("one", "tp", "pp")
+MODES = ("one", "tp", "pp", "pp-serial")
 
 
 def degree_of(spec, mode: str, asked: int) -> int:
@@ -32,7 +32,7 @@ def degree_of(spec, mode: str, asked: int) -> int:
 
     if mode == "one":
         return 1
-    if mode == "pp":
+    if mode.startswith("pp"):
         return asked
     return min(s for s in divisors(spec) if s >= asked)
 
@@ -43,7 +43,8 @@ def _config(name: str, mode: str, args, degree: int) -> dict:
         enable_prefix_caching=False, max_num_seqs=args.requests,
         threads=max(1, args.threads // degree),
         tensor_parallel_size=degree if mode == "tp" else 1,
-        pipeline_parallel_size=degree if mode == "pp" else 1,
+        pipeline_parallel_size=degree if mode.startswith("pp") else 1,
+        pipeline_batches=1 if mode == "pp-serial" else None,
     )  # fmt: skip
 
 
@@ -59,13 +60,19 @@ def measure(name: str, mode: str, args, link) -> dict:
     try:
         vocab = eng.spec.vocab_size
         once = SamplingParams(max_tokens=args.decode + 2, temperature=0, ignore_eos=True)
-        eng.add_request(prompt_token_ids=prompt_of(args.prompt, vocab, 1), params=once)
-        eng.step()  # the prompt
-        eng.step()  # the first decode step (buffers sized)
+        seq = eng.add_request(prompt_token_ids=prompt_of(args.prompt, vocab, 1), params=once)
+        while len(seq.output_ids) < 2:  # the prompt, and the first decode step (buffers sized)
+            eng.step()
         counters = comms_of(eng.model)
         for c in counters:
             c.reset()
-        steps = [timed_step(eng) for _ in range(args.decode)]
+        # a token at a time (a pipeline's step may only launch one, and return none)
+        steps = []
+        for _ in range(args.decode):
+            n, t0 = len(seq.output_ids), time.perf_counter()
+            while len(seq.output_ids) == n:
+                eng.step()
+            steps.append(time.perf_counter() - t0)
         while eng.has_unfinished():
             eng.step()
         comms = {"count": {}, "bytes": {}, "seconds": {}}
@@ -88,6 +95,7 @@ def measure(name: str, mode: str, args, link) -> dict:
             "comms_per_decode_step": comms,
             "ranks": degree,
             "threads_per_rank": eng.config.threads,
+            "batches_in_flight": eng.in_flight,
         }
         if mode == "tp":
             t = parallel.tensor_traffic(shape, 1, 1, act)
@@ -97,7 +105,7 @@ def measure(name: str, mode: str, args, link) -> dict:
                           "all_gather": t.allgather_bytes},
                 "seconds": parallel.tensor_seconds(t, degree, link),
             }  # fmt: skip
-        elif mode == "pp":
+        elif mode.startswith("pp"):
             t = parallel.pipeline_traffic(shape, 1, 1, degree, act)
             row["predicted_per_decode_step"] = {
                 "count": t.sends,

@@ -378,7 +378,7 @@ def add_bench_parsers(sub) -> None:
     )
     p.add_argument("--models", default="smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b",
                    help="comma-separated catalogue names")  # fmt: skip
-    p.add_argument("--modes", default="one,tp,pp")
+    p.add_argument("--modes", default="one,tp,pp,pp-serial")
     p.add_argument("--degree", type=int, default=2, help="ranks of the split modes")
     p.add_argument("--threads", type=int, default=2, help="threads in all (shared by ranks)")
     p.add_argument("--prompt", type=int, default=64)

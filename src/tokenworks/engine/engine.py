@@ -159,6 +159,14 @@ class LLMEngine:
         del loaded, draft
         if own and config.device == "cpu":
             release_freed_memory()
+        # a pipeline's batches launched and not yet finished, oldest first; how many it
+        # keeps going (one per stage by default; 1 where a drafter proposes from each
+        # step's tokens, or the model is not split into stages)
+        self._flights: deque[_Flight] = deque()
+        self.in_flight = 1
+        if config.pipeline_parallel_size > 1 and self.speculator is None:
+            self.in_flight = config.pipeline_batches or config.pipeline_parallel_size
+        self._launched_s = 0.0  # seconds of step() calls that launched and finished nothing
         self.runner = ModelRunner(
             self.model,
             self.pool,
@@ -168,16 +176,10 @@ class LLMEngine:
             kernels=self.c_kernels,
             compile_stats=self.compile_stats,
             workers=self.workers,
-            micro_batches=config.pipeline_parallel_size,
+            # one batch at a time fills the stages with its micro-batches; batches in
+            # flight fill them already, and a smaller part reads the weights as often
+            micro_batches=config.pipeline_parallel_size if self.in_flight == 1 else 1,
         )
-        # a pipeline's batches launched and not yet finished, oldest first; how many it
-        # keeps going (one per stage by default; 1 where a drafter proposes from each
-        # step's tokens, or the model is not split into stages)
-        self._flights: deque[_Flight] = deque()
-        self.in_flight = 1
-        if config.pipeline_parallel_size > 1 and self.speculator is None:
-            self.in_flight = config.pipeline_batches or config.pipeline_parallel_size
-        self._launched_s = 0.0  # seconds of step() calls that launched and finished nothing
         self._ids = itertools.count()
         self._arrivals = itertools.count()
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id (group heads)

@@ -53,6 +53,7 @@ class TorchStep(msgspec.Struct):
     head_rows: list[int]
     hidden_rows: list[int] | None = None
     copies: list[tuple[int, int]] = []  # (from, to) blocks copied before the forward
+    micro_batches: int = 1  # the parts a pipeline cuts it into (every stage alike)
 
 
 class ModelRunner:
@@ -67,7 +68,7 @@ class ModelRunner:
         rows_up_to: int = 0,  # chunks this short run as decode rows (see rows_as_decodes)
         compile_stats=None,  # models.compiled.CompileStats where the layers are compiled
         workers=None,  # engine.workers.WorkerRanks: each torch step is sent to them first
-        micro_batches: int = 1,  # a pipeline stage's model: a step runs in this many parts
+        micro_batches: int = 1,  # rank 0 of a pipeline: each step runs in this many parts
     ):
         self.model, self.pool, self.block_size = model, pool, block_size
         self.workers, self.micro_batches = workers, micro_batches
@@ -136,7 +137,7 @@ class ModelRunner:
                 return lambda: _with_prompt_rows(out, head_rows, last_rows, prompt_rows)
         hidden_rows = _rows(head_rows, pooled_rows) if pooled_rows else None
         step = TorchStep(ids, positions, q_lens, ctx_lens, tables, head_rows, hidden_rows,
-                         list(copies))  # fmt: skip
+                         list(copies), self.micro_batches)  # fmt: skip
         later = self._run_step(step, ids_t, pos_t)
 
         @torch.inference_mode()
@@ -206,7 +207,7 @@ class ModelRunner:
                 "the last stage): use --pipeline-parallel-size 1"
             )
         logits = []
-        for mb in micro_batches(step.query_lens, step.head_rows, self.micro_batches):
+        for mb in micro_batches(step.query_lens, step.head_rows, step.micro_batches):
             c = slice(mb.chunks.start, mb.chunks.stop)
             meta = self.metadata(step.query_lens[c], step.context_lens[c], step.tables[c])
             rows = torch.tensor(mb.head_rows, dtype=torch.long, device=self.device)

@@ -269,8 +269,7 @@ def _worker_main(rank: int, channel: str) -> None:
             device, bs = rank_device(config, rank), config.block_size
             pool = KVPool.for_spec(spec, num_blocks, bs, config.torch_dtype, device, layout,
                                    own_layers(spec, config, rank))  # fmt: skip
-            micro = config.pipeline_parallel_size
-            runner = ModelRunner(model, pool, bs, device, micro_batches=micro)
+            runner = ModelRunner(model, pool, bs, device)  # (rank 0 cuts the micro-batches)
         except HeadGone:
             raise
         except Exception as e:  # said to rank 0, which refuses to start with it
