@@ -314,8 +314,8 @@ class EngineConfig:
         default=1,
         metadata=option(
             "cut the layers into N stages, one group of processes each (times the tensor-"
-            "parallel size), a step's batch flowing through them in N micro-batches "
-            "(models/pipeline.py; runs the torch modules)",
+            "parallel size), a batch in flight for each stage (see --pipeline-batches; "
+            "models/pipeline.py; runs the torch modules)",
             group=DISTRIBUTED,
             metavar="N",
         ),
@@ -325,7 +325,8 @@ class EngineConfig:
         metadata=option(
             "batches a pipeline keeps in flight: the next starts through the first stage "
             "while the later stages finish the last, each taking its share of the running "
-            "sequences (default: one per stage; 1: one batch at a time)",
+            "sequences (default: one per stage; 1: one batch at a time, cut into a micro-"
+            "batch for each stage)",
             group=DISTRIBUTED,
             metavar="N",
         ),
