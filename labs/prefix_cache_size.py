@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import matplotlib
-import torch
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -28,8 +27,8 @@ from tqdm import tqdm  # noqa: E402
 from tokenworks import LLM, SamplingParams  # noqa: E402
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
-from tokenworks.engine.kv_cache import kv_bytes_per_token  # noqa: E402
 from tokenworks.models import load  # noqa: E402
+from tokenworks.shapes import kv_bytes_per_token  # noqa: E402
 
 
 def run(llm: LLM, prompts: list[list[int]], concurrency: int) -> dict:
@@ -49,6 +48,7 @@ def run(llm: LLM, prompts: list[list[int]], concurrency: int) -> dict:
         "queried_tokens": prefix.queried_tokens,
         "prefill_tokens": engine.totals["prefill_tokens"],
         "evictions": prefix.evictions,
+        "misses": dict(prefix.misses),  # requests, by why their prompt first missed
     }
 
 
@@ -81,9 +81,7 @@ def main() -> None:
     floor = (args.prefix_tokens + args.suffix_tokens) // bs + 2 * args.concurrency
     sizes = sorted({max(floor, int(need_all * f)) for f in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)})
     spec = loaded.spec
-    block_bytes = bs * kv_bytes_per_token(
-        spec.n_layers, spec.n_kv_heads, spec.head_dim, torch.bfloat16
-    )
+    block_bytes = bs * int(kv_bytes_per_token(spec.shape, "bfloat16"))
     results = []
     for n_blocks in tqdm(sizes, desc="pool sizes"):
         llm = LLM(
@@ -143,7 +141,8 @@ def main() -> None:
     for r in results:
         print(
             f"{r['num_blocks']:5d} blocks: hit rate {100 * r['hit_rate']:5.1f}%, "
-            f"prefill {r['prefill_tokens']} tokens, evictions {r['evictions']}"
+            f"prefill {r['prefill_tokens']} tokens, evictions {r['evictions']}, misses "
+            + ", ".join(f"{why} {n}" for why, n in r["misses"].items() if n)
         )
     print(f"record {path}, figure {png}")
 

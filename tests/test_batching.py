@@ -94,9 +94,11 @@ def test_a_prefix_cache_hit_gives_the_tokens_of_a_miss(smol_llm, smol_loaded):
         "smollm2-135m", dtype="float32", quantization="none", loaded=smol_loaded,
         kv_cache_memory=0.1,
     )  # fmt: skip
-    first = tokens(warm.generate(batch[:1], GREEDY))
+    alone = warm.generate(batch[:1], GREEDY)
+    first = tokens(alone)
     rest = warm.generate(batch[1:], GREEDY)
     assert all(o.num_cached_tokens >= len(shared) - 16 for o in rest)  # hits
+    assert alone[0].prefix_miss == "never_cached"
     assert first + tokens(rest) == expected
 
 
@@ -284,7 +286,8 @@ def test_a_failed_forward_pass_aborts_its_requests_and_the_engine_carries_on(toy
     assert len(out[0].outputs[0].token_ids) == GREEDY.max_tokens
 
 
-def test_the_warm_up_fills_a_step_and_leaves_no_trace(toy_llm, monkeypatch):
+def test_the_warm_up_fills_a_step_and_leaves_no_trace(toy_llm, monkeypatch, caplog):
+    from tokenworks.engine.prefix_cache import WARN_AFTER
     from tokenworks.engine.step_log import StepLog
 
     steps = []
@@ -307,5 +310,10 @@ def test_the_warm_up_fills_a_step_and_leaves_no_trace(toy_llm, monkeypatch):
     assert steps == [512]
     prompts = [[0] * 130, list(range(3, 40))]
     assert tokens(warm.generate(prompts, GREEDY)) == tokens(cold.generate(prompts, GREEDY))
+    # its filler shares tokens under salts of its own: no miss counted, no warning
+    with caplog.at_level("WARNING", logger="tokenworks.engine"):
+        many = LLM("toy", dtype="float32", loaded=toy_llm.engine.loaded,
+                   max_num_batched_tokens=128 * (WARN_AFTER + 2))  # fmt: skip
+    assert not caplog.records and set(many.engine.blocks.prefix.misses.values()) == {0}
     # a context of one token holds no prompt: nothing to warm up with, and no error
     assert LLM("toy", loaded=toy_llm.engine.loaded, max_model_len=1).engine.totals["steps"] == 0

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tokenworks.bench.client import run_load
 from tokenworks.bench.metrics import RequestResult, compute, percentile
+from tokenworks.bench.server_counters import server_counters, server_figures
 from tokenworks.bench.workload import (
     BenchRequest,
     WorkloadError,
@@ -23,6 +24,7 @@ from tokenworks.bench.workload import (
     build_requests,
     sample_length,
 )
+from tokenworks.engine.prefix_cache import MISS_REASONS
 
 
 def test_metrics_on_hand_computed_timelines():
@@ -310,10 +312,14 @@ def test_multi_turn_chats_send_the_conversation_so_far(smol_core_server):
     requests = build_requests(manifest, smol_core_server.engine.spec.vocab_size)
     assert all(len(r.turns) == 3 for r in requests)
     before = scrape(smol_core_server.url)
+    counted = server_counters(smol_core_server.url, None)
     results, duration = asyncio.run(
         run_load(smol_core_server.url, "smollm2-135m", requests, progress=False)
     )
     after = scrape(smol_core_server.url)
+    misses = server_figures(counted, server_counters(smol_core_server.url, None))["prefix_misses"]
+    # every request is told why its prompt missed where it did (its tail, at least)
+    assert sum(misses.values()) == 6 and set(misses) <= set(MISS_REASONS)
     assert len(results) == 6 and all(r.ok and r.output_tokens == 6 for r in results)
     # results come conversation by conversation: each turn's prompt holds the earlier ones
     for conv in (results[:3], results[3:]):

@@ -27,8 +27,10 @@ class FakeSeq:
     cache_salt: str | None = None
     block_tables: list[list[int]] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
+    tokens_hashes: list[bytes] = field(default_factory=list)
     n_registered: int = 0
     n_cached: int = 0
+    prefix_miss: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -227,3 +229,88 @@ def test_a_prefix_hit_needs_the_blocks_the_window_reads():
     bm.free.append(gone)
     assert bm.match_prefix(lost) == 8 * BS  # block 8 of the window is gone: stop before it
     bm.check([lost])
+
+
+def _run(bm: BlockManager, seq: FakeSeq) -> None:
+    """seq's prompt computed in one pass and the sequence freed (its full blocks stay
+    cached)."""
+    n = seq.num_tokens - seq.n_cached
+    bm.append(seq, n)
+    bm.commit(seq, seq.num_tokens)
+    bm.computed(seq, n)
+    bm.free_seq(seq)
+
+
+def _admitted(bm: BlockManager, tokens, salt: str | None = None) -> FakeSeq:
+    seq = FakeSeq(list(tokens), cache_salt=salt)
+    bm.match_prefix(seq)
+    return seq
+
+
+def test_a_miss_says_why_its_first_missing_block_was_not_found():
+    bm = BlockManager(16, BS)
+    prompt = list(range(3 * BS + 1))
+    first = _admitted(bm, prompt)
+    assert (first.n_cached, first.prefix_miss) == (0, "never_cached")
+    _run(bm, first)
+    again = _admitted(bm, prompt)  # every full block found; the last token must run
+    assert (again.n_cached, again.prefix_miss) == (3 * BS, "not_full")
+    _run(bm, again)
+    assert _admitted(bm, prompt[: BS - 1]).prefix_miss == "not_full"  # no full block at all
+    branch = _admitted(bm, prompt[:BS] + [99] * BS + [1])  # shares one block, then differs
+    assert (branch.n_cached, branch.prefix_miss) == (BS, "never_cached")
+    bm.free_seq(branch)
+    tenant = _admitted(bm, prompt, salt="tenant-b")  # the same tokens, another tenant's
+    assert (tenant.n_cached, tenant.prefix_miss) == (0, "salt")
+    _run(bm, tenant)
+    assert _admitted(bm, prompt, salt="tenant-c").prefix_miss == "salt"
+    bm.reset_prefix_cache()
+    filler = FakeSeq([7] * (16 * BS))  # takes every block: whatever was cached is evicted
+    bm.append(filler, filler.num_tokens)
+    bm.free_seq(filler)
+    for salt in (None, "tenant-b"):
+        gone = _admitted(bm, prompt, salt)
+        assert (gone.n_cached, gone.prefix_miss) == (0, "evicted")
+        bm.free_seq(gone)
+
+
+def test_a_miss_in_a_windowed_group_is_the_windows():
+    """The windowed group gives a block back as soon as its window has passed, so it waits
+    longest among the evictable and goes first: a prompt that branches off later finds
+    the global group's blocks and not the window's."""
+    bm = BlockManager(64, BS, layout=WINDOWED)
+    first = FakeSeq(list(range(40)))
+    _decode_to(bm, first, 40)
+    bm.free_seq(first)
+    filler = FakeSeq([7] * (24 * BS))  # 48 blocks: the 44 never used, then the 4 oldest
+    bm.append(filler, filler.num_tokens)
+    bm.free_seq(filler)
+    branch = _admitted(bm, list(range(4 * BS)) + [99] * 5)
+    assert branch.n_cached < 4 * BS and branch.prefix_miss == "window"
+    bm.check([branch])
+
+
+def test_requests_that_could_hit_and_none_do_are_logged_once(caplog):
+    from tokenworks.engine.prefix_cache import WARN_AFTER, PrefixCache
+
+    cache = PrefixCache()
+    with caplog.at_level("WARNING", logger="tokenworks.engine"):
+        for _ in range(WARN_AFTER - 1):
+            cache.record_miss("salt")
+        cache.record_miss("never_cached")  # (tokens seen by nobody: no sign of a repeat)
+        assert not caplog.records
+        cache.record_miss("salt")
+        cache.record_miss("evicted")
+    [warning] = caplog.records
+    assert "none hit" in warning.message and f"salt {WARN_AFTER}" in warning.message
+
+
+def test_the_miss_history_stays_bounded(monkeypatch):
+    from tokenworks.engine import prefix_cache
+
+    monkeypatch.setattr(prefix_cache, "HISTORY", 5)
+    bm = BlockManager(2, BS)
+    for i in range(20):  # each prompt's block cached, then evicted by the next ones
+        _run(bm, FakeSeq([i] * BS + [1]))
+    assert len(bm.prefix.evicted) <= 5 and len(bm.prefix.salt_of) <= 5
+    assert _admitted(bm, [19] * BS + [1]).prefix_miss == "not_full"  # the newest, cached

@@ -194,7 +194,8 @@ def test_metrics_parse_and_move(smol_server, client):
         samples = {}
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                label = s.labels.get("finished_reason", s.labels.get("phase", ""))
+                label = next((s.labels[k] for k in ("finished_reason", "phase", "reason")
+                              if k in s.labels), "")  # fmt: skip
                 key = s.name + "{" + label + "}"
                 samples[key] = samples.get(key, 0) + s.value
         return samples
@@ -230,6 +231,11 @@ def test_metrics_parse_and_move(smol_server, client):
         )
     assert after["tokenworks:num_requests_running{}"] == 0
     assert after["tokenworks:kv_cache_usage_perc{}"] == 0
+    # the same prompt once more: every full block is found, the first missing is partial
+    client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=1, temperature=0)
+    again = scrape()
+    key = "tokenworks:prefix_cache_misses_total{not_full}"
+    assert again[key] == after.get(key, 0) + 1
 
 
 def test_metrics_prefix_gives_vllms_own_names():

@@ -8,8 +8,9 @@ from __future__ import annotations
 def server_counters(base_url: str, api_key: str | None) -> dict | None:
     """A tokenworks server's running counters that a point's figures are read from:
     {"phases": {phase: [seconds, requests]}} of tokenworks:api_process_seconds
-    (serve/api_times.py), and "prefix": [hit, queried] prompt tokens summed over its
-    engines. None from another engine's server, or an unreadable one."""
+    (serve/api_times.py), "prefix": [hit, queried] prompt tokens summed over its engines,
+    and "misses": {reason: requests} of tokenworks:prefix_cache_misses. None from
+    another engine's server, or an unreadable one."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -21,8 +22,14 @@ def server_counters(base_url: str, api_key: str | None) -> dict | None:
         return None
     phases: dict[str, list[float]] = {}
     prefix = [0.0, 0.0]
+    misses: dict[str, float] = {}
     for family in families:
-        if family.name == "tokenworks:prefix_cache_hits":
+        if family.name == "tokenworks:prefix_cache_misses":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    reason = sample.labels.get("reason", "?")
+                    misses[reason] = misses.get(reason, 0.0) + sample.value
+        elif family.name == "tokenworks:prefix_cache_hits":
             prefix[0] += sum(s.value for s in family.samples)
         elif family.name == "tokenworks:prefix_cache_queries":
             prefix[1] += sum(s.value for s in family.samples)
@@ -33,7 +40,7 @@ def server_counters(base_url: str, api_key: str | None) -> dict | None:
                     totals[0] += sample.value
                 elif sample.name.endswith("_count"):
                     totals[1] += sample.value
-    return {"phases": phases, "prefix": prefix} if phases or prefix[1] else None
+    return {"phases": phases, "prefix": prefix, "misses": misses} if phases or prefix[1] else None
 
 
 def api_process_means(before: dict | None, after: dict | None) -> dict | None:
@@ -72,4 +79,15 @@ def server_figures(before: dict | None, after: dict | None) -> dict:
     hit_rate = prefix_hit_rate(before, after)
     if hit_rate is not None:
         out["prefix_hit_rate"] = hit_rate
+    misses = prefix_misses(before, after)
+    if misses:
+        out["prefix_misses"] = misses
     return out
+
+
+def prefix_misses(before: dict | None, after: dict | None) -> dict[str, int]:
+    """Requests finished between two readings, by why their prompts missed the prefix
+    cache (prefix_cache.MISS_REASONS)."""
+    was = (before or {}).get("misses", {})
+    now = (after or {}).get("misses", {})
+    return {r: int(n - was.get(r, 0.0)) for r, n in now.items() if n > was.get(r, 0.0)}

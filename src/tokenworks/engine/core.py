@@ -71,6 +71,8 @@ def request_metrics(head: Sequence, t_first: float | None, now: float) -> Reques
         head.scheduled_time - t_submit if head.scheduled_time is not None else None,
         t_first - t_submit if t_first is not None else None,
         now - t_submit,
+        head.num_cached_prompt_tokens,
+        head.prefix_miss,
     )
 
 

@@ -272,6 +272,8 @@ class LLMEngine:
             self.blocks.num_blocks // blocks_each,
         )
         params = SamplingParams(max_tokens=1, temperature=0)
+        if self.blocks.prefix is not None:  # the same filler under salts of its own, on
+            self.blocks.prefix.warned = True  # purpose: no warning (reset_counts clears it)
         for i in range(n):
             self.add_request(
                 prompt_token_ids=[0] * length,

@@ -124,7 +124,8 @@ class BlockManager:
     the layout, engine/kv_groups.py; empty until the first block), `n_cached` (tokens whose
     K/V are written), `all_ids`, `num_tokens`, `reusable_tokens` (how many may come from
     the prefix cache), `cache_salt`, `block_hashes` and `n_registered` (leading full blocks
-    already offered to the prefix cache). In a windowed
+    already offered to the prefix cache); with prefix caching, `tokens_hashes` (the block
+    hashes without the salt) and `prefix_miss` (why its first admission missed). In a windowed
     group the blocks wholly behind the window are given back once a pass has moved past
     them, and their entries read NULL.
     """
@@ -258,6 +259,7 @@ class BlockManager:
                 [self.prefix.get(self._key(h, g)) for h in hashes] for g in range(len(self.windows))
             ]
             k = self._longest_hit(found)
+        seq.prefix_miss = self._why_missed(seq, k, usable, found)
         tables = []
         for window, blocks in zip(self.windows, found, strict=True):
             first = self.layout.first_needed(window, k * bs, bs)
@@ -268,6 +270,31 @@ class BlockManager:
         seq.block_tables = tables if k else []
         seq.n_cached = k * bs
         return seq.n_cached
+
+    def _why_missed(self, seq, k: int, usable: int, found: list[list[int | None]]) -> str:
+        """Why block k, the first of seq's prompt the cache did not serve, was not found
+        (prefix_cache.MISS_REASONS); found: each group's lookups, as match_prefix made them."""
+        if k >= usable:
+            return "not_full"
+        held = [blocks for w, blocks in zip(self.windows, found, strict=True) if w is None]
+        if len(found[0]) > k and all(blocks[k] is not None for blocks in held):
+            return "window"
+        h, cache = seq.block_hashes[k], self.prefix
+        if any(self._key(h, g) in cache.evicted for g in range(len(self.windows))):
+            return "evicted"
+        salt = cache.salt_of.get(self._tokens_hashes(seq, k + 1)[k], seq.cache_salt)
+        return "salt" if salt != seq.cache_salt else "never_cached"
+
+    def _tokens_hashes(self, seq, n: int) -> list[bytes]:
+        """The chained hashes of seq's first n full blocks without its cache salt (its
+        block hashes, where it has none)."""
+        if not seq.cache_salt:
+            return seq.block_hashes
+        if len(seq.tokens_hashes) < n:
+            seq.tokens_hashes = prefix_hashes(
+                seq.all_ids[: n * self.block_size], self.block_size, None, seq.tokens_hashes
+            )
+        return seq.tokens_hashes
 
     def _longest_hit(self, found: list[list[int | None]]) -> int:
         """The most leading blocks every group can serve from the cache."""
@@ -331,6 +358,9 @@ class BlockManager:
             for i in range(seq.n_registered, full):
                 if table[i] != NULL:
                     self.prefix.register(table[i], self._key(seq.block_hashes[i], g))
+        if full > seq.n_registered:
+            for h in self._tokens_hashes(seq, full)[seq.n_registered : full]:
+                self.prefix.remember_salt(h, seq.cache_salt)
         seq.n_registered = max(seq.n_registered, full)
 
     def forget_seq(self, seq) -> None:
@@ -349,11 +379,12 @@ class BlockManager:
         self.touched = 0
 
     def reset_counts(self) -> None:
-        """Copy-on-write, window and prefix-cache counters back to zero (the blocks are
-        untouched)."""
+        """Copy-on-write, window and prefix-cache counters back to zero, and the misses'
+        history forgotten (the blocks are untouched)."""
         self.cow_copies = self.released = 0
         if self.prefix is not None:
             self.prefix.queried_tokens = self.prefix.hit_tokens = self.prefix.evictions = 0
+            self.prefix.forget_history()
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block nobody references (they become free); return how many."""
@@ -393,6 +424,7 @@ class BlockManager:
         child.block_tables = [list(t) for t in parent.block_tables]
         child.n_cached = parent.n_cached
         child.block_hashes = list(parent.block_hashes)
+        child.tokens_hashes = list(parent.tokens_hashes)
         child.n_registered = parent.n_registered
 
     def computed(self, seq, n_tokens: int) -> None:

@@ -95,6 +95,8 @@ class RequestMetrics:
     queue_time: float | None  # arrival -> first scheduled
     ttft: float | None  # arrival -> first token out
     e2e: float  # arrival -> finished
+    cached_tokens: int = 0  # prompt tokens the prefix cache served
+    prefix_miss: str | None = None  # why the first block it did not serve missed
 
     @property
     def tpot(self) -> float | None:

@@ -10,16 +10,36 @@ tenant can never read (or time) another's cached prefix.
 A cached block whose reference count drops to zero is not freed at once: it waits in an
 LRU list, still findable, and is evicted (its hash forgotten) only when the pool needs a
 block and has no truly free one left.
+
+A request that misses is told why: the first of its prompt's blocks that was not found
+has one of MISS_REASONS. To tell them apart the cache remembers, for a bounded number of
+blocks, the hashes it evicted and the salt each block's tokens were last cached under.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
+log = logging.getLogger("tokenworks.engine")
+
 _NONE = b"\x00" * 32
+
+# why the first block of a prompt not served from the cache was not:
+MISS_REASONS = (
+    "never_cached",  # its tokens (after this prefix) were never cached
+    "evicted",  # they were, and the block was evicted (or dropped) since
+    "salt",  # they are or were cached under another tenant's cache salt
+    "window",  # the layers without a window hold it; a windowed group gave its block
+    # back early (its window had passed) and it has gone since
+    "not_full",  # no full block is left to find: the rest of the prompt is a partial
+    # block, or the block holding the last token, which must run to give logits
+)
+HISTORY = 1 << 16  # blocks remembered for telling the reasons apart
+WARN_AFTER = 8  # requests that could have hit, and none did, before the log says so
 
 
 def block_hash(parent: bytes | None, token_ids: Sequence[int], salt: str | None = None) -> bytes:
@@ -58,6 +78,10 @@ class PrefixCache:
         self.queried_tokens = 0  # prompt tokens looked up (vLLM: prefix_cache_queries)
         self.hit_tokens = 0  # of which found cached (vLLM: prefix_cache_hits)
         self.evictions = 0
+        self.misses = dict.fromkeys(MISS_REASONS, 0)  # requests, by why they missed
+        self.evicted: OrderedDict[bytes, None] = OrderedDict()  # keys dropped, newest last
+        self.salt_of: OrderedDict[bytes, str | None] = OrderedDict()  # tokens' hash -> salt
+        self.warned = False
 
     def lookup(self, hashes: Sequence[bytes]) -> list[int]:
         """Block ids of the longest run of leading hashes that are cached."""
@@ -77,11 +101,38 @@ class PrefixCache:
         self.queried_tokens += queried
         self.hit_tokens += hit
 
+    def record_miss(self, reason: str) -> None:
+        """A request's first admission missed for this reason (MISS_REASONS). Once enough
+        requests could have hit (their tokens were cached, or are under another salt or
+        window) and none did, the log says so, once."""
+        self.misses[reason] += 1
+        could = self.misses["evicted"] + self.misses["salt"] + self.misses["window"]
+        if could >= WARN_AFTER and self.hit_tokens == 0 and not self.warned:
+            self.warned = True
+            log.warning(
+                "prefix caching: %d requests repeated a prefix that was cached and none "
+                "hit (first misses: %s)", could,
+                ", ".join(f"{r} {n}" for r, n in self.misses.items() if n),
+            )  # fmt: skip
+
+    def remember_salt(self, tokens_hash: bytes, salt: str | None) -> None:
+        """A block of these tokens (their chained hash without a salt) was cached under
+        this salt."""
+        _remember(self.salt_of, tokens_hash, salt)
+
+    def forget_history(self) -> None:
+        """Forget the misses counted and what the cache held (after the warm-up)."""
+        self.misses = dict.fromkeys(MISS_REASONS, 0)
+        self.evicted.clear()
+        self.salt_of.clear()
+        self.warned = False
+
     def register(self, block: int, h: bytes) -> None:
         """A block just became full with this content; make it findable (first one wins)."""
         if h not in self.by_hash and block not in self.hash_of:
             self.by_hash[h] = block
             self.hash_of[block] = h
+            self.evicted.pop(h, None)
 
     def is_cached(self, block: int) -> bool:
         return block in self.hash_of
@@ -100,7 +151,9 @@ class PrefixCache:
         if not self.evictable:
             return None
         block, _ = self.evictable.popitem(last=False)
-        del self.by_hash[self.hash_of.pop(block)]
+        h = self.hash_of.pop(block)
+        del self.by_hash[h]
+        _remember(self.evicted, h, None)
         self.evictions += 1
         return block
 
@@ -109,8 +162,17 @@ class PrefixCache:
         h = self.hash_of.pop(block, None)
         if h is not None and self.by_hash.get(h) == block:
             del self.by_hash[h]
+            _remember(self.evicted, h, None)
         self.evictable.pop(block, None)
 
     @property
     def hit_rate(self) -> float:
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+def _remember(memory: OrderedDict, key: bytes, value) -> None:
+    """key -> value as the newest of a bounded memory (the oldest go past HISTORY)."""
+    memory[key] = value
+    memory.move_to_end(key)
+    if len(memory) > HISTORY:
+        memory.popitem(last=False)

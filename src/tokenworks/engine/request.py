@@ -259,6 +259,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
+    prefix_miss: str | None = None  # why the first block not found missed (MISS_REASONS)
     # where asked (SamplingParams.prompt_logprobs): one per prompt token, None for the first
     prompt_logprobs: list[TokenLogprob | None] | None = None
     embedding: list[float] | None = None  # where asked (SamplingParams.pooling), unit length

@@ -190,10 +190,13 @@ class Scheduler:
                 self.blocks.free_seq(seq)  # undo the prefix match; its blocks stay cached
                 break
             self.waiting.pop(0)
-            if self.blocks.prefix is not None:
-                self.blocks.prefix.record_query(seq.num_tokens, hit)
+            prefix = self.blocks.prefix
+            if prefix is not None:
+                prefix.record_query(seq.num_tokens, hit)
             if seq.num_preemptions == 0:
                 seq.num_cached_prompt_tokens = hit
+                if prefix is not None:
+                    prefix.record_miss(seq.prefix_miss)
             out.prefix_hit_tokens += hit
             seq.status = SequenceStatus.RUNNING
             if seq.scheduled_time is None:

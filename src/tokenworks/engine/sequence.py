@@ -64,7 +64,9 @@ class Sequence:
         self.block_tables: list[list[int]] = []
         self.block_hashes: list[bytes] = []
         self.n_registered = 0
+        self.tokens_hashes: list[bytes] = []  # block hashes without the salt (kv_cache.py)
         self.num_cached_prompt_tokens = 0  # prefix-cache hit on first admission
+        self.prefix_miss: str | None = None  # and why it missed (prefix_cache.MISS_REASONS)
         self.num_preemptions = 0
         self._eos_token_ids = eos_token_ids
         self.prompt = prompt
@@ -282,6 +284,7 @@ class Sequence:
             outputs=[s.completion() for s in self.group],
             finished=self.group_finished,
             num_cached_tokens=head.num_cached_prompt_tokens,
+            prefix_miss=head.prefix_miss,
             prompt_logprobs=head.prompt_logprobs,
             embedding=head.embedding,
         )

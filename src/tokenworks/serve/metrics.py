@@ -75,6 +75,12 @@ class ServerMetrics:
                 f"{prefix}:prefix_cache_hits", "Prompt tokens found in the prefix cache."
             ),
             "preemptions": counter(f"{prefix}:num_preemptions", "Sequences preempted."),
+            "misses": counter(
+                f"{prefix}:prefix_cache_misses",
+                "Finished requests by why the first prompt block the prefix cache did not "
+                "serve missed (never_cached, evicted, salt, window, not_full).",
+                ("reason",),
+            ),
             # speculative decoding (vLLM's spec_decode names), with the time each side took
             "num_drafts": counter(
                 f"{prefix}:spec_decode_num_drafts", "Proposals verified (one per sequence-step)."
@@ -146,7 +152,8 @@ class ServerMetrics:
 
 _SPEC = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_emitted_tokens",
          "draft_seconds", "verify_seconds")  # fmt: skip
-_LABELLED = ("per_pos", "finished")  # families with a label of their own beyond the engine
+# families with a label of their own beyond the engine
+_LABELLED = ("per_pos", "finished", "misses")
 
 
 class EngineMetrics:
@@ -157,7 +164,7 @@ class EngineMetrics:
         self._labels = {"model_name": model_name, "engine": str(index)}
         f = server.families
         self.series = {k: v.labels(**self._labels) for k, v in f.items() if k not in _LABELLED}
-        self._per_pos, self._finished = f["per_pos"], f["finished"]
+        self._per_pos, self._finished, self._misses = f["per_pos"], f["finished"], f["misses"]
         self._spec_seen: dict = {}
         self._queried = self._hits = 0
 
@@ -208,3 +215,5 @@ class EngineMetrics:
             s["tpot"].observe(m.tpot)
         for reason in m.finish_reasons:
             self._finished.labels(finished_reason=reason, **self._labels).inc()
+        if m.prefix_miss is not None:
+            self._misses.labels(reason=m.prefix_miss, **self._labels).inc()
