@@ -314,6 +314,7 @@ def test_the_warm_up_fills_a_step_and_leaves_no_trace(toy_llm, monkeypatch, capl
     with caplog.at_level("WARNING", logger="tokenworks.engine"):
         many = LLM("toy", dtype="float32", loaded=toy_llm.engine.loaded,
                    max_num_batched_tokens=128 * (WARN_AFTER + 2))  # fmt: skip
-    assert not caplog.records and set(many.engine.blocks.prefix.misses.values()) == {0}
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert set(many.engine.blocks.prefix.misses.values()) == {0}
     # a context of one token holds no prompt: nothing to warm up with, and no error
     assert LLM("toy", loaded=toy_llm.engine.loaded, max_model_len=1).engine.totals["steps"] == 0

@@ -221,6 +221,16 @@ class EngineConfig:
             "reuse the KV blocks of shared prompt prefixes", "--prefix-caching", MEMORY
         ),
     )
+    kv_offload_gib: float = field(
+        default=0.0,
+        metadata=option(
+            "GiB of host memory for full prefix-cache blocks evicted from the KV pool: kept "
+            "(least recently used out first) and copied back on a later hit instead of "
+            "computed again (engine/kv_offload.py; 0: off)",
+            group=MEMORY,
+            metavar="GIB",
+        ),
+    )
     sliding_window_kv: str = field(
         default="free",
         metadata=option(
@@ -469,6 +479,18 @@ class EngineConfig:
                         f"tensor and pipeline parallelism run the torch modules with collectives "
                         f"between ranks; {name} does not go with them: drop one of the two"
                     )
+        if self.kv_offload_gib < 0:
+            raise ValueError("kv_offload_gib must be >= 0 (0: no host tier)")
+        if self.kv_offload_gib and not self.enable_prefix_caching:
+            raise ValueError(
+                "kv_offload_gib keeps the prefix cache's evicted blocks: it needs prefix "
+                "caching on (drop --no-prefix-caching, or the host tier)"
+            )
+        if self.kv_offload_gib and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            raise ValueError(
+                "kv_offload_gib keeps one process's KV blocks; with tensor or pipeline "
+                "parallelism each rank holds part of a block: drop one of the two"
+            )
         if self.pipeline_batches is not None and self.pipeline_batches < 1:
             raise ValueError("pipeline_batches must be >= 1 (or unset: one per stage)")
         if self.distributed_timeout <= 0:

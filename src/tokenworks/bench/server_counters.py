@@ -9,8 +9,9 @@ def server_counters(base_url: str, api_key: str | None) -> dict | None:
     """A tokenworks server's running counters that a point's figures are read from:
     {"phases": {phase: [seconds, requests]}} of tokenworks:api_process_seconds
     (serve/api_times.py), "prefix": [hit, queried] prompt tokens summed over its engines,
-    and "misses": {reason: requests} of tokenworks:prefix_cache_misses. None from
-    another engine's server, or an unreadable one."""
+    "misses": {reason: requests} of tokenworks:prefix_cache_misses, and "offload":
+    {kv_offload_blocks, kv_restore_blocks} of the host tier. None from another engine's
+    server, or an unreadable one."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -23,8 +24,13 @@ def server_counters(base_url: str, api_key: str | None) -> dict | None:
     phases: dict[str, list[float]] = {}
     prefix = [0.0, 0.0]
     misses: dict[str, float] = {}
+    offload = {}
     for family in families:
-        if family.name == "tokenworks:prefix_cache_misses":
+        if family.name in ("tokenworks:kv_offload_blocks", "tokenworks:kv_restore_blocks"):
+            offload[family.name.split(":")[1]] = sum(
+                s.value for s in family.samples if s.name.endswith("_total")
+            )
+        elif family.name == "tokenworks:prefix_cache_misses":
             for sample in family.samples:
                 if sample.name.endswith("_total"):
                     reason = sample.labels.get("reason", "?")
@@ -40,7 +46,8 @@ def server_counters(base_url: str, api_key: str | None) -> dict | None:
                     totals[0] += sample.value
                 elif sample.name.endswith("_count"):
                     totals[1] += sample.value
-    return {"phases": phases, "prefix": prefix, "misses": misses} if phases or prefix[1] else None
+    found = {"phases": phases, "prefix": prefix, "misses": misses, "offload": offload}
+    return found if phases or prefix[1] else None
 
 
 def api_process_means(before: dict | None, after: dict | None) -> dict | None:
@@ -82,6 +89,9 @@ def server_figures(before: dict | None, after: dict | None) -> dict:
     misses = prefix_misses(before, after)
     if misses:
         out["prefix_misses"] = misses
+    if after and after.get("offload"):  # the host tier's blocks stored and copied back
+        was = (before or {}).get("offload", {})
+        out["kv_offload"] = {k: int(v - was.get(k, 0.0)) for k, v in after["offload"].items()}
     return out
 
 

@@ -48,7 +48,7 @@ IDLE_POLL_MS = 500  # how often an idle core looks whether it should still run
 
 def gauges_of(engine: LLMEngine) -> EngineGauges:
     """The engine's gauges as /metrics shows them."""
-    prefix, spec = engine.blocks.prefix, engine.speculator
+    prefix, spec, host = engine.blocks.prefix, engine.speculator, engine.blocks.host
     return EngineGauges(
         len(engine.scheduler.running),
         len(engine.scheduler.waiting),
@@ -57,6 +57,9 @@ def gauges_of(engine: LLMEngine) -> EngineGauges:
         prefix.hit_tokens if prefix is not None else None,
         spec.metrics if spec is not None else None,
         engine.totals["generation_tokens"],
+        host.offloaded if host is not None else None,
+        host.restored if host is not None else None,
+        host.nbytes if host is not None else None,
     )
 
 

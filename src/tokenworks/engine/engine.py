@@ -38,6 +38,7 @@ from tokenworks.engine.host_memory import keep_freed_memory, release_freed_memor
 from tokenworks.engine.kv_budget import GiB, kv_budget_bytes
 from tokenworks.engine.kv_cache import BlockManager, KVPool
 from tokenworks.engine.kv_groups import KVLayout
+from tokenworks.engine.kv_offload import HostTier
 from tokenworks.engine.request import FinishReason, SamplingParams
 from tokenworks.engine.runner import ModelRunner, open_kernels
 from tokenworks.engine.sampler import ForwardOutput, argmax_only, prepare_rows, sample_row
@@ -141,6 +142,8 @@ class LLMEngine:
         # and how this engine is batch-invariant: "kernels", "torch" or "" (it is not)
         self.c_kernels, self.kernels_off_because, self.invariance = self._open_kernels()
         self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching, self.kv_layout)
+        if config.kv_offload_gib:  # evicted cached blocks go to host memory, not away
+            self.blocks.host = HostTier(self.pool, int(config.kv_offload_gib * GiB))
         self.admission = Admission(
             self.spec.vocab_size,
             self.max_model_len,
@@ -242,6 +245,7 @@ class LLMEngine:
         """What the engine runs, as a user would want it said at start."""
         c, blocks = self.config, self.blocks
         gib = self.pool.nbytes / GiB
+        host = blocks.host
         return (
             f"model {self.loaded.model_id} ({self.loaded.file_path}); dtype "
             f"{c.resolved_dtype}, quantization {self.quantization or 'none'}, kernels: "
@@ -251,6 +255,7 @@ class LLMEngine:
             f"{c.max_num_batched_tokens} tokens a step; {torch.get_num_threads()} threads"
             + (f"; speculative: {self.speculator.describe()}" if self.speculator else "")
             + (f"; {self.in_flight} batches in flight" if self.in_flight > 1 else "")
+            + (f"; host tier {host.capacity} blocks" if host is not None else "")
         )
 
     WARMUP_PROMPT = 128  # tokens in each of the warm-up's prompts

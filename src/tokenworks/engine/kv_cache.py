@@ -145,6 +145,7 @@ class BlockManager:
         self.ref = [0] * num_blocks
         self.free: deque[int] = deque(range(num_blocks))
         self.prefix = PrefixCache() if enable_prefix_caching else None
+        self.host = None  # engine.kv_offload.HostTier: where evicted cached blocks go
         self.cow_copies = 0
         self.released = 0  # blocks given back from behind a window
         # blocks handed out at least once: on the CPU, the pool's pages that are resident
@@ -203,9 +204,12 @@ class BlockManager:
         if self.free:
             b = self.free.popleft()
         else:
-            b = self.prefix.evict() if self.prefix else None
-            if b is None:
+            evicted = self.prefix.evict() if self.prefix else None
+            if evicted is None:
                 raise NoFreeBlocksError("the KV block pool is exhausted")
+            b, key = evicted
+            if self.host is not None:  # its K/V go to host memory before it is reused
+                self.host.save(b, key)
         self.ref[b] = 1
         if not self._touched[b]:
             self._touched[b] = 1
@@ -251,6 +255,7 @@ class BlockManager:
             seq.all_ids[: usable * bs], bs, seq.cache_salt, seq.block_hashes[:usable]
         )
         hashes = seq.block_hashes[:usable]
+        pinned = self._restore(hashes) if self.host is not None and self.host.store else []
         if len(self.windows) == 1 and self.windows[0] is None:
             found = [self.prefix.lookup(hashes)]
             k = len(found[0])
@@ -269,7 +274,31 @@ class BlockManager:
             tables.append(table)
         seq.block_tables = tables if k else []
         seq.n_cached = k * bs
+        for b in pinned:
+            self._decref(b)
         return seq.n_cached
+
+    def _restore(self, hashes: list[bytes]) -> list[int]:
+        """Copy back from the host tier the leading blocks of this prefix it holds and the
+        pool does not, each registered as cached; return every block of the prefix found
+        or restored, referenced once more, so that restoring one never evicts another
+        (the caller drops those references once it has taken its own)."""
+        pinned = []
+        for h in hashes:
+            for g in range(len(self.windows)):
+                key = self._key(h, g)
+                b = self.prefix.get(key)
+                if b is None and self.host.has(key):
+                    # (out of the tier first: taking a block may store an evicted one)
+                    rows = self.host.take(key)
+                    b = self.adopt(h, g, lambda block, rows=rows: self.host.write(block, rows))
+                    if b is None:  # no block to put it in: it stays in the tier
+                        self.host.keep(key, rows)
+                if b is None:
+                    return pinned
+                self._incref(b)
+                pinned.append(b)
+        return pinned
 
     def _why_missed(self, seq, k: int, usable: int, found: list[list[int | None]]) -> str:
         """Why block k, the first of seq's prompt the cache did not serve, was not found
@@ -385,6 +414,8 @@ class BlockManager:
         if self.prefix is not None:
             self.prefix.queried_tokens = self.prefix.hit_tokens = self.prefix.evictions = 0
             self.prefix.forget_history()
+        if self.host is not None:
+            self.host.reset_counts()
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block nobody references (they become free); return how many."""
@@ -394,6 +425,8 @@ class BlockManager:
         for b in parked:
             self.prefix.forget(b)
             self.free.appendleft(b)
+        if self.host is not None:
+            self.host.clear()
         return len(parked)
 
     def cached(self, h: bytes, group: int) -> int | None:

@@ -146,8 +146,9 @@ class PrefixCache:
         """Referenced again (a hit): no longer a candidate for eviction."""
         self.evictable.pop(block, None)
 
-    def evict(self) -> int | None:
-        """Forget the least recently used unreferenced block and hand it back to be reused."""
+    def evict(self) -> tuple[int, bytes] | None:
+        """Forget the least recently used unreferenced block and hand it back to be reused,
+        with the key it was cached under."""
         if not self.evictable:
             return None
         block, _ = self.evictable.popitem(last=False)
@@ -155,7 +156,7 @@ class PrefixCache:
         del self.by_hash[h]
         _remember(self.evicted, h, None)
         self.evictions += 1
-        return block
+        return block, h
 
     def forget(self, block: int) -> None:
         """The block's content is about to change (it is being reused): drop its hash."""

@@ -75,6 +75,15 @@ class ServerMetrics:
                 f"{prefix}:prefix_cache_hits", "Prompt tokens found in the prefix cache."
             ),
             "preemptions": counter(f"{prefix}:num_preemptions", "Sequences preempted."),
+            "offloaded": counter(
+                f"{prefix}:kv_offload_blocks",
+                "Cached KV blocks evicted from the pool into the host tier (--kv-offload-gib).",
+            ),
+            "restored": counter(
+                f"{prefix}:kv_restore_blocks",
+                "KV blocks copied back from the host tier instead of computed again.",
+            ),
+            "offload_bytes": gauge(f"{prefix}:kv_offload_bytes", "Bytes the host tier holds."),
             "misses": counter(
                 f"{prefix}:prefix_cache_misses",
                 "Finished requests by why the first prompt block the prefix cache did not "
@@ -167,6 +176,7 @@ class EngineMetrics:
         self._per_pos, self._finished, self._misses = f["per_pos"], f["finished"], f["misses"]
         self._spec_seen: dict = {}
         self._queried = self._hits = 0
+        self._offloaded = self._restored = 0
 
     def on_state(self, gauges) -> None:
         """The engine as it is now (EngineGauges: after a step, or after requests left)."""
@@ -183,6 +193,11 @@ class EngineMetrics:
             s["prefix_queries"].inc(max(0, gauges.prefix_queried - self._queried))
             s["prefix_hits"].inc(max(0, gauges.prefix_hits - self._hits))
             self._queried, self._hits = gauges.prefix_queried, gauges.prefix_hits
+        if gauges.offloaded_blocks is not None:  # the host tier's running counts
+            s["offloaded"].inc(max(0, gauges.offloaded_blocks - self._offloaded))
+            s["restored"].inc(max(0, gauges.restored_blocks - self._restored))
+            s["offload_bytes"].set(gauges.offload_bytes)
+            self._offloaded, self._restored = gauges.offloaded_blocks, gauges.restored_blocks
         if gauges.speculation is not None:
             self._count_speculation(gauges.speculation)
 
