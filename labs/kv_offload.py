@@ -92,8 +92,10 @@ def main() -> None:
                   warmup=False)  # fmt: skip
         off = LLM(name, **kw)
         rows[name] = {"without": chat(off, args, loaded.spec.vocab_size)}
-        # a tier with room for every conversation's blocks, a quarter more
-        blocks = args.conversations * (-(-last // off.engine.config.block_size))
+        # a tier with room for every conversation's blocks (in every layer group), and a
+        # quarter more
+        groups = len(off.engine.kv_layout.groups)
+        blocks = args.conversations * groups * -(-last // off.engine.config.block_size)
         tier_gib = 1.25 * blocks * off.engine.block_bytes / GiB
         del off
         on = LLM(name, kv_offload_gib=tier_gib, **kw)
