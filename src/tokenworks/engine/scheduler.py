@@ -157,8 +157,10 @@ class Scheduler:
         at most its 1/share of those the running slots hold (so each has some)."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        slots = min(len(self.running) + len(self.waiting), self.config.max_num_seqs)
-        most = -(-slots // share)  # sequences this batch may take
+        # the sequences that could run now: the running ones (forked siblings may take
+        # them past max_num_seqs) and the waiting ones the free slots take
+        free = max(0, self.config.max_num_seqs - len(self.running))
+        most = -(-(len(self.running) + min(len(self.waiting), free)) // share)  # this batch's
         run = [s for s in self.running if s not in busy]
         i = 0
         while i < len(run) and budget > 0 and len(out.scheduled) < most:
