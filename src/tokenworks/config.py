@@ -17,6 +17,9 @@ from tokenworks.kernels import KERNELS
 from tokenworks.models.catalogue import DEFAULT_MODEL
 from tokenworks.options import add_arguments, fields_of, option, to_argv
 
+# how the KV cache keeps keys and values (engine/kv_quant.py)
+KV_DTYPES = ("auto", "int8", "fp8_e4m3")
+
 QUANTIZATIONS = (None, "gguf", "none", "int8", "int4")  # None: gguf for a GGUF file on the CPU
 DRAFT_QUANTIZATIONS = (None, "int8", "int4")
 DTYPES = ("float32", "bfloat16", "float16")  # torch's names for them (torch_dtype)
@@ -219,6 +222,17 @@ class EngineConfig:
         default=True,
         metadata=option(
             "reuse the KV blocks of shared prompt prefixes", "--prefix-caching", MEMORY
+        ),
+    )
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata=option(
+            "how the KV cache keeps keys and values: auto (the model's dtype), int8 or "
+            "fp8_e4m3 (one byte an element and a float32 scale per token and head: about "
+            "twice the tokens in the same memory; engine/kv_quant.py; runs the torch "
+            "attention)",
+            group=MEMORY,
+            choices=KV_DTYPES,
         ),
     )
     kv_offload_gib: float = field(
@@ -478,6 +492,17 @@ class EngineConfig:
                     raise ValueError(
                         f"tensor and pipeline parallelism run the torch modules with collectives "
                         f"between ranks; {name} does not go with them: drop one of the two"
+                    )
+        if self.kv_cache_dtype not in KV_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype {self.kv_cache_dtype!r}: expected one of {', '.join(KV_DTYPES)}"
+            )
+        if self.kv_cache_dtype != "auto":
+            for name, on in (("kernels c", self.kernels == "c"), ("compile", self.compile)):
+                if on:
+                    raise ValueError(
+                        f"kv_cache_dtype {self.kv_cache_dtype} is read by the torch attention, "
+                        f"which dequantises it; {name} does not go with it: drop one of the two"
                     )
         if self.kv_offload_gib < 0:
             raise ValueError("kv_offload_gib must be >= 0 (0: no host tier)")

@@ -39,6 +39,7 @@ from tokenworks.engine.kv_budget import GiB, kv_budget_bytes
 from tokenworks.engine.kv_cache import BlockManager, KVPool
 from tokenworks.engine.kv_groups import KVLayout
 from tokenworks.engine.kv_offload import HostTier
+from tokenworks.engine.kv_quant import bytes_per_token, check_available
 from tokenworks.engine.request import FinishReason, SamplingParams
 from tokenworks.engine.runner import ModelRunner, open_kernels
 from tokenworks.engine.sampler import ForwardOutput, argmax_only, prepare_rows, sample_row
@@ -62,7 +63,6 @@ from tokenworks.models import load
 from tokenworks.models.build import make_batch_invariant_
 from tokenworks.models.compiled import CompileStats, compile_layers_
 from tokenworks.models.loaded import LoadedModel
-from tokenworks.shapes import kv_bytes_per_token
 from tokenworks.tokenizer import TokenizerWrapper
 
 log = logging.getLogger("tokenworks.engine")
@@ -119,8 +119,15 @@ class LLMEngine:
         )
         bs = config.block_size
         # a rank's pool holds its own KV heads: the budget is each rank's
-        self.kv_bytes_per_token = int(
-            kv_bytes_per_token(self.rank_spec.shape, config.resolved_dtype)
+        if config.kv_cache_dtype != "auto":
+            check_available(config.kv_cache_dtype)
+            if self.spec.mla is not None:
+                raise ValueError(
+                    f"kv_cache_dtype {config.kv_cache_dtype}: latent attention caches one "
+                    "latent row a token, kept in the model's dtype; use --kv-cache-dtype auto"
+                )
+        self.kv_bytes_per_token = bytes_per_token(
+            self.rank_spec.shape, config.resolved_dtype, config.kv_cache_dtype
         )
         self.kv_layout = KVLayout.for_spec(self.rank_spec, config.sliding_window_kv == "free")
         self.block_bytes = block_bytes_of(
@@ -134,7 +141,7 @@ class LLMEngine:
             )
         self.pool = KVPool.for_spec(
             self.rank_spec, num_blocks, bs, config.torch_dtype, rank_device(config, 0),
-            self.kv_layout, own_layers(self.rank_spec, config, 0),
+            self.kv_layout, own_layers(self.rank_spec, config, 0), config.kv_cache_dtype,
         )  # fmt: skip
         if self.workers is not None:  # each builds a pool of these blocks
             self.workers.ready(num_blocks)
@@ -246,11 +253,13 @@ class LLMEngine:
         c, blocks = self.config, self.blocks
         gib = self.pool.nbytes / GiB
         host = blocks.host
+        kept = "the model's dtype" if c.kv_cache_dtype == "auto" else c.kv_cache_dtype
         return (
             f"model {self.loaded.model_id} ({self.loaded.file_path}); dtype "
             f"{c.resolved_dtype}, quantization {self.quantization or 'none'}, kernels: "
             f"{self.kernels()}; KV {blocks.num_blocks} blocks of {blocks.block_size} tokens "
-            f"({gib:.2f} GiB, {self.kv_layout.describe()}, pages touched as used); context "
+            f"({gib:.2f} GiB, {self.kv_layout.describe()}, {kept}, pages touched as used); "
+            f"context "
             f"{self.max_model_len}; up to {c.max_num_seqs} sequences, "
             f"{c.max_num_batched_tokens} tokens a step; {torch.get_num_threads()} threads"
             + (f"; speculative: {self.speculator.describe()}" if self.speculator else "")

@@ -24,6 +24,7 @@ from collections import deque
 import torch
 
 from tokenworks.engine.kv_groups import NULL, KVLayout
+from tokenworks.engine.kv_quant import QuantizedKV
 from tokenworks.engine.prefix_cache import PrefixCache, prefix_hashes
 
 
@@ -48,6 +49,7 @@ class KVPool:
         v_dim: int | None = None,  # None: head_dim
         layout: KVLayout | None = None,  # None: one group, a tensor per layer
         layers: range | None = None,  # a pipeline stage's layers: tensors for these alone
+        kv_dtype: str = "auto",  # "auto": dtype; "int8", "fp8_e4m3": engine/kv_quant.py
     ):
         slots = num_blocks * block_size
         v_dim = head_dim if v_dim is None else v_dim
@@ -58,17 +60,26 @@ class KVPool:
         # leaves the tensors of other stages' layers empty)
         used = layout.slots(range(n_layers) if layers is None else layers)
 
+        def tensor(j, shape, dt):
+            if j in used:
+                return self._zeros(shape, dt, device)
+            return torch.empty(0, *shape[1:], dtype=dt, device=device)
+
         def side(shape):
-            return [self._zeros(shape, dtype, device) if j in used
-                    else torch.empty(0, *shape[1:], dtype=dtype, device=device)
-                    for j in range(layout.size)]  # fmt: skip
+            if kv_dtype == "auto":
+                return [tensor(j, shape, dtype) for j in range(layout.size)]
+            store = QuantizedKV.storage(kv_dtype)
+            return [QuantizedKV(tensor(j, shape, store), tensor(j, shape[:2], torch.float32),
+                                dtype, kv_dtype) for j in range(layout.size)]  # fmt: skip
 
         k = side(k_shape)
         v = side(v_shape) if v_dim else []
-        self.tensors = [t for t in k + v if t.numel()]  # each once (the lists repeat them)
+        parts = [p for x in k + v for p in ((x,) if kv_dtype == "auto" else (x.data, x.scale))]
+        self.tensors = [t for t in parts if t.numel()]  # each once (the lists repeat them)
         self.k = [k[layout.slot_of(i)] for i in range(n_layers)]
         self.v = [v[layout.slot_of(i)] for i in range(n_layers)] if v_dim else []
         self.num_blocks, self.block_size, self.layout = num_blocks, block_size, layout
+        self.dtype, self.kv_dtype = dtype, kv_dtype  # what attention reads; how it is kept
 
     def _zeros(self, shape, dtype, device) -> torch.Tensor:
         """A zero tensor; on the CPU in private anonymous memory, which the kernel fills
@@ -84,14 +95,15 @@ class KVPool:
     @classmethod
     def for_spec(
         cls, spec, num_blocks: int, block_size: int, dtype, device="cpu", layout=None,
-        layers=None,
+        layers=None, kv_dtype="auto",
     ) -> KVPool:  # fmt: skip
         """A pool laid out as the model's cache (ModelSpec.kv_layout), its layers grouped
-        as `layout` says (KVLayout; None: one group), holding `layers` (None: all)."""
+        as `layout` says (KVLayout; None: one group), holding `layers` (None: all), kept
+        as kv_dtype says."""
         heads, k_dim, v_dim = spec.kv_layout
         return cls(
             spec.n_layers, num_blocks, block_size, heads, k_dim, dtype, device, v_dim, layout,
-            layers,
+            layers, kv_dtype,
         )  # fmt: skip
 
     def discard(self) -> None:

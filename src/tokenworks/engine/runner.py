@@ -215,7 +215,7 @@ class ModelRunner:
                              self.pool, logits_rows=rows, float_logits=False)  # fmt: skip
             if out is not None:
                 logits.append(out)
-        flight, dtype = self.model.launched(), self.pool.k[0].dtype
+        flight, dtype = self.model.launched(), self.pool.dtype
 
         @torch.inference_mode()
         def collect() -> torch.Tensor | None:

@@ -268,7 +268,8 @@ def _worker_main(rank: int, channel: str) -> None:
             layout = KVLayout.for_spec(spec, config.sliding_window_kv == "free")
             device, bs = rank_device(config, rank), config.block_size
             pool = KVPool.for_spec(spec, num_blocks, bs, config.torch_dtype, device, layout,
-                                   own_layers(spec, config, rank))  # fmt: skip
+                                   own_layers(spec, config, rank),
+                                   config.kv_cache_dtype)  # fmt: skip
             runner = ModelRunner(model, pool, bs, device)  # (rank 0 cuts the micro-batches)
         except HeadGone:
             raise

@@ -50,7 +50,12 @@ def perplexity(
         raise ValueError("the text has fewer than 2 tokens: nothing to score")
     bs = engine.config.block_size
     pool = KVPool.for_spec(
-        engine.spec, -(-context // bs), bs, engine.config.torch_dtype, engine.config.device
+        engine.spec,
+        -(-context // bs),
+        bs,
+        engine.config.torch_dtype,
+        engine.config.device,
+        kv_dtype=engine.config.kv_cache_dtype,
     )
     table = list(range(pool.num_blocks))
     tokens = torch.tensor(ids, device=engine.config.device)
