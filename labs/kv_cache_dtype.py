@@ -30,8 +30,8 @@ from tokenworks.models import load  # noqa: E402
 from tokenworks.shapes import kv_bytes_per_token  # noqa: E402
 
 SETUPS = {  # name -> engine options
-    "bf16 C": {"kv_cache_dtype": "auto"},
-    "bf16 torch": {"kv_cache_dtype": "auto", "kernels": "torch"},
+    "bf16-c": {"kv_cache_dtype": "auto"},
+    "bf16-torch": {"kv_cache_dtype": "auto", "kernels": "torch"},
     "int8": {"kv_cache_dtype": "int8"},
     "fp8_e4m3": {"kv_cache_dtype": "fp8_e4m3"},
 }
@@ -86,7 +86,7 @@ def main() -> None:
                 r["pool_blocks"] * llm.engine.blocks.block_size
             )
             del llm
-        base = rows[name]["bf16 torch"]["tokens"]
+        base = rows[name]["bf16-torch"]["tokens"]
         for r in rows[name].values():  # greedy tokens equal to bfloat16's, position by position
             same = sum(a == b for x, y in zip(base, r.pop("tokens"), strict=True)
                        for a, b in zip(x, y, strict=True))  # fmt: skip
