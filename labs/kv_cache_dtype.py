@@ -6,7 +6,7 @@ torch attention reads). R requests of P prompt tokens and G generated tokens run
 together, as many at a time as the pool holds: the most sequences that ran at once is
 what the budget held, and generated tokens a second is the throughput.
 
-    python labs/kv_cache_dtype.py [--models smollm2-135m] [--budget-gib 0.1]
+    python labs/kv_cache_dtype.py [--models smollm2-135m] [--budget-gib 0.025]
 
 Writes an evidence record and a PNG (sequences held and throughput, per model and format).
 """
@@ -60,10 +60,10 @@ def run(llm: LLM, prompts: list[list[int]], generate: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--models", default="smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b")
-    ap.add_argument("--budget-gib", type=float, default=0.1)
-    ap.add_argument("--requests", type=int, default=64)
-    ap.add_argument("--prompt-tokens", type=int, default=256)
-    ap.add_argument("--generate", type=int, default=32)
+    ap.add_argument("--budget-gib", type=float, default=0.025)
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--generate", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
