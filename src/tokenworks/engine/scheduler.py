@@ -180,7 +180,9 @@ class Scheduler:
                 self._take(seq, n, out, draft)
                 budget -= n
                 i += 1
-        self.running = sorted([s for s in self.running if s in busy] + run, key=self._key)
+        if busy:  # the batches in flight keep theirs, in order among the rest
+            run = sorted([s for s in self.running if s in busy] + run, key=self._key)
+        self.running = run
         if out.preempted:
             return out  # memory is short: admit nothing new this step
         while (self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0
