@@ -1,8 +1,8 @@
 """Lab: an 8-bit KV cache against the model's dtype, in the same memory.
 
 Each catalogue model gets the same KV budget four ways: bfloat16 with the C kernels (the
-default engine), bfloat16 on the torch attention, and int8 and fp8 e4m3 (which only the
-torch attention reads). R requests of P prompt tokens and G generated tokens run offline
+default engine), bfloat16 on the torch attention, and int8 and fp8 e4m3 (on the C
+kernels too, which read and write the 8-bit rows in place). R requests of P prompt tokens and G generated tokens run offline
 together, as many at a time as the pool holds: the most sequences that ran at once is
 what the budget held, and generated tokens a second is the throughput.
 

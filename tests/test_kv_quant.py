@@ -73,9 +73,69 @@ def test_an_8_bit_pool_holds_about_twice_the_blocks(smol_loaded):
     assert half.blocks.num_blocks >= 1.8 * full.blocks.num_blocks
     assert half.block_bytes == full.block_bytes * (64 + 4) // 128
     assert half.pool.nbytes == half.blocks.num_blocks * half.block_bytes
-    # the C kernels read float32 or bfloat16 pools: they stand aside, saying why
-    assert half.c_kernels is None and "int8" in half.kernels_off_because
+    assert half.c_kernels is not None  # the C kernels read and write the 8-bit pool
     assert "int8" in half.describe()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_c_kernels_write_the_bytes_torch_writes(kind):
+    """tw_rope_store (RoPE at position 0 is the identity) quantises each K and V row to the
+    bytes and scale QuantizedKV.quantize gives, over magnitudes from 1e-4 to 1e3."""
+    import ctypes
+
+    from tokenworks.kernels import abi, build
+
+    lib = build.library()
+    assert lib is not None, build.unavailable()
+    torch.manual_seed(0)
+    heads, kv_heads, dim, rows = 4, 2, 64, 37
+    pool = KVPool(1, 16, 4, kv_heads, dim, torch.float32, kv_dtype=kind)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * dim) * torch.logspace(-4, 3, rows)[:, None]
+    k, v = qkv[:, heads * dim :].reshape(rows, 2, kv_heads, dim).clone().unbind(1)
+    dims = abi.Dims(heads * dim, heads, kv_heads, dim, 1, 1, 1e-6, dim**-0.5)
+    cos, sin = torch.ones(1, dim), torch.zeros(1, dim)
+    positions, slots = torch.zeros(rows, dtype=torch.long), torch.randperm(64)[:rows]
+    (kp, vp), (ks, vs) = zip(abi.pool_ptrs(pool.k[0]), abi.pool_ptrs(pool.v[0]), strict=True)
+    lib.tw_rope_store(
+        ctypes.byref(dims), kp, vp, ks, vs, abi.DTYPE_CODES[pool.k[0].dtype], abi.ptr(qkv),
+        abi.F32, abi.ptr(positions), abi.ptr(slots), abi.ptr(cos), abi.ptr(sin), rows, 2,
+    )  # fmt: skip
+    for layer, x in ((pool.k[0], k), (pool.v[0], v)):
+        data, scale = layer.quantize(x)
+        assert torch.equal(layer.data[slots], data)
+        assert torch.equal(layer.scale[slots], scale)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize("tile", [None, (16, 1)])  # whole score rows; the online softmax
+def test_the_c_decode_attention_reads_an_8_bit_pool_as_torch_does(kind, window, tile):
+    """The C paged decode attention over an 8-bit pool, through scattered block tables,
+    gives torch's attention over the same pool (both dequantise to float32) within float32
+    rounding."""
+    from tokenworks.kernels import attention as kattention
+    from tokenworks.kernels.batch import KernelBatch
+
+    g = torch.Generator().manual_seed(2)
+    heads, kv_heads, dim, bs = 6, 2, 64, 4
+    pool = KVPool(1, 40, bs, kv_heads, dim, torch.float32, kv_dtype=kind)
+    for layer in (pool.k[0], pool.v[0]):
+        layer.index_copy_(0, torch.arange(160), torch.randn(160, kv_heads, dim, generator=g))
+    lens = [1, 5, 17, 40, 9]
+    perm, tables, used = torch.randperm(40, generator=g).tolist(), [], 0
+    for n in lens:
+        blocks = -(-(n + 1) // bs)
+        tables.append(perm[used : used + blocks])
+        used = (used + blocks) % 30
+    q, k, v = (torch.randn(len(lens), h, dim, generator=g) for h in (heads, kv_heads, kv_heads))
+    meta = AttentionMetadata.paged([1] * len(lens), lens, tables, bs)
+    want = attention(q, k, v, meta, pool, 0, dim**-0.5, window)  # writes the new K/V
+    batch = KernelBatch.build([1] * len(lens), lens, tables, bs)
+    got = kattention.paged_decode_attention(
+        q, pool.k[0], pool.v[0], batch.block_tables, batch.context_lens, bs, dim**-0.5, window,
+        online=tile,
+    )  # fmt: skip
+    torch.testing.assert_close(got.reshape(want.shape), want, atol=2e-6, rtol=1e-5)
 
 
 SYSTEM = "You are a helpful assistant. You answer briefly, and you say so when unsure. "
@@ -93,11 +153,11 @@ def _top1(llm: LLM, sequences: list[list[int]], last: int) -> list[int]:
     return [lp.top[0][0] for o in outs for lp in o.prompt_logprobs[-last:]]
 
 
-def _agreement(name: str, loaded, prompts: list[str]) -> float:
+def _agreement(name: str, loaded, prompts: list[str], kernels: str) -> float:
     """Greedy continuations from the bfloat16 cache; then, along them, the share of
     positions whose most likely token the int8 cache picks as the bfloat16 cache does
     (a near-tie that flips one token would otherwise make every later one differ)."""
-    kw = dict(loaded=loaded, dtype="bfloat16", kernels="torch", warmup=False)
+    kw = dict(loaded=loaded, dtype="bfloat16", kernels=kernels, warmup=False)
     ref = LLM(name, **kw)
     seqs = [o.prompt_token_ids + o.outputs[0].token_ids for o in ref.generate(prompts, GREEDY)]
     want = _top1(ref, seqs, GREEDY.max_tokens)
@@ -105,15 +165,20 @@ def _agreement(name: str, loaded, prompts: list[str]) -> float:
     return sum(a == b for a, b in zip(want, got, strict=True)) / len(want)
 
 
-def test_greedy_tokens_with_an_int8_cache_agree_with_bfloat16(smol_loaded):
+@pytest.mark.parametrize(
+    ("kernels", "exact"),
+    # the torch path in float32, as tests/test_batching.py checks hits against misses (in
+    # bfloat16 it is not batch-invariant: a prompt's tail alone may round otherwise); the
+    # C kernels in bfloat16, batch-invariant
+    [("torch", dict(dtype="float32", quantization="none")), ("c", dict(dtype="bfloat16"))],
+)
+def test_greedy_tokens_with_an_int8_cache_agree_with_bfloat16(smol_loaded, kernels, exact):
     """At least 90% of the greedy tokens agree (SmolLM2 has near-ties: its bfloat16 and
     float32 caches agree on 94% of these); and on the int8 cache itself, prefix hits and
     n = 2 (copy-on-write of the shared last block) give its tokens again."""
-    assert _agreement("smollm2-135m", smol_loaded, PROMPTS) >= 0.9
-    # (float32, as tests/test_batching.py checks hits against misses: the torch path in
-    # bfloat16 is not batch-invariant, and a prompt's tail alone may round otherwise)
-    llm = LLM("smollm2-135m", loaded=smol_loaded, dtype="float32", quantization="none",
-              kv_cache_dtype="int8", warmup=False)  # fmt: skip
+    assert _agreement("smollm2-135m", smol_loaded, PROMPTS, kernels) >= 0.9
+    llm = LLM("smollm2-135m", loaded=smol_loaded, kernels=kernels, kv_cache_dtype="int8",
+              warmup=False, **exact)  # fmt: skip
     got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
     again = llm.generate(PROMPTS, GREEDY)  # every prompt's full blocks now cached
     assert [o.outputs[0].token_ids for o in again] == got
@@ -125,8 +190,8 @@ def test_greedy_tokens_with_an_int8_cache_agree_with_bfloat16(smol_loaded):
 
 def test_a_windowed_model_runs_on_an_int8_cache(gemma3_loaded):
     """Gemma 3's six layer groups (five of 512-token windows) keep their blocks in int8
-    too, and its greedy tokens agree with its bfloat16 cache's."""
-    assert _agreement("gemma3-270m", gemma3_loaded, PROMPTS[:4]) >= 0.9
+    too, on the C kernels, and its greedy tokens agree with its bfloat16 cache's."""
+    assert _agreement("gemma3-270m", gemma3_loaded, PROMPTS[:4], "c") >= 0.9
 
 
 def test_perplexity_with_an_int8_cache_is_within_one_percent(smol_loaded, tmp_path, capsys):
@@ -152,7 +217,6 @@ def test_what_an_8_bit_cache_does_not_go_with_is_refused():
 
     for kw, says in [
         ({"kv_cache_dtype": "int4"}, "expected one of auto, int8, fp8_e4m3"),
-        ({"kv_cache_dtype": "int8", "kernels": "c"}, "kernels c does not go with it"),
         ({"kv_cache_dtype": "int8", "compile": True}, "compile does not go with it"),
     ]:
         with pytest.raises(ValueError, match=says):

@@ -497,13 +497,12 @@ class EngineConfig:
             raise ValueError(
                 f"kv_cache_dtype {self.kv_cache_dtype!r}: expected one of {', '.join(KV_DTYPES)}"
             )
-        if self.kv_cache_dtype != "auto":
-            for name, on in (("kernels c", self.kernels == "c"), ("compile", self.compile)):
-                if on:
-                    raise ValueError(
-                        f"kv_cache_dtype {self.kv_cache_dtype} is read by the torch attention, "
-                        f"which dequantises it; {name} does not go with it: drop one of the two"
-                    )
+        if self.kv_cache_dtype != "auto" and self.compile:
+            raise ValueError(
+                f"kv_cache_dtype {self.kv_cache_dtype} is read by the C kernels and the eager "
+                "torch attention, which dequantise it; compile does not go with it: drop one "
+                "of the two"
+            )
         if self.kv_offload_gib < 0:
             raise ValueError("kv_offload_gib must be >= 0 (0: no host tier)")
         if self.kv_offload_gib and not self.enable_prefix_caching:

@@ -8,10 +8,11 @@ float32 and casts to the model's dtype. One scale per vector follows the outlier
 head carries without letting them flatten the other heads or tokens, for 4 bytes per
 head_dim bytes (6% of a 64-wide head).
 
-Attention reads the pool only through index_copy_ (writing the batch's new rows) and
-index_select (gathering a context's rows): QuantizedKV gives those two and stands in for a
-layer's K or V tensor there (ops/attention.py). The C kernels read the pool's memory
-directly and keep float32 or bfloat16; they stand aside for an 8-bit cache.
+Torch's attention reads the pool only through index_copy_ (writing the batch's new rows)
+and index_select (gathering a context's rows): QuantizedKV gives those two and stands in
+for a layer's K or V tensor there (ops/attention.py). The C kernels read and write the
+same bytes and scales in place (kernels/csrc/kv_rows.h), a row at a time, dequantising
+into float32 as their attention gathers it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,11 @@ PACKED_GLU = 5  # a gate_up weight packed with glu=True: its product ends in Swi
 PARTS = 6  # a product of row ranges in different dtypes: Linear.parts, n_parts of them
 BLOCKS = 16  # BLOCKS + t: a GGUF tensor of ggml type t, as stored (kernels/blocks.py)
 GLU = 101  # tw_packed_linear's y_dtype for PACKED_GLU weights: y is silu(gate) * up
+E4M3 = 7  # a KV pool of float8 e4m3 bytes (csrc/kv_rows.h)
 DTYPE_CODES = {torch.float32: F32, torch.bfloat16: BF16, torch.int8: I8}
+if hasattr(torch, "float8_e4m3fn"):
+    DTYPE_CODES[torch.float8_e4m3fn] = E4M3
+KV_CODES = (F32, BF16, I8, E4M3)  # the formats a KV pool is read in (I8, E4M3: with scales)
 
 c_ptr = ctypes.c_void_p
 
@@ -48,6 +52,8 @@ class KV(ctypes.Structure):
         ("tile", ctypes.c_int),
         ("tile_from", ctypes.c_int),
         ("traffic", c_ptr),
+        ("k_scale", c_ptr),  # a one-byte pool's row scales (NULL: none)
+        ("v_scale", c_ptr),
     ]
 
 
@@ -81,6 +87,8 @@ class Layer(ctypes.Structure):
         ("cos", c_ptr),  # NULL: the model's table
         ("sin", c_ptr),
         ("group", ctypes.c_int),
+        ("k_scale", c_ptr),  # a one-byte pool's row scales (NULL: none)
+        ("v_scale", c_ptr),
     ]
 
 
@@ -113,6 +121,16 @@ def ptr(t: torch.Tensor | None) -> int | None:
     return t.data_ptr()
 
 
+def pool_ptrs(x) -> tuple[int | None, int | None]:
+    """A layer's K or V pool as (its rows' address, its row scales' address or None): a
+    tensor in the model's dtype, or an 8-bit engine.kv_quant.QuantizedKV (None: NULL)."""
+    if x is None:
+        return None, None
+    if isinstance(x, torch.Tensor):
+        return ptr(x), None
+    return ptr(x.data), ptr(x.scale)
+
+
 # Decode attention's online softmax (csrc attend_online): keys per tile, and the context
 # from which it replaces whole score rows (0: never; -1: the build's default, csrc
 # online_from). See docs/kernels.md for the timing.
@@ -136,10 +154,11 @@ def kv_view(
     softcap: Gemma 2's cap on the attention scores (None: none). online: (keys per tile,
     the context from which decode attention takes the online softmax; 0: never, -1: the
     build's default). traffic: None, or int64 [2] that the online softmax adds the bytes
-    it reads and writes to."""
+    it reads and writes to. The pools: tensors, or QuantizedKV (pool_ptrs)."""
+    (k, k_scale), (v, v_scale) = pool_ptrs(k_pool), pool_ptrs(v_pool)
     return KV(
-        ptr(k_pool), ptr(v_pool), kv_dtype, ptr(tables), tables.shape[1], ptr(lens),
-        block_size, window or 0, softcap or 0.0, *online, ptr(traffic),
+        k, v, kv_dtype, ptr(tables), tables.shape[1], ptr(lens), block_size, window or 0,
+        softcap or 0.0, *online, ptr(traffic), k_scale, v_scale,
     )  # fmt: skip
 
 
@@ -160,7 +179,8 @@ SIGNATURES = {
         _i, _i,
     ]),
     "tw_rope_store": (None, [
-        ctypes.POINTER(Dims), c_ptr, c_ptr, _i, c_ptr, _i, c_ptr, c_ptr, c_ptr, c_ptr, _i, _i,
+        ctypes.POINTER(Dims), c_ptr, c_ptr, c_ptr, c_ptr, _i, c_ptr, _i, c_ptr, c_ptr, c_ptr,
+        c_ptr, _i, _i,
     ]),
     "tw_argmax_rows": (None, [c_ptr, _i, _i, _i, c_ptr, _i]),
     "tw_block_linear": (None, [c_ptr, _i, _i, ctypes.POINTER(Linear), c_ptr, _i, _i]),

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from tokenworks.kernels.abi import DTYPE_CODES, ONLINE_FROM, ONLINE_TILE, kv_view, ptr
+from tokenworks.kernels.abi import DTYPE_CODES, KV_CODES, ONLINE_FROM, ONLINE_TILE, kv_view, ptr
 from tokenworks.kernels.batch import KernelBatch
 from tokenworks.kernels.build import library
 from tokenworks.kernels.products import tiles_granted
@@ -37,7 +37,7 @@ def paged_decode_attention(
     for the online softmax (None: the kernels' default, abi.ONLINE_TILE and ONLINE_FROM);
     traffic: an ops.tiled_attention.Traffic the online softmax's bytes are added to."""
     lib = library()
-    if lib is None or q.device.type != "cpu" or k_pool.dtype not in (torch.float32, torch.bfloat16):
+    if lib is None or q.device.type != "cpu" or DTYPE_CODES.get(k_pool.dtype) not in KV_CODES:
         return None
     b, n_heads, d = q.shape
     qf = q.float().contiguous()

@@ -173,7 +173,11 @@ class LlamaForward:
         self.windows = windows  # each KV group's attention window (None: none)
         self.group_of = [layout.group_of(i) for i in range(spec.n_layers)]
         self.pool_of = [layout.slot_of(i) for i in range(spec.n_layers)]  # its pool tensors
-        self.pool_ptrs = [(pool.k[j].data_ptr(), pool.v[j].data_ptr()) for j in self.pool_of]
+        # each layer's (K rows, V rows, K scales, V scales): scales for an 8-bit pool only
+        self.pool_ptrs = [
+            tuple(zip(ck.pool_ptrs(pool.k[j]), ck.pool_ptrs(pool.v[j]), strict=True))
+            for j in self.pool_of
+        ]
         self.layers = model.layers  # for what run_batched does in torch (Q/K and output norms)
         self.geglu = spec.mlp_act == "gelu_tanh"
         self.embed_scale = dot[1].embed_scale
@@ -212,8 +216,8 @@ class LlamaForward:
             return "the layers of a KV group attend over different windows"
         if model.norm.device.type != "cpu":
             return f"it runs on the CPU, not {model.norm.device.type}"
-        if pool.k[0].dtype not in (torch.float32, torch.bfloat16):
-            return f"it keeps the KV cache in float32 or bfloat16, not {pool.k[0].dtype}"
+        if ck.DTYPE_CODES.get(pool.k[0].dtype) not in ck.KV_CODES:
+            return f"it reads the KV cache in float32, bfloat16, int8 or fp8, not {pool.k[0].dtype}"
         if spec.head_dim > 256 or spec.n_heads // spec.n_kv_heads * spec.head_dim > 2048:
             return "its per-group buffers take head_dim up to 256, 2048 values a KV group"
         embed = model.embed
@@ -274,8 +278,9 @@ class LlamaForward:
                 if any(p is None for p in parts):
                     return None
                 j, local_rope = layout.slot_of(i), local is not None and layer.rope_table
+                (k, k_scale), (v, v_scale) = ck.pool_ptrs(pool.k[j]), ck.pool_ptrs(pool.v[j])
                 layers[i] = ck.Layer(
-                    *norms[i], *parts, ck.ptr(pool.k[j]), ck.ptr(pool.v[j]),
+                    *norms[i], *parts, k, v,
                     q_norm=_f32(getattr(layer, "q_norm", None), keep),
                     k_norm=_f32(getattr(layer, "k_norm", None), keep),
                     attn_out_norm=_f32(getattr(layer, "attn_output_norm", None), keep),
@@ -283,6 +288,8 @@ class LlamaForward:
                     cos=ck.ptr(lcos) if local_rope else None,
                     sin=ck.ptr(lsin) if local_rope else None,
                     group=layout.group_of(i),
+                    k_scale=k_scale,
+                    v_scale=v_scale,
                 )  # fmt: skip
             head = _linear(model.lm_head, keep, packs)
             if head is None:
@@ -444,10 +451,10 @@ class LlamaForward:
         """RoPE and the cache write in C, then attention over the pool (attention.attend)."""
         s, j = self.spec, self.pool_of[layer]
         cos, sin = self._rope(layer)
+        (k, v), (k_scale, v_scale) = self.pool_ptrs[layer]
         self.lib.tw_rope_store(
-            ctypes.byref(self.dims), ck.ptr(self.pool.k[j]), ck.ptr(self.pool.v[j]),
-            self.kv_dtype, ck.ptr(qkv), code, ck.ptr(pos), ck.ptr(slots), cos, sin,
-            qkv.shape[0], threads,
+            ctypes.byref(self.dims), k, v, k_scale, v_scale, self.kv_dtype, ck.ptr(qkv), code,
+            ck.ptr(pos), ck.ptr(slots), cos, sin, qkv.shape[0], threads,
         )  # fmt: skip
         q = qkv[:, : s.q_size].view(-1, s.n_heads, s.head_dim)
         window = self.windows[self.group_of[layer]]
@@ -534,7 +541,7 @@ class LlamaForward:
                 self._head_norms(qkv, i)
             if decode_only:
                 kv = kvs[g]
-                kv.k_pool, kv.v_pool = self.pool_ptrs[i]
+                (kv.k_pool, kv.v_pool), (kv.k_scale, kv.v_scale) = self.pool_ptrs[i]
                 lib.tw_rope_attend(
                     dims, ctypes.byref(kv), qkv.data_ptr(), pattn, code, pos.data_ptr(),
                     slots[g].data_ptr(), *self._rope(i), b, threads,

@@ -89,7 +89,7 @@ void tw_rope_attend(const tw_dims* d, const tw_kv* kv, const void* qkv, void* ou
       float* r = qf + (int64_t)b * nqkv;
       row_to_f32(qkv, dtype, b, nqkv, r);
       rope_and_store(d, r, positions[b], slots[b], cos, sin, (void*)kv->k_pool,
-                     (void*)kv->v_pool, kv->kv_dtype);
+                     (void*)kv->v_pool, (float*)kv->k_scale, (float*)kv->v_scale, kv->kv_dtype);
     }
     attention_tasks(kv, qf, nqkv, of, q_size, B, H, KVH, D, d->attn_scale, threads);
 #pragma omp for schedule(static)
@@ -100,11 +100,13 @@ void tw_rope_attend(const tw_dims* d, const tw_kv* kv, const void* qkv, void* ou
 }
 
 // Any flat batch (prefill chunks too): RoPE on q and k of each row of qkv [T, q + 2kv]
-// (in place, in `dtype`), and each row's K and V into its pool slot. Attention then runs
-// in torch over the pool (ops/attention.py).
-void tw_rope_store(const tw_dims* d, void* k_pool, void* v_pool, int kv_dtype, void* qkv,
-                   int dtype, const int64_t* positions, const int64_t* slots, const float* cos,
-                   const float* sin, int T, int threads) {
+// (in place, in `dtype`), and each row's K and V into its pool slot (k_scale, v_scale:
+// the row scales of a one-byte kv_dtype, else NULL). Attention then runs over the pool
+// (kernels/attention.py).
+void tw_rope_store(const tw_dims* d, void* k_pool, void* v_pool, float* k_scale,
+                   float* v_scale, int kv_dtype, void* qkv, int dtype, const int64_t* positions,
+                   const int64_t* slots, const float* cos, const float* sin, int T,
+                   int threads) {
   const int H = d->n_heads, KVH = d->n_kv_heads, D = d->head_dim;
   const int q_size = H * D, kv_size = KVH * D, nqkv = q_size + 2 * kv_size;
 #pragma omp parallel num_threads(threads)
@@ -113,7 +115,8 @@ void tw_rope_store(const tw_dims* d, void* k_pool, void* v_pool, int kv_dtype, v
 #pragma omp for schedule(dynamic, 16)
     for (int t = 0; t < T; ++t) {
       row_to_f32(qkv, dtype, t, nqkv, r);
-      rope_and_store(d, r, positions[t], slots[t], cos, sin, k_pool, v_pool, kv_dtype);
+      rope_and_store(d, r, positions[t], slots[t], cos, sin, k_pool, v_pool, k_scale, v_scale,
+                     kv_dtype);
       char* row = (char*)qkv + (int64_t)t * nqkv * (dtype == TW_F32 ? 4 : 2);
       row_from_f32(row, dtype, 0, q_size + kv_size, r);  // q and k, rotated
     }

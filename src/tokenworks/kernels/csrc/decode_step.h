@@ -21,6 +21,8 @@ typedef struct {
   const float* cos;  // this layer's RoPE table (NULL: the model's; Gemma 3's windowed
   const float* sin;  // layers have their own base)
   int group;  // its KV group: the block tables of kvs[group], the slots at slots[group * B]
+  float* k_scale;  // the pools' row scales, for a one-byte KV format (kv_rows.h); else NULL
+  float* v_scale;
 } tw_layer;
 
 typedef struct {
@@ -56,17 +58,17 @@ static void rope_row(float* v, const float* cos, const float* sin, int D) {
 }
 
 // One token's row r [q + 2kv] (float32): RoPE on its q and k heads at `position`, then
-// its K and V into the pools at `slot`.
+// its K and V into the pools at `slot` (scales: see kv_store_row).
 static void rope_and_store(const tw_dims* d, float* r, int64_t position, int64_t slot,
                            const float* cos, const float* sin, void* k_pool, void* v_pool,
-                           int kv_dtype) {
+                           float* k_scale, float* v_scale, int kv_dtype) {
   const int H = d->n_heads, KVH = d->n_kv_heads, D = d->head_dim;
   const int q_size = H * D, kv_size = KVH * D;
   const float *c = cos + position * D, *sn = sin + position * D;
   for (int hh = 0; hh < H + KVH; ++hh) rope_row(r + hh * D, c, sn, D);
   for (int hh = 0; hh < KVH; ++hh) {
-    row_from_f32(k_pool, kv_dtype, slot * KVH + hh, D, r + q_size + hh * D);
-    row_from_f32(v_pool, kv_dtype, slot * KVH + hh, D, r + q_size + kv_size + hh * D);
+    kv_store_row(k_pool, k_scale, kv_dtype, slot * KVH + hh, D, r + q_size + hh * D);
+    kv_store_row(v_pool, v_scale, kv_dtype, slot * KVH + hh, D, r + q_size + kv_size + hh * D);
   }
 }
 
@@ -150,6 +152,8 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
       tw_kv kv = kvs[L->group];
       kv.k_pool = L->k_pool;
       kv.v_pool = L->v_pool;
+      kv.k_scale = L->k_scale;
+      kv.v_scale = L->v_scale;
       const int64_t* lslots = slots + (int64_t)L->group * B;
       const float *lcos = L->cos ? L->cos : m->cos, *lsin = L->sin ? L->sin : m->sin;
 #pragma omp for schedule(static)
@@ -162,7 +166,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
         if (L->q_norm)
           head_norms(s->qkv + (int64_t)b * nqkv, H, KVH, D, L->q_norm, L->k_norm, d->eps);
         rope_and_store(d, s->qkv + (int64_t)b * nqkv, positions[b], lslots[b], lcos, lsin,
-                       L->k_pool, L->v_pool, kv.kv_dtype);
+                       L->k_pool, L->v_pool, L->k_scale, L->v_scale, kv.kv_dtype);
       }
       attention_tasks(&kv, s->qkv, nqkv, s->attn, q_size, B, H, KVH, D, d->attn_scale, threads);
 #pragma omp for schedule(static)

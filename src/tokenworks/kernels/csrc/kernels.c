@@ -9,7 +9,8 @@
 // parallel region: no per-op dispatch, no intermediate tensors. The residual stream and
 // all activations stay in float32; weights are float32, bfloat16, int8 (one scale per
 // output row), Q4 blocks or packed bfloat16; K and V live in the paged pool of
-// engine/kv_cache.py (float32 or bfloat16), read through each sequence's block table.
+// engine/kv_cache.py (float32, bfloat16, or int8 or float8 e4m3 with a scale per row:
+// kv_rows.h), read through each sequence's block table.
 //
 // Weights may also be a GGUF file's own quantised blocks, multiplied as stored with
 // activations quantised to 8 bits (block_products.h: `tw_block_linear`, and the same
@@ -24,6 +25,7 @@
 // plain C fallback, so the file builds for any CPU the compiler targets.
 
 #include "common.h"
+#include "kv_rows.h"
 #include "block_products.h"
 #include "dot_products.h"
 #include "paged_attention.h"

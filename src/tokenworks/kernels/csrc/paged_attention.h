@@ -17,6 +17,8 @@ typedef struct {
   int tile_from;  // contexts of at least this many keys take it; 0: none do; < 0: the
                  // build's default (online_from)
   int64_t* traffic;  // NULL, or [read, written]: attend_online adds the bytes it moves
+  const float* k_scale;  // [slots, kv_heads] for a one-byte kv_dtype (kv_rows.h), else NULL
+  const float* v_scale;
 } tw_kv;
 
 static inline void count_bytes(const tw_kv* kv, int64_t read, int64_t written) {
@@ -319,19 +321,21 @@ static void attend_online(const tw_kv* kv, const int64_t* slots, int64_t n, int 
     l[g] = 0.f;
     for (int d = 0; d < D; ++d) out[g * D + d] = 0.f;
   }
-  const int64_t esz = kv->kv_dtype == TW_F32 ? 4 : 2;
-  count_bytes(kv, (int64_t)G * D * 4 + 2 * n * D * esz, (int64_t)G * D * 4);  // q, K, V; out
+  const int64_t esz = kv_elem_bytes(kv->kv_dtype), row_scale = kv_scaled(kv->kv_dtype) ? 4 : 0;
+  count_bytes(kv, (int64_t)G * D * 4 + 2 * n * (D * esz + row_scale), (int64_t)G * D * 4);
   for (int64_t t0 = 0; t0 < n; t0 += T) {
     const int cnt = n - t0 < T ? (int)(n - t0) : T;
     for (int j = 0; j < cnt; ++j)
-      row_to_f32(kv->k_pool, kv->kv_dtype, slots[t0 + j] * kv_heads + h, D, rows + j * D);
+      kv_load_row(kv->k_pool, kv->k_scale, kv->kv_dtype, slots[t0 + j] * kv_heads + h, D,
+                  rows + j * D);
     for (int g = 0; g < G; ++g)
       for (int j = 0; j < cnt; ++j) {
         float x = dot_f32(qs + g * D, rows + j * D, D);
         s[g * T + j] = kv->softcap > 0.f ? kv->softcap * tanhf(x / kv->softcap) : x;
       }
     for (int j = 0; j < cnt; ++j)
-      row_to_f32(kv->v_pool, kv->kv_dtype, slots[t0 + j] * kv_heads + h, D, rows + j * D);
+      kv_load_row(kv->v_pool, kv->v_scale, kv->kv_dtype, slots[t0 + j] * kv_heads + h, D,
+                  rows + j * D);
     for (int g = 0; g < G; ++g) {
       float* sg = s + g * T;
       float mx = m[g];
@@ -371,7 +375,7 @@ static void attend_online(const tw_kv* kv, const int64_t* slots, int64_t n, int 
 static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, int D,
                    float scale, const float* q, float* out, int next_b) {
   int64_t n;
-  const int64_t esz = kv->kv_dtype == TW_F32 ? 4 : 2;
+  const int64_t esz = kv_elem_bytes(kv->kv_dtype);
   int64_t* slots = window_slots(kv, b, &n);
   const int from = online_from(kv);
   tw_ahead ahead, *ap = NULL;
@@ -416,7 +420,7 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
 #endif
     if (!done)
       for (int64_t l = 0; l < n; ++l) {
-        row_to_f32(kv->k_pool, kv->kv_dtype, slots[l] * kv_heads + h, D, row);
+        kv_load_row(kv->k_pool, kv->k_scale, kv->kv_dtype, slots[l] * kv_heads + h, D, row);
         for (int g = 0; g < G; ++g) scores[g * n + l] = dot_f32(qs + g * D, row, D);
       }
     if (kv->softcap > 0.f)
@@ -424,7 +428,7 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
         scores[i] = kv->softcap * tanhf(scores[i] / kv->softcap);
     for (int g = 0; g < G; ++g) softmax(scores + g * n, n);
 #if defined(__AVX512F__)
-    if (D == 64 && G <= 4) {
+    if (D == 64 && G <= 4 && !kv_scaled(kv->kv_dtype)) {  // (load16: float32 or bfloat16)
       const void* vp = kv->v_pool;
       const int dt = kv->kv_dtype;
       const char* nk = h + 1 < h1 ? (const char*)kv->k_pool + (int64_t)(h + 1) * D * esz : NULL;
@@ -434,7 +438,8 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
       if (G == 4) weighted_values64(vp, dt, slots, n, kv_heads, h, scores, 4, oh, nk, ap);
       continue;
     }
-    if (D % 16 == 0) {  // one query head at a time, its sums in registers
+    if (D % 16 == 0 && !kv_scaled(kv->kv_dtype)) {  // one query head at a time, its sums
+                                                     // in registers
       const int C = D / 16;
       for (int g = 0; g < G; ++g) {
         __m512 acc[16];
@@ -456,7 +461,7 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
 #endif
     for (int i = 0; i < G * D; ++i) oh[i] = 0.f;
     for (int64_t l = 0; l < n; ++l) {
-      row_to_f32(kv->v_pool, kv->kv_dtype, slots[l] * kv_heads + h, D, row);
+      kv_load_row(kv->v_pool, kv->v_scale, kv->kv_dtype, slots[l] * kv_heads + h, D, row);
       for (int g = 0; g < G; ++g) {
         const float p = scores[g * n + l];
         float* o = oh + g * D;
