@@ -75,9 +75,10 @@ def main() -> None:
                    for i in range(args.requests)]  # fmt: skip
         rows[name] = {}
         for setup, options in SETUPS.items():
+            # (with its warm-up, which pays the first touch of the weights untimed)
             llm = LLM(name, loaded=loaded, dtype="bfloat16", threads=args.threads,
                       kv_cache_memory=args.budget_gib, max_num_seqs=args.requests,
-                      warmup=False, **options)  # fmt: skip
+                      **options)  # fmt: skip
             rows[name][setup] = r = run(llm, prompts, args.generate)
             # beside it, what `tokenworks plan kv --kv-dtype` counts a token (no scales)
             kind = {"auto": "bf16", "int8": "int8", "fp8_e4m3": "fp8"}[options["kv_cache_dtype"]]
