@@ -2,9 +2,10 @@
 
 Each catalogue model gets the same KV budget four ways: bfloat16 with the C kernels (the
 default engine), bfloat16 on the torch attention, and int8 and fp8 e4m3 (on the C
-kernels too, which read and write the 8-bit rows in place). R requests of P prompt tokens and G generated tokens run offline
-together, as many at a time as the pool holds: the most sequences that ran at once is
-what the budget held, and generated tokens a second is the throughput.
+kernels too, which read and write the 8-bit rows in place). R requests of P prompt
+tokens and G generated tokens run offline together, as many at a time as the pool holds:
+the most sequences that ran at once is what the budget held, and generated tokens a
+second is the throughput.
 
     python labs/kv_cache_dtype.py [--models smollm2-135m] [--budget-gib 0.025]
 
