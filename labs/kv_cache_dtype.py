@@ -5,7 +5,8 @@ default engine), bfloat16 on the torch attention, and int8 and fp8 e4m3 (on the 
 kernels too, which read and write the 8-bit rows in place). R requests of P prompt
 tokens and G generated tokens run offline together, as many at a time as the pool holds:
 the most sequences that ran at once is what the budget held, and generated tokens a
-second is the throughput.
+second is the throughput: the median of R rounds, the setups taking turns within each
+round, so that a slow minute on a shared machine falls on every setup alike.
 
     python labs/kv_cache_dtype.py [--models smollm2-135m] [--budget-gib 0.025]
 
@@ -15,6 +16,7 @@ Writes an evidence record and a PNG (sequences held and throughput, per model an
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 
@@ -39,20 +41,23 @@ SETUPS = {  # name -> engine options
 
 
 def run(llm: LLM, prompts: list[list[int]], generate: int) -> dict:
+    """One round of the workload on one engine."""
     engine = llm.engine
     params = SamplingParams(max_tokens=generate, temperature=0, ignore_eos=True)
+    preempted = engine.totals["preemptions"]
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
+    generated = sum(len(o.outputs[0].token_ids) for o in outs)
     return {
         "pool_blocks": engine.blocks.num_blocks,
         "block_bytes": engine.block_bytes,
         "pool_bytes": engine.pool.nbytes,
         "most_running": max(s.num_running for s in engine.stats),
-        "preemptions": engine.totals["preemptions"],
-        "generated_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+        "preemptions": engine.totals["preemptions"] - preempted,
+        "generated_tokens": generated,
         "seconds": seconds,
-        "tok_s": sum(len(o.outputs[0].token_ids) for o in outs) / seconds,
+        "tok_s": generated / seconds,
         "kernels": engine.kernels(),
         "tokens": [o.outputs[0].token_ids for o in outs],
     }
@@ -66,6 +71,7 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--generate", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="the setups take turns R times")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
 
@@ -74,20 +80,37 @@ def main() -> None:
         loaded = load(name)
         prompts = [latency_prompt(args.prompt_tokens, loaded.spec.vocab_size, seed=i)
                    for i in range(args.requests)]  # fmt: skip
+        # every setup's engine, each warmed up (the first touch of the weights untimed)
+        llms = {
+            setup: LLM(
+                name,
+                loaded=loaded,
+                dtype="bfloat16",
+                threads=args.threads,
+                kv_cache_memory=args.budget_gib,
+                max_num_seqs=args.requests,
+                **options,
+            )
+            for setup, options in SETUPS.items()
+        }
+        rounds = {setup: [] for setup in SETUPS}
+        for _ in range(args.rounds):
+            for setup, llm in llms.items():
+                rounds[setup].append(run(llm, prompts, args.generate))
         rows[name] = {}
+        bf16_c = statistics.median(x["tok_s"] for x in rounds["bf16-c"])
         for setup, options in SETUPS.items():
-            # (with its warm-up, which pays the first touch of the weights untimed)
-            llm = LLM(name, loaded=loaded, dtype="bfloat16", threads=args.threads,
-                      kv_cache_memory=args.budget_gib, max_num_seqs=args.requests,
-                      **options)  # fmt: skip
-            rows[name][setup] = r = run(llm, prompts, args.generate)
+            rows[name][setup] = r = rounds[setup][0]
+            r["tok_s_rounds"] = [x["tok_s"] for x in rounds[setup]]
+            r["tok_s"] = statistics.median(r["tok_s_rounds"])
             # beside it, what `tokenworks plan kv --kv-dtype` counts a token (no scales)
             kind = {"auto": "bf16", "int8": "int8", "fp8_e4m3": "fp8"}[options["kv_cache_dtype"]]
             r["plan_kv_bytes_per_token"] = kv_bytes_per_token(loaded.spec.shape, kind)
             r["pool_bytes_per_token"] = r["pool_bytes"] / (
-                r["pool_blocks"] * llm.engine.blocks.block_size
+                r["pool_blocks"] * llms[setup].engine.blocks.block_size
             )
-            del llm
+            r["tok_s_vs_bf16_c"] = r["tok_s"] / bf16_c
+        del llms
         base = rows[name]["bf16-torch"]["tokens"]
         for r in rows[name].values():  # greedy tokens equal to bfloat16's, position by position
             same = sum(a == b for x, y in zip(base, r.pop("tokens"), strict=True)
@@ -122,14 +145,15 @@ def main() -> None:
             "setups": SETUPS,
         },  # fmt: skip
         model={"names": names},
-        workload={k: getattr(args, k) for k in ("requests", "prompt_tokens", "generate")},
+        workload={k: getattr(args, k) for k in ("requests", "prompt_tokens", "generate", "rounds")},
         results={"rows": rows, "figure": str(png)},
         seeds=[0],
     )
     path = write_record(record, args.out)
     for name, by in rows.items():
         for setup, r in by.items():
-            print(f"{name} {setup}: {r['most_running']} at once, {r['tok_s']:.1f} tok/s, "
+            print(f"{name} {setup}: {r['most_running']} at once, {r['tok_s']:.1f} tok/s "
+                  f"({r['tok_s_vs_bf16_c']:.2f}x bf16-c), "
                   f"{100 * r['tokens_as_bf16']:.0f}% of tokens as bf16")  # fmt: skip
     print(f"record {path}, figure {png}")
 
