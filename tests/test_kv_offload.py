@@ -66,6 +66,19 @@ def test_the_host_tier_is_counted_where_metrics_read_it(toy_llm):
     text = metrics.render().decode()
     series = 'tokenworks:kv_restore_blocks_total{engine="0",model_name="toy"}'
     assert f"{series} {gauges.restored_blocks}.0" in text
+    # a tier of two blocks: what its budget pushes out is counted too
+    tight = LLM("toy", dtype="float32", loaded=toy_llm.engine.loaded, warmup=False,
+                kv_cache_memory=8 * toy_llm.engine.block_bytes / GiB,
+                kv_offload_gib=2 * toy_llm.engine.block_bytes / GiB)  # fmt: skip
+    for i in range(4):
+        tight.generate([[100 + i] * 100], SamplingParams(max_tokens=1), use_tqdm=False)
+    gauges = gauges_of(tight.engine)
+    assert gauges.offload_dropped_blocks == tight.engine.blocks.host.dropped > 0
+    assert tight.engine.blocks.host.nbytes <= 2 * tight.engine.block_bytes
+    metrics = ServerMetrics("toy")
+    metrics.on_step(0, gauges)
+    series = 'tokenworks:kv_offload_dropped_blocks_total{engine="0",model_name="toy"}'
+    assert f"{series} {gauges.offload_dropped_blocks}.0" in metrics.render().decode()
 
 
 def test_the_host_tier_needs_the_prefix_cache_and_one_process():

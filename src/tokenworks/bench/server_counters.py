@@ -4,14 +4,21 @@ after (nothing from a server that is not ours)."""
 
 from __future__ import annotations
 
+# the host tier's counters (serve/metrics.py): stored, copied back, pushed out by its budget
+OFFLOAD_SERIES = (
+    "tokenworks:kv_offload_blocks",
+    "tokenworks:kv_restore_blocks",
+    "tokenworks:kv_offload_dropped_blocks",
+)
+
 
 def server_counters(base_url: str, api_key: str | None) -> dict | None:
     """A tokenworks server's running counters that a point's figures are read from:
     {"phases": {phase: [seconds, requests]}} of tokenworks:api_process_seconds
     (serve/api_times.py), "prefix": [hit, queried] prompt tokens summed over its engines,
-    "misses": {reason: requests} of tokenworks:prefix_cache_misses, and "offload":
-    {kv_offload_blocks, kv_restore_blocks} of the host tier. None from another engine's
-    server, or an unreadable one."""
+    "misses": {reason: requests} of tokenworks:prefix_cache_misses, and "offload": the
+    host tier's blocks stored, copied back and dropped (OFFLOAD_SERIES). None from another
+    engine's server, or an unreadable one."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -26,7 +33,7 @@ def server_counters(base_url: str, api_key: str | None) -> dict | None:
     misses: dict[str, float] = {}
     offload = {}
     for family in families:
-        if family.name in ("tokenworks:kv_offload_blocks", "tokenworks:kv_restore_blocks"):
+        if family.name in OFFLOAD_SERIES:
             offload[family.name.split(":")[1]] = sum(
                 s.value for s in family.samples if s.name.endswith("_total")
             )

@@ -60,6 +60,7 @@ def gauges_of(engine: LLMEngine) -> EngineGauges:
         host.offloaded if host is not None else None,
         host.restored if host is not None else None,
         host.nbytes if host is not None else None,
+        host.dropped if host is not None else None,
     )
 
 

@@ -118,11 +118,12 @@ class EngineGauges:
     prefix_hits: int | None = None
     speculation: SpeculativeMetrics | None = None  # the speculator's running totals
     generation_tokens: int = 0  # tokens sampled since the engine started
-    # the prefix cache's host tier (engine/kv_offload.py; None: none): blocks stored and
-    # copied back since start, and the bytes it holds now
+    # the prefix cache's host tier (engine/kv_offload.py; None: none): blocks stored, copied
+    # back and pushed out by its budget since start, and the bytes it holds now
     offloaded_blocks: int | None = None
     restored_blocks: int | None = None
     offload_bytes: int | None = None
+    offload_dropped_blocks: int | None = None
 
     @property
     def idle(self) -> bool:

@@ -84,6 +84,10 @@ class ServerMetrics:
                 "KV blocks copied back from the host tier instead of computed again.",
             ),
             "offload_bytes": gauge(f"{prefix}:kv_offload_bytes", "Bytes the host tier holds."),
+            "offload_dropped": counter(
+                f"{prefix}:kv_offload_dropped_blocks",
+                "Blocks the host tier's budget pushed out, oldest first (gone for good).",
+            ),
             "misses": counter(
                 f"{prefix}:prefix_cache_misses",
                 "Finished requests by why the first prompt block the prefix cache did not "
@@ -176,7 +180,7 @@ class EngineMetrics:
         self._per_pos, self._finished, self._misses = f["per_pos"], f["finished"], f["misses"]
         self._spec_seen: dict = {}
         self._queried = self._hits = 0
-        self._offloaded = self._restored = 0
+        self._offloaded = self._restored = self._dropped = 0
 
     def on_state(self, gauges) -> None:
         """The engine as it is now (EngineGauges: after a step, or after requests left)."""
@@ -197,7 +201,9 @@ class EngineMetrics:
             s["offloaded"].inc(max(0, gauges.offloaded_blocks - self._offloaded))
             s["restored"].inc(max(0, gauges.restored_blocks - self._restored))
             s["offload_bytes"].set(gauges.offload_bytes)
+            s["offload_dropped"].inc(max(0, gauges.offload_dropped_blocks - self._dropped))
             self._offloaded, self._restored = gauges.offloaded_blocks, gauges.restored_blocks
+            self._dropped = gauges.offload_dropped_blocks
         if gauges.speculation is not None:
             self._count_speculation(gauges.speculation)
 
