@@ -1,4 +1,4 @@
-"""A short soak: 500 mixed requests (streamed, non-streamed, left mid-stream, invalid)
+"""A short soak: 200 mixed requests (streamed, non-streamed, left mid-stream, invalid)
 leave the server as they found it: every KV block back, no open files gained, RSS within
 50 MB. The KV pool's pages are taken as blocks are first written (and kept, holding the
 prefix cache), so the server's pool here is 32 MiB: what RSS then measures is everything
@@ -14,7 +14,7 @@ from tokenworks.bench.soak import soak
 MB = 1_000_000
 
 
-def test_500_mixed_requests_leave_nothing_behind(smol_loaded):
+def test_200_mixed_requests_leave_nothing_behind(smol_loaded):
     srv = start_server(
         smol_loaded, dtype="bfloat16", max_num_seqs=16, max_model_len=512, kv_cache_memory=1 / 32
     )
@@ -23,7 +23,7 @@ def test_500_mixed_requests_leave_nothing_behind(smol_loaded):
         soak(srv.url, "smollm2-135m", requests=60, concurrency=8, seed=1, progress=False)
         free_before = engine.blocks.num_free
         result = soak(
-            srv.url, "smollm2-135m", requests=500, concurrency=8, progress=False, engine=engine
+            srv.url, "smollm2-135m", requests=200, concurrency=8, progress=False, engine=engine
         )
     finally:
         srv.stop()

@@ -196,7 +196,7 @@ def test_greedy_output_is_unchanged_by_speculation(method, smol_loaded, smol_ref
     computes them (batch invariance), so speculation never changes greedy tokens."""
     solo_ref, batch_ref = smol_reference
     greedy = [i for i, (_, p) in enumerate(prompts_16()) if p.temperature == 0]
-    for k in (1, 2, 3, 5, 8):  # one token, a few, an odd count, the most: each rejects apart
+    for k in (1, 3, 8):  # one token, an odd count, the most: each rejects apart
         spec = {"method": method, "num_speculative_tokens": k, "adaptive": False}
         if method == "draft_model":  # the target's own file as its drafter: no download
             spec |= {"model": "smollm2-135m"}
