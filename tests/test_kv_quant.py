@@ -188,6 +188,26 @@ def test_greedy_tokens_with_an_int8_cache_agree_with_bfloat16(smol_loaded, kerne
     assert [c.token_ids for c in pair[0].outputs] == [got[0], got[0]]
 
 
+def test_an_int8_cache_decodes_on_the_c_kernels_as_it_prefills(smol_loaded):
+    """Without batch invariance the C kernels take bigger batches apart: prompt chunks
+    stored by tw_rope_store and attended in torch, decode batches of more than MAX_ROWS
+    stored and attended by tw_rope_attend. Over the same int8 cache the two agree: the
+    tokens a 12-sequence decode picked are the prompt pass's most likely tokens along the
+    same text at 90% of positions or more."""
+    from tokenworks.kernels.forward import MAX_ROWS
+
+    llm = LLM("smollm2-135m", loaded=smol_loaded, dtype="bfloat16", kv_cache_dtype="int8",
+              kernels="c", batch_invariant=False, warmup=False)  # fmt: skip
+    assert not llm.engine.c_kernels.invariant
+    prompts = PROMPTS + PROMPTS[:4]
+    assert len(prompts) > MAX_ROWS
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    decoded = [t for o in outs for t in o.outputs[0].token_ids]
+    seqs = [o.prompt_token_ids + o.outputs[0].token_ids for o in outs]
+    prefilled = _top1(llm, seqs, GREEDY.max_tokens)
+    assert sum(a == b for a, b in zip(decoded, prefilled, strict=True)) >= 0.9 * len(decoded)
+
+
 def test_a_windowed_model_runs_on_an_int8_cache(gemma3_loaded):
     """Gemma 3's six layer groups (five of 512-token windows) keep their blocks in int8
     too, on the C kernels, and its greedy tokens agree with its bfloat16 cache's."""
