@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from tokenworks import LLM, SamplingParams  # noqa: E402
+from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
 from tokenworks.models import load  # noqa: E402
@@ -73,14 +74,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3, help="the setups take turns R times")
     ap.add_argument("--out", default="benchmarks/results")
-    args = ap.parse_args()
+    args = parse_lab_args(
+        ap, fast=dict(models="smollm2-135m", requests=4, prompt_tokens=32, generate=4, rounds=1)
+    )
 
     rows = {}
     for name in tqdm(args.models.split(","), desc="models"):
         loaded = load(name)
         prompts = [latency_prompt(args.prompt_tokens, loaded.spec.vocab_size, seed=i)
                    for i in range(args.requests)]  # fmt: skip
-        # every setup's engine, each warmed up (the first touch of the weights untimed)
+        # every setup's engine, each warmed up (the first touch of the weights untimed);
+        # no prefix cache, or a pool that kept a round's prompts would skip the next's
         llms = {
             setup: LLM(
                 name,
@@ -89,6 +93,7 @@ def main() -> None:
                 threads=args.threads,
                 kv_cache_memory=args.budget_gib,
                 max_num_seqs=args.requests,
+                enable_prefix_caching=False,
                 **options,
             )
             for setup, options in SETUPS.items()
@@ -140,6 +145,7 @@ def main() -> None:
         kind="lab.kv_cache_dtype",
         engine={
             "dtype": "bfloat16",
+            "prefix_caching": False,
             "threads": args.threads,
             "kv_cache_memory": args.budget_gib,
             "setups": SETUPS,
