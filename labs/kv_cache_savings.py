@@ -31,6 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from tokenworks import LLM, SamplingParams  # noqa: E402
+from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
 from tokenworks.bench.latency import prompt_steps  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
@@ -65,7 +66,7 @@ def main() -> None:
     ap.add_argument("--points", type=int, default=12, help="contexts timed without a cache")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results")
-    args = ap.parse_args()
+    args = parse_lab_args(ap, fast=dict(prompt=16, tokens=32, points=3, repeats=1))
 
     llm = LLM(
         args.model,

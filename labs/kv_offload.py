@@ -27,6 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from tokenworks import LLM, SamplingParams  # noqa: E402
+from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
 from tokenworks.engine.kv_budget import GiB  # noqa: E402
@@ -81,7 +82,17 @@ def main() -> None:
     ap.add_argument("--answer-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results")
-    args = ap.parse_args()
+    args = parse_lab_args(
+        ap,
+        fast=dict(
+            models="smollm2-135m",
+            conversations=3,
+            turns=2,
+            system_tokens=64,
+            question_tokens=8,
+            answer_tokens=4,
+        ),
+    )
 
     last = args.system_tokens + args.turns * (args.question_tokens + args.answer_tokens)
     rows = {}

@@ -28,6 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tokenworks import LLM  # noqa: E402
+from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
 from tokenworks.bench.latency import decode_step_times, prompt_steps  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
@@ -58,7 +59,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--decode-steps", type=int, default=12)
     ap.add_argument("--out", default="benchmarks/results")
-    args = ap.parse_args()
+    args = parse_lab_args(ap, fast=dict(sizes="1,16", repeats=1, decode_steps=2))
     sizes = [int(s) for s in args.sizes.split(",")]
 
     llm = LLM(

@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from tokenworks import LLM  # noqa: E402
 from tokenworks.bench.client import run_in_process  # noqa: E402
+from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
 from tokenworks.bench.metrics import compute  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.workload import build_requests  # noqa: E402
@@ -42,7 +43,7 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--max-waiting", type=int, default=8)
     ap.add_argument("--out", default="benchmarks/results")
-    args = ap.parse_args()
+    args = parse_lab_args(ap, fast=dict(rates="4", requests=6, input_tokens=16, output_tokens=4))
     rates = [float(r) for r in args.rates.split(",")]
 
     llm = LLM(

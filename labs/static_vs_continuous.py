@@ -23,6 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tokenworks import LLM, SamplingParams  # noqa: E402
+from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
 
@@ -65,7 +66,9 @@ def main() -> None:
     ap.add_argument("--max-output", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results")
-    args = ap.parse_args()
+    args = parse_lab_args(
+        ap, fast=dict(requests=6, batch=2, prompt_tokens=16, min_output=2, max_output=8)
+    )
 
     llm = LLM(args.model, dtype="bfloat16", threads=args.threads, max_num_seqs=args.batch)
     vocab = llm.engine.spec.vocab_size

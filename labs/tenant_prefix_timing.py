@@ -30,6 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 from tokenworks.config import EngineConfig  # noqa: E402
 from tokenworks.engine.engine import LLMEngine  # noqa: E402
@@ -83,7 +84,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results")
-    args = ap.parse_args()
+    args = parse_lab_args(ap, fast=dict(rounds=2, prompt_tokens=64))
 
     loaded = load(args.model)
     modes = [run_mode(loaded, args, shared) for shared in (True, False)]
