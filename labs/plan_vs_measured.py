@@ -37,13 +37,13 @@ from tokenworks.plan.probe import probe  # noqa: E402
 from tokenworks.plan.quant import parse_scheme  # noqa: E402
 from tokenworks.plan.roofline import decode, prefill  # noqa: E402
 
-PROMPT, SHORT, NEW, BATCH, BATCH_PROMPT = 512, 16, 128, 64, 128
+PROMPT, SHORT, BATCH = 512, 16, 64
 
 
-def batched_decode_tok_s(llm: LLM, steps: int = 12) -> float:
-    """Tokens/s of pure decode steps with BATCH sequences in the pass."""
+def batched_decode_tok_s(llm: LLM, batch_prompt: int, steps: int = 12) -> float:
+    """Tokens/s of pure decode steps with BATCH sequences of batch_prompt tokens."""
     vocab = llm.engine.spec.vocab_size
-    prompts = [latency_prompt(BATCH_PROMPT, vocab, seed=50 + i) for i in range(BATCH)]
+    prompts = [latency_prompt(batch_prompt, vocab, seed=50 + i) for i in range(BATCH)]
     return BATCH / statistics.median(decode_step_times(llm.engine, prompts, steps))
 
 
@@ -62,15 +62,18 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--decode-tokens", type=int, default=128, help="of the batch-1 decode")
+    ap.add_argument("--batch-prompt", type=int, default=128, help="tokens of each of 64")
     ap.add_argument("--out", default="benchmarks/results")
-    args = parse_lab_args(ap, fast=dict(repeats=1))
+    args = parse_lab_args(ap, fast=dict(repeats=1, decode_tokens=16, batch_prompt=16))
+    new, batch_prompt = args.decode_tokens, args.batch_prompt
 
     hw = probe(threads=args.threads)
     shape, bf16 = get_model(args.model), parse_scheme("bf16")
     ceilings = {
-        "decode_1": decode(shape, hw, bf16, batch=1, context=SHORT + NEW // 2),
+        "decode_1": decode(shape, hw, bf16, batch=1, context=SHORT + new // 2),
         "prefill_512": prefill(shape, hw, bf16, prompt=PROMPT),
-        "decode_64": decode(shape, hw, bf16, batch=BATCH, context=BATCH_PROMPT + 6),
+        "decode_64": decode(shape, hw, bf16, batch=BATCH, context=batch_prompt + 6),
     }
     llm = LLM(
         args.model,
@@ -80,11 +83,11 @@ def main() -> None:
         max_num_seqs=BATCH,
     )
     prompt = latency_prompt(PROMPT, llm.engine.spec.vocab_size)
-    ours = measure_tokenworks(llm, prompt, prompt[:SHORT], NEW, args.repeats)
+    ours = measure_tokenworks(llm, prompt, prompt[:SHORT], new, args.repeats)
     measured = {
         "decode_1": statistics.median(ours["decode_tok_s"]),
         "prefill_512": statistics.median(ours["prefill_tok_s"]),
-        "decode_64": batched_decode_tok_s(llm),
+        "decode_64": batched_decode_tok_s(llm, batch_prompt),
     }
     rows = {}
     for case, c in ceilings.items():
@@ -107,9 +110,9 @@ def main() -> None:
         workload={
             "prompt_tokens": PROMPT,
             "short_prompt_tokens": SHORT,
-            "decode_tokens": NEW,
+            "decode_tokens": new,
             "batch": BATCH,
-            "batch_prompt_tokens": BATCH_PROMPT,
+            "batch_prompt_tokens": batch_prompt,
             "threads": args.threads,
         },
         results={
