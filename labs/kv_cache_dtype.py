@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import matplotlib
 
@@ -27,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from tokenworks import LLM, SamplingParams  # noqa: E402
-from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
+from tokenworks.bench.labs import parse_lab_args, save_figure  # noqa: E402
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
 from tokenworks.models import load  # noqa: E402
@@ -136,10 +135,7 @@ def main() -> None:
     fig.suptitle(f"the same {args.budget_gib} GiB of KV cache; {args.requests} requests of "
                  f"{args.prompt_tokens} + {args.generate} tokens")  # fmt: skip
     fig.tight_layout()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "lab-kv-cache-dtype.png"
-    fig.savefig(png, dpi=110)
+    png = save_figure(fig, args.out, "lab-kv-cache-dtype.png")
 
     record = make_record(
         kind="lab.kv_cache_dtype",

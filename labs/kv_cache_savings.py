@@ -31,7 +31,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from tokenworks import LLM, SamplingParams  # noqa: E402
-from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
+from tokenworks.bench.labs import parse_lab_args  # noqa: E402
 from tokenworks.bench.latency import prompt_steps  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import matplotlib
 
@@ -27,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from tokenworks import LLM, SamplingParams  # noqa: E402
-from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
+from tokenworks.bench.labs import parse_lab_args, save_figure  # noqa: E402
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
 from tokenworks.engine.kv_budget import GiB  # noqa: E402
@@ -126,10 +125,7 @@ def main() -> None:
     ax.set_title(f"{args.conversations} chats of {args.turns} turns, a pool of about two")
     ax.legend()
     fig.tight_layout()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "lab-kv-offload.png"
-    fig.savefig(png, dpi=110)
+    png = save_figure(fig, args.out, "lab-kv-offload.png")
 
     record = make_record(
         kind="lab.kv_offload",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import matplotlib
 
@@ -28,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
+from tokenworks.bench.labs import parse_lab_args, save_figure  # noqa: E402
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 from tokenworks.plan.traffic import coalescing_efficiency  # noqa: E402
 
@@ -81,10 +80,7 @@ def main() -> None:
     ax.set_ylabel("useful bytes / s, as a share of stride 1")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "lab-memory-traffic.png"
-    fig.savefig(png, dpi=110)
+    png = save_figure(fig, args.out, "lab-memory-traffic.png")
 
     record = make_record(
         kind="lab.memory_traffic",

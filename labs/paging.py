@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import matplotlib
 
@@ -28,7 +27,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tokenworks import LLM, SamplingParams  # noqa: E402
-from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
+from tokenworks.bench.labs import parse_lab_args, save_figure  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
 from tokenworks.models import load  # noqa: E402
@@ -95,10 +94,7 @@ def main() -> None:
     fig.suptitle(f"{args.model}: {args.budget_tokens} tokens of KV, {args.requests} requests of "
                  f"{args.min_len} to {args.max_len} tokens")  # fmt: skip
     fig.tight_layout()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "lab-paging.png"
-    fig.savefig(png, dpi=110)
+    png = save_figure(fig, args.out, "lab-paging.png")
 
     record = make_record(
         kind="lab.paging",

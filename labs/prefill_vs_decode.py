@@ -28,7 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tokenworks import LLM  # noqa: E402
-from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
+from tokenworks.bench.labs import parse_lab_args  # noqa: E402
 from tokenworks.bench.latency import decode_step_times, prompt_steps  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from pathlib import Path
 
 import matplotlib
 
@@ -25,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from tokenworks import LLM, SamplingParams  # noqa: E402
-from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
+from tokenworks.bench.labs import parse_lab_args, save_figure  # noqa: E402
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
 from tokenworks.models import load  # noqa: E402
@@ -112,10 +111,7 @@ def main() -> None:
         f"{args.groups} system prompts of {args.prefix_tokens} tokens, {args.requests} requests"
     )
     fig.tight_layout()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "lab-prefix-cache-size.png"
-    fig.savefig(png, dpi=110)
+    png = save_figure(fig, args.out, "lab-prefix-cache-size.png")
 
     record = make_record(
         kind="lab.prefix_cache_size",

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from tokenworks import LLM  # noqa: E402
 from tokenworks.bench.client import run_in_process  # noqa: E402
-from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
+from tokenworks.bench.labs import parse_lab_args  # noqa: E402
 from tokenworks.bench.metrics import compute  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.workload import build_requests  # noqa: E402

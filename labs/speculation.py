@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import copy
 import time
-from pathlib import Path
 
 import matplotlib
 
@@ -31,7 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tokenworks import LLM, SamplingParams  # noqa: E402
-from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
+from tokenworks.bench.labs import parse_lab_args, save_figure  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.speculative_prompts import WORKLOADS  # noqa: E402
 from tokenworks.models import load  # noqa: E402
@@ -104,10 +103,7 @@ def main() -> None:
     ax2.bar(names, [rows[n]["with"].get("acceptance_rate") or 0 for n in names])
     ax2.set_title("acceptance rate")
     fig.tight_layout()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "lab-speculation.png"
-    fig.savefig(png, dpi=110)
+    png = save_figure(fig, args.out, "lab-speculation.png")
 
     record = make_record(
         kind="lab.speculation",

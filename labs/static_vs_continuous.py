@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import random
 import time
-from pathlib import Path
 
 import matplotlib
 
@@ -23,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tokenworks import LLM, SamplingParams  # noqa: E402
-from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
+from tokenworks.bench.labs import parse_lab_args, save_figure  # noqa: E402
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
 
@@ -95,10 +94,7 @@ def main() -> None:
     ax2.set_ylabel("output tokens / s")
     ax2.set_title(f"continuous / static = {speedup:.2f}x")
     fig.tight_layout()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "lab-static-vs-continuous.png"
-    fig.savefig(png, dpi=110)
+    png = save_figure(fig, args.out, "lab-static-vs-continuous.png")
 
     loaded = llm.engine.loaded
     record = make_record(

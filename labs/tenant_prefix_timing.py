@@ -21,7 +21,6 @@ import argparse
 import random
 import statistics
 import time
-from pathlib import Path
 
 import httpx
 import matplotlib
@@ -30,7 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
+from tokenworks.bench.labs import parse_lab_args, save_figure  # noqa: E402
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 from tokenworks.config import EngineConfig  # noqa: E402
 from tokenworks.engine.engine import LLMEngine  # noqa: E402
@@ -101,10 +100,7 @@ def main() -> None:
     ax.set_ylabel("tenant B's time to first token (ms)")
     ax.set_title(f"a {args.prompt_tokens}-word prompt tenant A sent first ({args.rounds} rounds)")
     fig.tight_layout()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "lab-tenant-prefix-timing.png"
-    fig.savefig(png, dpi=110)
+    png = save_figure(fig, args.out, "lab-tenant-prefix-timing.png")
     record = make_record(
         kind="lab-tenant-prefix-timing",
         engine=modes[0]["engine"],
@@ -113,7 +109,7 @@ def main() -> None:
         results={"modes": modes, "plot": str(png)},
         seeds=[args.seed],
     )
-    path = write_record(record, out)
+    path = write_record(record, args.out)
     for m in modes:
         name = "shared cache" if m["shared_cache"] else "salt per key"
         print(f"{name}: B's TTFT right guess {1000 * m['right_median_s']:.0f} ms, wrong guess "

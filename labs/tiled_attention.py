@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import matplotlib
 
@@ -27,7 +26,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
+from tokenworks.bench.labs import parse_lab_args, save_figure  # noqa: E402
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 from tokenworks.ops.tiled_attention import Traffic, tiled_sequence_attention  # noqa: E402
 from tokenworks.plan.traffic import (  # noqa: E402
@@ -103,10 +102,7 @@ def main() -> None:
         ax.set_xlabel("prompt length")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "lab-tiled-attention.png"
-    fig.savefig(png, dpi=110)
+    png = save_figure(fig, args.out, "lab-tiled-attention.png")
 
     record = make_record(
         kind="lab.tiled_attention",

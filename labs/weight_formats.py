@@ -21,7 +21,6 @@ Writes an evidence record and a PNG (error against bits a weight, per format).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import matplotlib
 
@@ -31,7 +30,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from tokenworks.bench.lab_args import parse_lab_args  # noqa: E402
+from tokenworks.bench.labs import parse_lab_args, save_figure  # noqa: E402
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 from tokenworks.kernels import blocks  # noqa: E402
 from tokenworks.models import catalogue  # noqa: E402
@@ -121,10 +120,7 @@ def main() -> None:
     ax.set_ylabel("relative RMS error (mean over tensors)")
     ax.set_title(f"{args.model}: {len(rows)} trained tensors, re-quantised")
     fig.tight_layout()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = out / "lab-weight-formats.png"
-    fig.savefig(png, dpi=110)
+    png = save_figure(fig, args.out, "lab-weight-formats.png")
 
     entry = catalogue.lookup(args.model)
     record = make_record(

@@ -1,10 +1,11 @@
-"""What every lab under labs/ parses the same way: its own flags, and `--fast`, the
-smallest run that still shows the lab's idea (what the test suite runs; a flag given on
-the command line still wins over it)."""
+"""What every lab under labs/ shares: its flags parsed with `--fast`, the smallest run
+that still shows the lab's idea (what the test suite runs; a flag given on the command
+line still wins over it), and its figure saved beside its record."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def parse_lab_args(parser: argparse.ArgumentParser, fast: dict, argv=None) -> argparse.Namespace:
@@ -18,3 +19,12 @@ def parse_lab_args(parser: argparse.ArgumentParser, fast: dict, argv=None) -> ar
         parser.set_defaults(**fast)
         args = parser.parse_args(argv)
     return args
+
+
+def save_figure(fig, out_dir: str, name: str) -> Path:
+    """fig as the PNG out_dir/name (out_dir made if missing), returning its path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    fig.savefig(path, dpi=110)
+    return path
