@@ -7,11 +7,14 @@ offline in one KV budget, twice:
 - contiguous: one block of MAX tokens a sequence (--block-size MAX), which is what an
   allocator without block tables must reserve for a sequence that may grow to MAX.
 
-The most sequences the pool held at once and the generated tokens a second are measured;
-beside them, `tokenworks plan paging` on the same lengths says how many more sequences
-paging should fit (the ratio of the bytes each way reserves).
+Measured after every step: the sequences running (their mean over the run), and the share
+of the slots in their blocks that hold a token; and over the run, preemptions and generated
+tokens a second. Beside them, `tokenworks plan paging` on the same lengths says how many
+more sequences paging should fit (the ratio of the bytes each way reserves). The engine
+admits a sequence when its prompt fits, as vLLM does, so a paged pool can run out as its
+sequences grow: it then preempts one, to be computed again later, which costs throughput.
 
-    python labs/paging.py [--requests 48] [--min-len 32] [--max-len 256]
+    python labs/paging.py [--requests 48] [--min-len 32] [--max-len 256] [--budget-tokens 4096]
 
 Writes an evidence record and a PNG (sequences held and throughput, each way).
 """
@@ -36,18 +39,32 @@ from tokenworks.shapes import kv_bytes_per_token  # noqa: E402
 
 
 def run(llm: LLM, prompts: list[list[int]], outputs: list[int]) -> dict:
+    """Every request at once, stepped to the end; after each step, the sequences running
+    and the share of the slots in their blocks that hold a token."""
     engine = llm.engine
-    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in outputs]
+    for prompt, n in zip(prompts, outputs, strict=True):
+        params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
+        engine.add_request(prompt_token_ids=prompt, params=params)
+    running, held, slots = [], 0, 0
+    preempted = engine.totals["preemptions"]
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    while engine.has_unfinished():
+        engine.step()
+        live = engine.scheduler.running
+        running.append(len(live))
+        held += sum(seq.num_tokens for seq in live)
+        slots += (engine.blocks.num_blocks - engine.blocks.num_free) * engine.blocks.block_size
     seconds = time.perf_counter() - t0
-    generated = sum(len(o.outputs[0].token_ids) for o in outs)
+    generated = sum(outputs)
     return {
         "block_size": engine.blocks.block_size,
         "pool_blocks": engine.blocks.num_blocks,
         "pool_tokens": engine.blocks.num_blocks * engine.blocks.block_size,
-        "most_running": max(s.num_running for s in engine.stats),
-        "preemptions": engine.totals["preemptions"],
+        "most_running": max(running),
+        "mean_running": sum(running) / len(running),
+        "slots_used": held / slots if slots else None,  # tokens held / slots in their blocks
+        "steps": len(running),
+        "preemptions": engine.totals["preemptions"] - preempted,
         "generated_tokens": generated,
         "seconds": seconds,
         "tok_s": generated / seconds,
@@ -60,7 +77,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--min-len", type=int, default=32, help="shortest prompt + output")
     ap.add_argument("--max-len", type=int, default=256, help="longest: the contiguous reserve")
-    ap.add_argument("--budget-tokens", type=int, default=2048, help="the pool, in tokens")
+    ap.add_argument("--budget-tokens", type=int, default=4096, help="the pool, in tokens")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results")
@@ -84,11 +101,11 @@ def main() -> None:
         model = model_record(llm)
         del llm
     plan = compare_paging(totals, args.max_len, 16, per_token)
-    measured = rows["paged"]["most_running"] / rows["contiguous"]["most_running"]
+    measured = rows["paged"]["mean_running"] / rows["contiguous"]["mean_running"]
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8, 3.5))
-    ax1.bar(list(rows), [r["most_running"] for r in rows.values()], color=["C0", "C1"])
-    ax1.set_title("sequences held at once")
+    ax1.bar(list(rows), [r["mean_running"] for r in rows.values()], color=["C0", "C1"])
+    ax1.set_title("sequences running, mean over steps")
     ax2.bar(list(rows), [r["tok_s"] for r in rows.values()], color=["C0", "C1"])
     ax2.set_title("generated tokens / s")
     fig.suptitle(f"{args.model}: {args.budget_tokens} tokens of KV, {args.requests} requests of "
@@ -107,9 +124,10 @@ def main() -> None:
     )  # fmt: skip
     path = write_record(record, args.out)
     for way, r in rows.items():
-        print(f"{way} (blocks of {r['block_size']}): {r['most_running']} sequences at once, "
-              f"{r['tok_s']:.1f} tok/s, {r['preemptions']} preemptions")  # fmt: skip
-    print(f"paged holds {measured:.2f}x the sequences; plan paging predicts "
+        print(f"{way} (blocks of {r['block_size']}): {r['mean_running']:.1f} sequences running "
+              f"(at most {r['most_running']}), {100 * r['slots_used']:.0f}% of their slots "
+              f"used, {r['tok_s']:.1f} tok/s, {r['preemptions']} preemptions")  # fmt: skip
+    print(f"paged runs {measured:.2f}x the sequences; plan paging predicts "
           f"{plan['sequences_ratio']:.2f}x")  # fmt: skip
     print(f"record {path}, figure {png}")
 
