@@ -201,7 +201,7 @@ def test_a_failing_remote_engine_is_a_clear_502_or_504(proxy):
     @broken.post("/v1/chat/completions")
     async def chat(request: dict):
         if request.get("max_tokens") == 1:
-            await asyncio.sleep(30)  # (never answers in time)
+            await asyncio.sleep(6)  # (never answers before the 1 s deadline)
         return JSONResponse({"error": {"message": "out of memory"}}, status_code=500)
 
     with socket.socket() as s:  # a port nothing listens on
@@ -230,7 +230,7 @@ def test_a_failing_remote_engine_is_a_clear_502_or_504(proxy):
         t0 = time.monotonic()
         r = httpx.post(proxy.url + "/v1/chat/completions", timeout=30, json={
             "model": "failing", "messages": CHAT, "max_tokens": 1, "deadline": 1})  # fmt: skip
-        assert r.status_code == 504 and time.monotonic() - t0 < 10, r.text
+        assert r.status_code == 504 and time.monotonic() - t0 < 5, r.text
     ok = httpx.post(proxy.url + "/v1/chat/completions", timeout=60,
                     json={"model": MODEL, "messages": CHAT, "max_tokens": 2})  # fmt: skip
     assert ok.status_code == 200

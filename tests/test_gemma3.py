@@ -75,7 +75,7 @@ def test_the_file_reads_as_gemma_3(gemma3_loaded):
     assert 106 in spec.eos_token_ids  # <end_of_turn> ends a reply
 
 
-@pytest.mark.parametrize("n", [1, 600, 1024])
+@pytest.mark.parametrize("n", [1, 1024])
 def test_logits_match_transformers_past_the_window(gemma3_ours, gemma3_hf, n):
     ids = torch.randint(3, 262144, (n,), generator=torch.Generator().manual_seed(n))
     ids[0] = 2  # <bos>
@@ -145,20 +145,14 @@ def test_the_chat_template_speaks_gemmas_turns(gemma3_loaded):
 def test_past_the_window_freed_blocks_give_the_mask_only_tokens(gemma3_loaded, gemma3_ours):
     """A 900-token prompt in 256-token chunks, then decoding: with the windowed layers
     giving back the blocks behind their 512-token window, the tokens equal the mask-only
-    cache's and those of one uncached pass, and a sequence holds about a third of the KV."""
+    cache's and those of an uncached pass, and a sequence holds about a third of the KV."""
     from tokenworks import LLM, SamplingParams
 
     prompt = [2] + torch.randint(
         3, 262144, (899,), generator=torch.Generator().manual_seed(9)
     ).tolist()
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-    ids = list(prompt)
-    with torch.no_grad():  # the oracle: greedy over whole uncached passes
-        for _ in range(6):
-            n = len(ids)
-            logits = gemma3_ours(torch.tensor(ids), torch.arange(n), AttentionMetadata.single(n))
-            ids.append(int(logits[-1].argmax()))
-    held = {}
+    held, outputs = {}, {}
     for kv in ("free", "mask"):
         llm = LLM("gemma3-270m", dtype="float32", quantization="none", loaded=gemma3_loaded,
                   warmup=False, max_num_batched_tokens=256, sliding_window_kv=kv)  # fmt: skip
@@ -169,7 +163,15 @@ def test_past_the_window_freed_blocks_give_the_mask_only_tokens(gemma3_loaded, g
             if not seq.finished:
                 engine.blocks.check([seq])
                 held[kv] = engine.kv_bytes_held(seq)
-        assert seq.output_ids == ids[len(prompt) :], kv
+        outputs[kv] = seq.output_ids
+    assert outputs["free"] == outputs["mask"]
+    # the oracle: one uncached pass over the prompt and the first five tokens picks each of
+    # the six as its most likely next token, as greedy passes token by token would
+    ids = prompt + outputs["free"][:-1]
+    with torch.no_grad():
+        n = len(ids)
+        logits = gemma3_ours(torch.tensor(ids), torch.arange(n), AttentionMetadata.single(n))
+    assert logits[len(prompt) - 1 :].argmax(-1).tolist() == outputs["free"]
     # 15 windowed layers hold 33 blocks of 16 and 3 global ones 57; masking, all 18 hold 57
     assert held["free"] == (15 * 33 + 3 * 57) * 16 * 2 * 256 * 4
     assert held["mask"] == 18 * 57 * 16 * 2 * 256 * 4
