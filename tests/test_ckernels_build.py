@@ -27,7 +27,10 @@ LEVELS = ["x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4", "cooperlake", "sapphi
 )
 @pytest.mark.parametrize("march", LEVELS)
 def test_the_source_compiles_for_every_cpu_level(march, tmp_path):
-    flags = [f if f != "-march=native" else f"-march={march}" for f in build.FLAGS]
+    # -O1: a level's intrinsics and declarations fail to compile as at -O3, in a third of
+    # the time (this machine's own build, at -O3, is test_paged_kernel's)
+    swap = {"-march=native": f"-march={march}", "-O3": "-O1"}
+    flags = [swap.get(f, f) for f in build.FLAGS]
     probe = subprocess.run([CC, f"-march={march}", "-x", "c", "-E", "-"], input="",
                            capture_output=True, text=True)  # fmt: skip
     if probe.returncode != 0:

@@ -75,7 +75,7 @@ def test_the_file_reads_as_gemma_3(gemma3_loaded):
     assert 106 in spec.eos_token_ids  # <end_of_turn> ends a reply
 
 
-@pytest.mark.parametrize("n", [1, 1024])
+@pytest.mark.parametrize("n", [1, 700])  # one token, and 188 past the 512-token window
 def test_logits_match_transformers_past_the_window(gemma3_ours, gemma3_hf, n):
     ids = torch.randint(3, 262144, (n,), generator=torch.Generator().manual_seed(n))
     ids[0] = 2  # <bos>
