@@ -34,11 +34,10 @@ def tokens(outputs) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def invariant_llm(smol_loaded):
-    """Batch-invariant numerics, a small budget so prompts are chunked beside decodes."""
+    """Batch-invariant numerics on the default path (the file's blocks), a small budget so
+    prompts are chunked beside decodes."""
     return LLM(
         "smollm2-135m",
-        dtype="float32",
-        quantization="none",
         loaded=smol_loaded,
         batch_invariant=True,
         max_num_batched_tokens=128,
@@ -145,8 +144,6 @@ def test_too_little_kv_memory_preempts_and_still_gives_each_output(invariant_llm
     block_bytes = invariant_llm.engine.kv_bytes_per_token * 16
     tight = LLM(
         "smollm2-135m",
-        dtype="float32",
-        quantization="none",
         loaded=smol_loaded,
         batch_invariant=True,
         max_num_batched_tokens=128,

@@ -114,8 +114,9 @@ def test_a_special_token_marker_is_matched_as_that_token(smol_llm):
 def format_server(smol_loaded, request):
     from conftest import start_server
 
+    # the default numerics (batch-invariant, so a prefix hit repeats a miss's tokens)
     srv = start_server(
-        smol_loaded, quantization="none", warmup=False, state_kw={"tool_call_parser": request.param}
+        smol_loaded, dtype="auto", warmup=False, state_kw={"tool_call_parser": request.param}
     )
     srv.format = request.param
     yield srv
