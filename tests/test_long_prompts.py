@@ -45,13 +45,16 @@ def _prompt(llm, tokens: int) -> list[int]:
 GREEDY = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
 
 
-@pytest.mark.parametrize("tokens", [2049, 4100])  # past one step budget (2,048), past two
+LONGEST = 4100  # past two step budgets (2,048 tokens each)
+
+
+@pytest.mark.parametrize("tokens", [2049, LONGEST])  # past one step budget, past two
 def test_a_long_prompt_alone(long_llm, tokens):
-    if tokens == 4100 and long_llm.config.kernels == "torch":
-        pytest.skip("4,100 tokens on the torch modules: the 2,049 case covers that path")
-    if tokens == 4100 and long_llm.config.batch_invariant is None:
+    if tokens == LONGEST and long_llm.config.kernels == "torch":
+        pytest.skip(f"{LONGEST:,} tokens on the torch modules: the 2,049 case covers that path")
+    if tokens == LONGEST and long_llm.config.batch_invariant is None:
         pytest.skip(
-            "4,100 tokens as invariant rows (each row attends alone, so the cost grows "
+            f"{LONGEST:,} tokens as invariant rows (each row attends alone, so the cost grows "
             "with the square of the prompt): the 2,049 case covers that path"
         )
     out = long_llm.generate([_prompt(long_llm, tokens)], GREEDY, use_tqdm=False)[0]
