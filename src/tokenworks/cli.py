@@ -265,6 +265,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ModelNotFoundError, ModelLoadError, ChecksumError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as e:
+        from tokenworks.extras import missing_extra
+
+        message = missing_extra(e)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -49,7 +49,8 @@ def english_text(path: str | None = None) -> str:
         return source.read_text(encoding="utf-8", errors="replace")
     except (ModuleNotFoundError, FileNotFoundError) as e:
         raise SystemExit(
-            f"no long text: {e}; `pip install music21` (it ships Lady Susan) or give --text"
+            f"no long text: {e}; `pip install 'tokenworks[bench]'` (music21 ships Lady "
+            "Susan) or give --text"
         ) from None
 
 

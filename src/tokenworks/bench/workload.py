@@ -86,7 +86,9 @@ def load_manifest(path: str | Path) -> dict:
         try:
             import yaml
         except ImportError as e:
-            raise WorkloadError("YAML manifests need PyYAML: pip install pyyaml") from e
+            raise WorkloadError(
+                "YAML manifests need PyYAML: pip install 'tokenworks[bench]'"
+            ) from e
         return yaml.safe_load(text)
     return json.loads(text)
 

@@ -10,7 +10,7 @@
 A (context, continuation) pair is split into tokens as lm-eval's API models split it
 (the context's trailing spaces go with the continuation; the continuation is what the whole
 adds to the context's tokens), so the figures equal `local-completions` through
-`tokenworks serve`. Needs `pip install 'lm-eval[api]'`.
+`tokenworks serve`. Needs the eval extra: `pip install 'tokenworks[eval]'`.
 """
 
 from __future__ import annotations
