@@ -12,6 +12,7 @@ routers' choices are decisive rather than near ties.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -492,10 +493,11 @@ def _llama_cpp_permute(w, n_head: int):
     )
 
 
-def _write_gguf(hf, directory, path, q8_0: bool = False):
+def _write_gguf(hf, directory, path, q8_0: bool = False, keys=None):
     """hf's weights (as saved in directory) as a float32 GGUF under llama.cpp's names, with
-    the metadata it writes (Mixtral as a "llama" file with experts, Q/K rows permuted);
-    q8_0: matrices whose rows are whole blocks in Q8_0, as a quantised file holds them."""
+    the metadata it writes (Mixtral as a "llama" file with experts, Q/K rows permuted, RoPE
+    scaling's type, factor and trained context); q8_0: matrices whose rows are whole blocks
+    in Q8_0, as a quantised file holds them; keys: more metadata, {name: float or str}."""
     import gguf
 
     from tokenworks.models import arch
@@ -504,7 +506,7 @@ def _write_gguf(hf, directory, path, q8_0: bool = False):
     family = arch.for_hf_model_type(cfg.model_type)
     if not family.gguf_archs:  # Mixtral
         family = arch.family("llama")
-    garch = family.gguf_archs[0]
+    garch = cfg.model_type if cfg.model_type in family.gguf_archs else family.gguf_archs[0]
     w = gguf.GGUFWriter(str(path), garch)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -515,7 +517,16 @@ def _write_gguf(hf, directory, path, q8_0: bool = False):
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    rope = cfg.rope_parameters
+    w.add_rope_freq_base(rope["rope_theta"])
+    if rope.get("rope_type") in ("linear", "yarn"):
+        w.add_rope_scaling_type(gguf.RopeScalingType(rope["rope_type"]))
+        w.add_rope_scaling_factor(rope["factor"])
+    if rope.get("rope_type") == "yarn":
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    for key, value in (keys or {}).items():
+        key = key.format(arch=garch)
+        w.add_string(key, value) if isinstance(value, str) else w.add_float32(key, value)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     n_experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
     if n_experts:
@@ -538,9 +549,9 @@ def _write_gguf(hf, directory, path, q8_0: bool = False):
                     tensors[f"blk.{i}.{theirs}"] = np.stack([sd[k] for k in key])
             elif p + ours in sd:
                 t = sd[p + ours]
-                if garch == "llama" and ours == "self_attn.q_proj.weight":
+                if garch == "llama" and ours.startswith("self_attn.q_proj."):
                     t = _llama_cpp_permute(t, cfg.num_attention_heads)
-                elif garch == "llama" and ours == "self_attn.k_proj.weight":
+                elif garch == "llama" and ours.startswith("self_attn.k_proj."):
                     t = _llama_cpp_permute(t, cfg.num_key_value_heads)
                 tensors[f"blk.{i}.{theirs}"] = t
     for k, v in tensors.items():
@@ -576,6 +587,77 @@ def test_a_gguf_of_the_family_loads_as_its_hugging_face_directory_does(
             got = model(ids, torch.arange(24), AttentionMetadata.single(24))
         assert (got - want).abs().max().item() < 1e-4
     assert (tmp_path / "home" / "converted").is_dir()
+
+
+def _gguf_logits(path, ids) -> torch.Tensor:
+    loaded = load(str(path))
+    model = build_model(loaded.spec, loaded.weights, torch.float32)
+    with torch.no_grad():
+        return model(ids, torch.arange(len(ids)), AttentionMetadata.single(len(ids)))
+
+
+@pytest.mark.parametrize("name", ["rope-linear", "rope-yarn"])
+def test_a_gguf_s_rope_scaling_runs_as_transformers_runs_the_config(
+    name, new_family_dirs, tmp_path, monkeypatch
+):
+    """`{arch}.rope.scaling.type / factor / original_context_length`, as llama.cpp's
+    converter writes them from the config, give transformers' logits past the trained
+    context (64 tokens over 32); the same file without them does not."""
+    monkeypatch.setenv("TOKENWORKS_HOME", str(tmp_path / "home"))
+    hf, directory = new_family_dirs[name]
+    ids = torch.randint(0, 320, (64,), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        want = hf(ids[None]).logits[0]
+    path = tmp_path / f"{name}.gguf"
+    _write_gguf(hf, directory, path)
+    loaded = load(str(path))
+    assert loaded.spec.rope_scaling == load(str(directory)).spec.rope_scaling
+    assert (_gguf_logits(path, ids) - want).abs().max().item() < 1e-4
+    plain = tmp_path / f"{name}-unscaled.gguf"
+    _write_gguf(hf, directory, plain, keys={"{arch}.rope.scaling.type": "none"})
+    assert (_gguf_logits(plain, ids) - want).abs().max().item() > 1e-2
+
+
+def test_a_gguf_s_yarn_attn_factor_multiplies_yarn_s_own_scale(new_family_dirs, tmp_path):
+    """llama.cpp scales YaRN's cos and sin by 0.1 ln(factor) + 1 times the file's
+    rope.scaling.attn_factor: transformers' explicit attention_factor of that product."""
+    import transformers
+
+    from tokenworks.ops.rope_scaling import yarn_mscale
+
+    hf, directory = new_family_dirs["rope-yarn"]
+    cfg = hf.config.to_dict()
+    cfg["rope_scaling"] = cfg["rope_parameters"] = dict(
+        cfg["rope_parameters"], attention_factor=yarn_mscale(4.0) * 0.9
+    )
+    scaled = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**cfg)).eval()
+    scaled.load_state_dict(hf.state_dict())
+    ids = torch.randint(0, 320, (48,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = scaled(ids[None]).logits[0]
+    path = tmp_path / "yarn-attn-factor.gguf"
+    _write_gguf(hf, directory, path, keys={"{arch}.rope.scaling.attn_factor": 0.9})
+    assert (_gguf_logits(path, ids) - want).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("{arch}.rope.scaling.type", "longrope", "rope.scaling.type = 'longrope' is not supported"),
+        ("{arch}.rope.scaling.yarn_log_multiplier", 0.1, "rope.scaling.yarn_log_multiplier"),
+        ("{arch}.rope.scaling.alpha", 1000.0, "rope.scaling.alpha = 1000.0 is not supported"),
+    ],
+)
+def test_a_gguf_asking_for_unsupported_rope_scaling_is_refused_by_its_key(
+    key, value, says, new_family_dirs, tmp_path
+):
+    from tokenworks.models.loaded import ModelLoadError
+
+    hf, directory = new_family_dirs["qwen3"]
+    path = tmp_path / "asks.gguf"
+    _write_gguf(hf, directory, path, keys={key: value})
+    with pytest.raises(ModelLoadError, match=re.escape(says)):
+        load(str(path))
 
 
 def test_a_quantised_moe_gguf_runs_its_experts_as_stored_on_the_c_forward(

@@ -15,7 +15,8 @@ from tqdm import tqdm
 
 from tokenworks.models import arch as arch_registry
 from tokenworks.models.loaded import LoadedModel, ModelLoadError
-from tokenworks.models.spec import ModelSpec
+from tokenworks.models.spec import ModelSpec, RopeScaling
+from tokenworks.ops.rope_scaling import yarn_mscale
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,50 @@ def gguf_weights(
     return weights, rope_freqs
 
 
+# Scaling keys with no counterpart here: a file that sets one is refused, never run unscaled.
+UNSUPPORTED_ROPE_KEYS = {
+    "rope.scaling.alpha": 0.0,  # NTK-alpha (Hunyuan)
+    "rope.scaling.yarn_log_multiplier": 0.0,  # DeepSeek's mscale_all_dim
+    "rope.scaling.yarn_ext_factor": -1.0,
+    "rope.scaling.yarn_attn_factor": 1.0,
+}
+
+
+def gguf_rope_scaling(field, arch: str, context_length: int) -> RopeScaling | None:
+    """The scaling `{arch}.rope.scaling.*` asks for, read as llama.cpp reads it: a factor
+    with no type is linear (as is the older `rope.scale_linear`); YaRN's cos and sin carry
+    its usual 0.1 ln(factor) + 1 times the file's attn_factor. Anything else is refused by
+    its key."""
+    key = f"{arch}.rope.scaling"
+    for name, default in UNSUPPORTED_ROPE_KEYS.items():
+        value = field(f"{arch}.{name}")
+        if value is not None and float(value) != default:
+            raise ValueError(f"{arch}.{name} = {value} is not supported")
+    kind = field(f"{key}.type")
+    factor = field(f"{key}.factor") or field(f"{arch}.rope.scale_linear")
+    if kind is None:
+        kind = "linear" if factor not in (None, 0, 1) else "none"
+    if kind == "none":
+        return None
+    if kind not in ("linear", "yarn"):
+        raise ValueError(f"{key}.type = {kind!r} is not supported (none, linear and yarn are)")
+    if not factor or float(factor) <= 0:
+        raise ValueError(f"{key}.type = {kind!r} needs {key}.factor > 0, got {factor}")
+    factor = float(factor)
+    original = int(field(f"{key}.original_context_length") or context_length)
+    if kind == "linear":
+        return RopeScaling(factor=factor, original_max_position=original, kind="linear")
+    attn = field(f"{key}.attn_factor")
+    return RopeScaling(
+        factor=factor,
+        original_max_position=original,
+        kind="yarn",
+        beta_fast=float(field(f"{key}.yarn_beta_fast") or 32.0),
+        beta_slow=float(field(f"{key}.yarn_beta_slow") or 1.0),
+        attention_factor=None if attn is None else yarn_mscale(factor) * float(attn),
+    )
+
+
 def rope_frequencies(path: Path, tensors: list[StoredTensor]) -> np.ndarray | None:
     """The file's RoPE frequencies (rope_freqs.weight), where it has them."""
     t = next((t for t in tensors if t.name == "rope_freqs.weight"), None)
@@ -198,6 +243,13 @@ def load_gguf(path: Path, model_id: str | None = None, weights: bool = True) -> 
 
     stored = _stored_tensors(reader, path)
     names, rope_freqs = gguf_weights(path, stored, arch, n_heads, n_kv, names_only=True)
+    context = int(_field(reader, f"{arch}.context_length"))
+    try:
+        scaling = gguf_rope_scaling(lambda k: _field(reader, k), arch, context)
+    except ValueError as e:
+        raise ModelLoadError(f"{path}: {e}") from None
+    if scaling is not None and scaling.extends_context:
+        context = max(context, scaling.context)
     kw = dict(
         arch=fam.name,
         vocab_size=vocab,
@@ -210,9 +262,10 @@ def load_gguf(path: Path, model_id: str | None = None, weights: bool = True) -> 
             or _field(reader, f"{arch}.rope.dimension_count", hidden // n_heads)
         ),
         intermediate_size=int(_field(reader, f"{arch}.feed_forward_length", 0)),
-        max_position=int(_field(reader, f"{arch}.context_length")),
+        max_position=context,
         norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
         rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
         tie_embeddings="lm_head.weight" not in names,
         qkv_bias="model.layers.0.self_attn.q_proj.bias" in names,
         sliding_window=_field(reader, f"{arch}.attention.sliding_window"),
