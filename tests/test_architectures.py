@@ -645,10 +645,11 @@ def test_a_gguf_s_yarn_attn_factor_multiplies_yarn_s_own_scale(new_family_dirs, 
     [
         ("{arch}.rope.scaling.type", "longrope", "rope.scaling.type = 'longrope' is not supported"),
         ("{arch}.rope.scaling.yarn_log_multiplier", 0.1, "rope.scaling.yarn_log_multiplier"),
-        ("{arch}.rope.scaling.alpha", 1000.0, "rope.scaling.alpha = 1000.0 is not supported"),
+        ("{arch}.rope.scaling.alpha", 1000.0, "rope.scaling.alpha = 1000.0: NTK-alpha"),
+        ("{arch}.attn_logit_softcapping", 50.0, "attn_logit_softcapping = 50.0: a hyperparameter"),
     ],
 )
-def test_a_gguf_asking_for_unsupported_rope_scaling_is_refused_by_its_key(
+def test_a_gguf_asking_for_what_is_not_built_is_refused_by_its_key(
     key, value, says, new_family_dirs, tmp_path
 ):
     from tokenworks.models.loaded import ModelLoadError

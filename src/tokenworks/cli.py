@@ -1,4 +1,4 @@
-"""tokenworks generate | chat | serve | pull | models | env | bench (latency, throughput,
+"""tokenworks generate | chat | serve | pull | models | inspect | env | bench (latency, throughput,
 structured, serve, peers, report, compare, pool) | plan (models, hardware, kv, fit, roofline,
 quant, queue, spec, cost, batching, paging)"""
 
@@ -179,6 +179,12 @@ def cmd_profile(args) -> int:
     return run_profile(args)
 
 
+def cmd_inspect(args) -> int:
+    from tokenworks.models.gguf_inspect import run
+
+    return run(args)
+
+
 def cmd_env(args) -> int:
     from tokenworks.env_report import main
 
@@ -215,6 +221,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("models", help="list the catalogue and what is cached")
     p.set_defaults(fn=cmd_models)
+
+    p = sub.add_parser(
+        "inspect",
+        help="what a GGUF file asks for, key by key, and what tokenworks does with each "
+        "(read, informational, refused and why); its tensors' block types; exit 2 if refused",
+    )
+    p.add_argument("file", help="a .gguf file")
+    p.add_argument("--json", action="store_true", help="print it as JSON")
+    p.set_defaults(fn=cmd_inspect)
 
     p = sub.add_parser(
         "env", help="versions, CPU features and which kernel paths run here (and why not)"

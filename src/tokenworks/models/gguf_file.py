@@ -14,6 +14,7 @@ import numpy as np
 from tqdm import tqdm
 
 from tokenworks.models import arch as arch_registry
+from tokenworks.models import gguf_keys
 from tokenworks.models.loaded import LoadedModel, ModelLoadError
 from tokenworks.models.spec import ModelSpec, RopeScaling
 from tokenworks.ops.rope_scaling import yarn_mscale
@@ -164,25 +165,12 @@ def gguf_weights(
     return weights, rope_freqs
 
 
-# Scaling keys with no counterpart here: a file that sets one is refused, never run unscaled.
-UNSUPPORTED_ROPE_KEYS = {
-    "rope.scaling.alpha": 0.0,  # NTK-alpha (Hunyuan)
-    "rope.scaling.yarn_log_multiplier": 0.0,  # DeepSeek's mscale_all_dim
-    "rope.scaling.yarn_ext_factor": -1.0,
-    "rope.scaling.yarn_attn_factor": 1.0,
-}
-
-
 def gguf_rope_scaling(field, arch: str, context_length: int) -> RopeScaling | None:
     """The scaling `{arch}.rope.scaling.*` asks for, read as llama.cpp reads it: a factor
     with no type is linear (as is the older `rope.scale_linear`); YaRN's cos and sin carry
-    its usual 0.1 ln(factor) + 1 times the file's attn_factor. Anything else is refused by
-    its key."""
+    its usual 0.1 ln(factor) + 1 times the file's attn_factor. Another type is refused
+    (models/gguf_keys.py refuses the keys with no counterpart here)."""
     key = f"{arch}.rope.scaling"
-    for name, default in UNSUPPORTED_ROPE_KEYS.items():
-        value = field(f"{arch}.{name}")
-        if value is not None and float(value) != default:
-            raise ValueError(f"{arch}.{name} = {value} is not supported")
     kind = field(f"{key}.type")
     factor = field(f"{key}.factor") or field(f"{arch}.rope.scale_linear")
     if kind is None:
@@ -208,6 +196,54 @@ def gguf_rope_scaling(field, arch: str, context_length: int) -> RopeScaling | No
     )
 
 
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _expected_shapes(spec: ModelSpec) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Tensor name (blk.N. cut off) -> its shape in ggml's order (the row first) as the
+    metadata implies it, and the keys that imply it."""
+    h, q, kv = spec.hidden_size, spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+    heads = "embedding_length, attention.head_count, attention.key_length"
+    kv_heads = "embedding_length, attention.head_count_kv, attention.key_length"
+    shapes = {
+        "token_embd.weight": ((h, spec.vocab_size), "embedding_length, vocab_size"),
+        "output.weight": ((h, spec.vocab_size), "embedding_length, vocab_size"),
+        "output_norm.weight": ((h,), "embedding_length"),
+        "attn_norm.weight": ((h,), "embedding_length"),
+        "attn_q.weight": ((h, q), heads),
+        "attn_k.weight": ((h, kv), kv_heads),
+        "attn_v.weight": ((h, kv), kv_heads),
+        "attn_output.weight": ((q, h), heads),
+    }
+    if spec.intermediate_size:
+        ff = "embedding_length, feed_forward_length"
+        i = spec.intermediate_size
+        shapes |= {"ffn_gate.weight": ((h, i), ff), "ffn_up.weight": ((h, i), ff),
+                   "ffn_down.weight": ((i, h), ff)}  # fmt: skip
+    return shapes
+
+
+def check_shapes(path: Path, tensors: list[StoredTensor], spec: ModelSpec) -> None:
+    """Every tensor whose shape the metadata fixes has that shape, and every block's number
+    is a layer the metadata counts: a file that disagrees with itself is refused by name."""
+    expected = _expected_shapes(spec)
+    for t in tensors:
+        name = t.name
+        if name.startswith("blk."):
+            number, _, name = name[4:].partition(".")
+            if not number.isdigit() or int(number) >= spec.n_layers:
+                raise ModelLoadError(f"{path}: tensor {t.name} is past block_count = "
+                                     f"{spec.n_layers}")  # fmt: skip
+        want = expected.get(name)
+        if want is not None and t.shape != want[0]:
+            raise ModelLoadError(
+                f"{path}: tensor {t.name} has shape {list(t.shape)}, but the metadata "
+                f"({want[1]}) makes it {list(want[0])}"
+            )
+
+
 def rope_frequencies(path: Path, tensors: list[StoredTensor]) -> np.ndarray | None:
     """The file's RoPE frequencies (rope_freqs.weight), where it has them."""
     t = next((t for t in tensors if t.name == "rope_freqs.weight"), None)
@@ -227,23 +263,60 @@ def load_gguf(path: Path, model_id: str | None = None, weights: bool = True) -> 
             f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); it may be truncated "
             "or corrupt: download it again"
         ) from e
+    try:
+        return _load_read(reader, path, model_id, weights)
+    except ModelLoadError:
+        raise
+    except Exception as e:  # a value of the wrong type or size, a count past the file...
+        raise ModelLoadError(
+            f"{path}: its metadata cannot be read ({type(e).__name__}: {e}); the file may be "
+            "corrupt: download it again"
+        ) from e
+
+
+def _load_read(reader, path: Path, model_id: str | None, weights: bool) -> LoadedModel:
     arch = _field(reader, "general.architecture")
+    if not isinstance(arch, str):
+        raise ModelLoadError(f"{path}: general.architecture is missing or not a string")
     try:
         fam = arch_registry.for_gguf_arch(arch)
     except arch_registry.UnknownArchitectureError as e:
         raise ModelLoadError(f"{path}: {e}") from None
-    n_heads = int(_field(reader, f"{arch}.attention.head_count"))
-    n_kv = int(_field(reader, f"{arch}.attention.head_count_kv", n_heads))
-    hidden = int(_field(reader, f"{arch}.embedding_length"))
+    refusal = gguf_keys.first_refusal(lambda k: _field(reader, k), reader.fields, arch)
+    if refusal is not None:
+        raise ModelLoadError(
+            f"{path}: {refusal.key} = {_short(refusal.value)}: {refusal.why} "
+            "(`tokenworks inspect` lists every key)"
+        )
+
+    def need(suffix: str, kind=int, default=None):
+        value = _field(reader, f"{arch}.{suffix}", default)
+        if value is None:
+            raise ModelLoadError(f"{path}: {arch}.{suffix} is missing")
+        try:
+            return kind(value)
+        except (TypeError, ValueError):
+            raise ModelLoadError(f"{path}: {arch}.{suffix} = {_short(value)} is not a "
+                                 f"{kind.__name__}") from None  # fmt: skip
+
+    n_heads = need("attention.head_count")
+    n_kv = need("attention.head_count_kv", default=n_heads)
+    hidden = need("embedding_length")
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = int(_field(reader, f"{arch}.vocab_size", len(tokens.data) if tokens else 0))
+    vocab = need("vocab_size", default=len(tokens.data) if tokens else None)
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     eot = _field(reader, "tokenizer.ggml.eot_token_id")
     eos_ids = tuple(sorted({int(x) for x in (eos, eot) if x is not None}))
+    rotated = need("rope.dimension_count", default=hidden // n_heads)
+    head_dim = need("attention.key_length", default=rotated)
+    for suffix in ("attention.value_length", "rope.dimension_count"):
+        if need(suffix, default=head_dim) != head_dim:
+            raise ModelLoadError(f"{path}: {arch}.{suffix} = {need(suffix)} differs from the head "
+                                 f"dimension {head_dim}, which {fam.name} cannot run")  # fmt: skip
 
     stored = _stored_tensors(reader, path)
     names, rope_freqs = gguf_weights(path, stored, arch, n_heads, n_kv, names_only=True)
-    context = int(_field(reader, f"{arch}.context_length"))
+    context = need("context_length")
     try:
         scaling = gguf_rope_scaling(lambda k: _field(reader, k), arch, context)
     except ValueError as e:
@@ -254,17 +327,14 @@ def load_gguf(path: Path, model_id: str | None = None, weights: bool = True) -> 
         arch=fam.name,
         vocab_size=vocab,
         hidden_size=hidden,
-        n_layers=int(_field(reader, f"{arch}.block_count")),
+        n_layers=need("block_count"),
         n_heads=n_heads,
         n_kv_heads=n_kv,
-        head_dim=int(
-            _field(reader, f"{arch}.attention.key_length")
-            or _field(reader, f"{arch}.rope.dimension_count", hidden // n_heads)
-        ),
-        intermediate_size=int(_field(reader, f"{arch}.feed_forward_length", 0)),
+        head_dim=head_dim,
+        intermediate_size=need("feed_forward_length", default=0),
         max_position=context,
-        norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        norm_eps=need("attention.layer_norm_rms_epsilon", float),
+        rope_theta=need("rope.freq_base", float, 10000.0),
         rope_scaling=scaling,
         tie_embeddings="lm_head.weight" not in names,
         qkv_bias="model.layers.0.self_attn.q_proj.bias" in names,
@@ -279,6 +349,7 @@ def load_gguf(path: Path, model_id: str | None = None, weights: bool = True) -> 
     # stop tokens the family knows of beyond the file's EOS (Gemma's <end_of_turn>)
     kw["eos_token_ids"] = tuple(sorted(set(eos_ids) | set(extra.pop("stop_token_ids", ()))))
     spec = ModelSpec(**kw | extra)
+    check_shapes(path, stored, spec)
     # scores only where they rank merges (SentencePiece; Gemma ranks by position)
     keep_scores = _field(reader, "tokenizer.ggml.model") == "llama" and fam.name != "gemma3"
     fields = {

@@ -1,0 +1,136 @@
+"""What each key of a GGUF file's metadata asks of the engine, and what tokenworks does
+with it: read (into the spec, the tokenizer or the chat template), informational (names,
+licences, counts of the file itself), or refused, with the reason. A key under the file's
+architecture that is neither read nor known to be harmless is refused: a hyperparameter
+left unread would run the model wrong without a word. `tokenworks inspect FILE` prints
+this judgement for every key; the loader raises the first refusal."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+READ, INFO, REFUSED = "read", "informational", "refused"
+
+
+@dataclass(frozen=True)
+class KeyVerdict:
+    key: str
+    value: object
+    action: str  # READ, INFO or REFUSED
+    why: str
+
+
+# `{arch}.` + suffix -> what the loader makes of it (models/gguf_file.py, arch/*.py)
+ARCH_READ = {
+    "context_length": "the trained context",
+    "embedding_length": "the hidden size",
+    "block_count": "the number of layers",
+    "feed_forward_length": "the MLP's width",
+    "vocab_size": "the vocabulary's size",
+    "attention.head_count": "query heads",
+    "attention.head_count_kv": "key/value heads",
+    "attention.key_length": "the head dimension",
+    "attention.value_length": "the value head dimension (equal to key_length)",
+    "attention.layer_norm_rms_epsilon": "RMSNorm's epsilon",
+    "attention.sliding_window": "the attention window",
+    "rope.freq_base": "RoPE's base",
+    "rope.dimension_count": "the dimensions RoPE rotates (the whole head)",
+    "rope.scale_linear": "linear RoPE scaling (an older key)",
+    "rope.scaling.type": "RoPE scaling: none, linear or yarn",
+    "rope.scaling.factor": "RoPE scaling's factor",
+    "rope.scaling.original_context_length": "the context before RoPE scaling",
+    "rope.scaling.attn_factor": "YaRN's attention factor (times 0.1 ln(factor) + 1)",
+    "rope.scaling.yarn_beta_fast": "YaRN's beta_fast",
+    "rope.scaling.yarn_beta_slow": "YaRN's beta_slow",
+    "expert_count": "experts in each MoE layer",
+    "expert_used_count": "experts each token is routed to",
+    "expert_feed_forward_length": "each expert's MLP width",
+    "expert_weights_norm": "whether the top-k routing weights are renormalised",
+}
+ARCH_INFO = {
+    "rope.scaling.finetuned": "whether the model was fine-tuned at the scaled context",
+    "tensor_data_layout": "how the converter laid out tensors (the tensors say the same)",
+}
+# `{arch}.` + suffix -> (the value that asks for nothing, why another is refused)
+ARCH_CHECKED = {
+    "rope.scaling.alpha": (0.0, "NTK-alpha RoPE scaling is not built"),
+    "rope.scaling.yarn_log_multiplier": (
+        0.0,
+        "YaRN's mscale_all_dim (DeepSeek) is not read from GGUF",
+    ),  # fmt: skip
+    "rope.scaling.yarn_ext_factor": (-1.0, "a YaRN extrapolation factor is not built"),
+    "rope.scaling.yarn_attn_factor": (1.0, "a YaRN attention factor override is not built"),
+    "expert_gating_func": (1, "only softmax routing (1) is read from GGUF"),
+}
+TOKENIZER_READ = {
+    "tokenizer.ggml.model": "the tokenizer's kind (gpt2: byte-level BPE; llama: SentencePiece)",
+    "tokenizer.ggml.pre": "the pre-tokenizer's name",
+    "tokenizer.ggml.tokens": "the vocabulary",
+    "tokenizer.ggml.token_type": "each token's type (normal, control, byte...)",
+    "tokenizer.ggml.merges": "BPE merges",
+    "tokenizer.ggml.scores": "SentencePiece scores (merge ranks)",
+    "tokenizer.ggml.bos_token_id": "the BOS token",
+    "tokenizer.ggml.eos_token_id": "the EOS token (a stop token)",
+    "tokenizer.ggml.eot_token_id": "the end-of-turn token (a stop token)",
+    "tokenizer.ggml.unknown_token_id": "the unknown token",
+    "tokenizer.ggml.add_bos_token": "whether a prompt starts with BOS",
+    "tokenizer.ggml.add_space_prefix": "whether SentencePiece adds a leading space",
+    "tokenizer.chat_template": "the chat template (rendered sandboxed)",
+}
+TOKENIZER_CHECKED = {
+    "tokenizer.ggml.add_eos_token": (False, "appending EOS to every prompt is not built"),
+}
+GENERAL_READ = {
+    "general.architecture": "the model family",
+    "general.name": "the model's name in logs and records",
+}
+
+
+def _equal(value, wanted) -> bool:
+    try:
+        return type(wanted)(value) == wanted
+    except (TypeError, ValueError):
+        return False
+
+
+def judge(key: str, value, arch: str, known_arch: bool) -> KeyVerdict:
+    """What tokenworks does with one key of a file whose architecture is `arch`."""
+    if key in GENERAL_READ:
+        return KeyVerdict(key, value, READ, GENERAL_READ[key])
+    if key in TOKENIZER_READ:
+        return KeyVerdict(key, value, READ, TOKENIZER_READ[key])
+    if key in TOKENIZER_CHECKED:
+        quiet, why = TOKENIZER_CHECKED[key]
+        ok = _equal(value, quiet)
+        return KeyVerdict(key, value, INFO if ok else REFUSED, "asks for nothing" if ok else why)
+    if key.startswith(f"{arch}."):
+        if not known_arch:
+            return KeyVerdict(key, value, REFUSED, f"the {arch!r} architecture is not built")
+        suffix = key[len(arch) + 1 :]
+        if suffix in ARCH_READ:
+            return KeyVerdict(key, value, READ, ARCH_READ[suffix])
+        if suffix in ARCH_INFO:
+            return KeyVerdict(key, value, INFO, ARCH_INFO[suffix])
+        if suffix in ARCH_CHECKED:
+            quiet, why = ARCH_CHECKED[suffix]
+            ok = _equal(value, quiet)
+            return KeyVerdict(key, value, INFO if ok else REFUSED,
+                              "asks for nothing" if ok else why)  # fmt: skip
+        return KeyVerdict(key, value, REFUSED, "a hyperparameter tokenworks does not read")
+    if key.startswith("tokenizer."):
+        return KeyVerdict(key, value, INFO, "not used by the tokenizer")
+    return KeyVerdict(key, value, INFO, "describes the file")
+
+
+def judge_all(fields: dict, arch: str, known_arch: bool) -> list[KeyVerdict]:
+    return [judge(k, v, arch, known_arch) for k, v in fields.items()]
+
+
+def first_refusal(get: Callable[[str], object], keys, arch: str) -> KeyVerdict | None:
+    """The first key of a loadable architecture's file that asks for what is not built."""
+    for key in keys:
+        verdict = judge(key, get(key), arch, known_arch=True)
+        if verdict.action == REFUSED:
+            return verdict
+    return None
