@@ -25,7 +25,8 @@ from tokenworks.kernels.build import library
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler here")
 
 # byte offsets of each format's float16 scale (and minimum) fields within a block
-HALVES = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
+HALVES = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 10: (80, 82), 11: (108,),
+          12: (0, 2), 13: (0, 2), 14: (208,), 20: (0,), 23: (0,)}  # fmt: skip
 TYPES = sorted(blocks.EXECUTED)
 
 
@@ -198,3 +199,22 @@ def test_the_files_blocks_pick_the_dequantised_models_tokens(smol_loaded):
         near_ties += int((margin <= 0.5).sum())
         positions += len(out)
     assert flips <= max(2, near_ties // 2), (flips, near_ties, positions)
+
+
+@pytest.mark.parametrize("t", [10, 11, 20, 23], ids=["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
+def test_a_file_of_the_type_keeps_its_blocks_at_the_file_s_size(t, tmp_path):
+    """Loaded from a GGUF file, every matrix of the type stays its file's blocks (not a
+    Q8_0 copy): the bytes held are the file's bytes of that type."""
+    from gguf_files import write_small
+
+    from tokenworks.models.gguf_file import _stored_tensors, load_gguf
+
+    def typed(shape, seed):
+        return (random_blocks(t, *shape, seed), t) if shape[1] % 256 == 0 else None
+
+    head = {"{arch}.attention.key_length": 64}
+    path = write_small(tmp_path / "typed.gguf", hidden=256, keys=head, blocks=typed)
+    held = [v for v in load_gguf(path).weights.values() if isinstance(v, blocks.BlockTensor)]
+    stored = [s for s in _stored_tensors(gguf.GGUFReader(path), path) if s.ggml_type == t]
+    assert {b.ggml_type for b in held} == {t} and len(held) == len(stored) == 6
+    assert sum(b.data.numel() for b in held) == sum(s.nbytes for s in stored)

@@ -8,60 +8,14 @@ from __future__ import annotations
 import json
 
 import gguf
-import numpy as np
 import pytest
+from gguf_files import FF, HIDDEN, VOCAB, write_small
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenworks.cli import main
 from tokenworks.models.gguf_file import load_gguf
 from tokenworks.models.loaded import ModelLoadError
-
-HIDDEN, FF, VOCAB, HEADS = 32, 48, 40, 4
-
-
-def write_small(path, keys: dict | None = None, shapes: dict | None = None, arch="llama"):
-    """A one-layer Llama-shaped file with random float32 weights; keys: metadata to add
-    ({name: int, float or str}, `{arch}` filled in); shapes: tensors' shapes to replace."""
-    rng = np.random.default_rng(0)
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(1)
-    w.add_context_length(128)
-    w.add_embedding_length(HIDDEN)
-    w.add_feed_forward_length(FF)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(HEADS)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    w.add_token_list([f"t{i}" for i in range(VOCAB)])
-    for key, value in (keys or {}).items():
-        key = key.format(arch=arch)
-        if isinstance(value, str):
-            w.add_string(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        else:
-            w.add_float32(key, value)
-    tensors = {
-        "token_embd.weight": (VOCAB, HIDDEN),
-        "output_norm.weight": (HIDDEN,),
-        "blk.0.attn_norm.weight": (HIDDEN,),
-        "blk.0.ffn_norm.weight": (HIDDEN,),
-        "blk.0.attn_q.weight": (HIDDEN, HIDDEN),
-        "blk.0.attn_k.weight": (HIDDEN, HIDDEN),
-        "blk.0.attn_v.weight": (HIDDEN, HIDDEN),
-        "blk.0.attn_output.weight": (HIDDEN, HIDDEN),
-        "blk.0.ffn_gate.weight": (FF, HIDDEN),
-        "blk.0.ffn_up.weight": (FF, HIDDEN),
-        "blk.0.ffn_down.weight": (HIDDEN, FF),
-    } | (shapes or {})
-    for name, shape in tensors.items():  # numpy's order: rows first (ggml's reversed)
-        w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 @pytest.fixture

@@ -30,9 +30,13 @@ EXECUTED = {
     6: "Q5_0",
     7: "Q5_1",
     8: "Q8_0",
+    10: "Q2_K",
+    11: "Q3_K",
     12: "Q4_K",
     13: "Q5_K",
     14: "Q6_K",
+    20: "IQ4_NL",
+    23: "IQ4_XS",
 }
 Q8_0 = 8
 DENSE = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}  # ggml types read as floats

@@ -1,6 +1,6 @@
-// Products on a GGUF file's own quantised blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K
-// and Q6_K, read where they lie (the file's bytes, memory-mapped), never widened to a float
-// copy of the matrix.
+// Products on a GGUF file's own quantised blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
+// Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS, read where they lie (the file's bytes,
+// memory-mapped), never widened to a float copy of the matrix.
 // (part of kernels.c, the one translation unit: included there, in order)
 //
 // Every format comes down to the same thing for a run of 32 weights: unsigned 8-bit values
@@ -10,18 +10,28 @@
 // integers (AVX-512 VNNI's dpbusd, u8 x s8 into int32), then once in float:
 //   sum_i w_i x_i = sum_half scale * d_x * (q . a)_half + offset * (d_x * sum a)_half.
 // The sums of the quantised activations over each 16 come with them, so the offsets cost a
-// multiply-add a half, not a pass over the block.
+// multiply-add a half, not a pass over the block. The IQ4 formats index a table of 16
+// signed values (kvalues_iq4nl): q is the table's value + 128, the offset -128 * scale.
 
 enum { TW_BLOCKS = 16 };  // dtype code TW_BLOCKS + t: a GGUF tensor of ggml type t
-enum { GG_Q4_0 = 2, GG_Q4_1 = 3, GG_Q5_0 = 6, GG_Q5_1 = 7, GG_Q8_0 = 8, GG_Q4_K = 12,
-       GG_Q5_K = 13, GG_Q6_K = 14 };
+enum { GG_Q4_0 = 2, GG_Q4_1 = 3, GG_Q5_0 = 6, GG_Q5_1 = 7, GG_Q8_0 = 8, GG_Q2_K = 10,
+       GG_Q3_K = 11, GG_Q4_K = 12, GG_Q5_K = 13, GG_Q6_K = 14, GG_IQ4_NL = 20, GG_IQ4_XS = 23 };
+static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                      1,    13,   25,  38,  53,  69,  89,  113};
 enum { TW_PARTS = 6 };  // a product made of row ranges of different dtypes (tw_linear.parts)
 #define BLOCK_MAX_ROWS 8  // activation rows that share one decode of a weight block
 
 static inline int is_blocks(int dtype) { return dtype >= TW_BLOCKS; }
 
+// Whether type t comes in super-blocks of 256 (its activations quantised per 256, with
+// sums per 16) rather than blocks of 32.
+static inline int is_super(int t) {
+  return t == GG_Q2_K || t == GG_Q3_K || t == GG_Q4_K || t == GG_Q5_K || t == GG_Q6_K ||
+         t == GG_IQ4_XS;
+}
+
 // elements and bytes of one block of ggml type t (0: a type not executed here)
-static inline int block_elems(int t) { return t >= GG_Q4_K ? 256 : 32; }
+static inline int block_elems(int t) { return is_super(t) ? 256 : 32; }
 static inline int block_bytes(int t) {
   switch (t) {
     case GG_Q4_0: return 18;
@@ -29,9 +39,13 @@ static inline int block_bytes(int t) {
     case GG_Q5_0: return 22;
     case GG_Q5_1: return 24;
     case GG_Q8_0: return 34;
+    case GG_Q2_K: return 84;
+    case GG_Q3_K: return 110;
     case GG_Q4_K: return 144;
     case GG_Q5_K: return 176;
     case GG_Q6_K: return 210;
+    case GG_IQ4_NL: return 18;
+    case GG_IQ4_XS: return 136;
     default: return 0;
   }
 }
@@ -71,10 +85,23 @@ static inline void scale_min_k4(int j, const uint8_t* s, int* sc, int* m) {
   }
 }
 
+// Q3_K: scale i (0-15) of the 12 bytes that pack sixteen 6-bit scales (4 low bits in
+// bytes 0-7, two scales a byte; 2 high bits in bytes 8-11, four a byte), as stored (+32).
+static inline int scale_q3k(const uint8_t* s, int i) {
+  const int r = i / 4, c = i % 4;
+  return ((s[(r & 1) * 4 + c] >> (4 * (r >> 1))) & 0xF) | (((s[8 + c] >> (2 * r)) & 3) << 4);
+}
+
+// IQ4_XS: sub-block ib's (0-7) 6-bit scale, as stored (+32)
+static inline int scale_iq4xs(const uint8_t* sb, int ib) {
+  const uint16_t high = (uint16_t)(sb[2] | sb[3] << 8);
+  return ((sb[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((high >> (2 * ib)) & 3) << 4);
+}
+
 // The scales and offsets of 32-element group g of a row: w = sw[h] * q + bw[h] for the
 // half h (0: elements 0-15, 1: 16-31). Also where the group's quantised bytes start.
 static inline void group_params(int t, const uint8_t* row, int g, float sw[2], float bw[2]) {
-  if (t < GG_Q4_K) {
+  if (!is_super(t)) {
     const uint8_t* b = row + (int64_t)g * block_bytes(t);
     const float d = half_to_f32(b);
     float off;
@@ -86,6 +113,27 @@ static inline void group_params(int t, const uint8_t* row, int g, float sw[2], f
   }
   const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
   const int j = g % 8;
+  if (t == GG_Q2_K) {
+    const float d = half_to_f32(sb + 80), dmin = half_to_f32(sb + 82);
+    for (int h = 0; h < 2; ++h) {
+      sw[h] = d * (sb[2 * j + h] & 0xF);
+      bw[h] = -dmin * (sb[2 * j + h] >> 4);
+    }
+    return;
+  }
+  if (t == GG_Q3_K) {
+    const float d = half_to_f32(sb + 108);
+    for (int h = 0; h < 2; ++h) {
+      sw[h] = d * (scale_q3k(sb + 96, 2 * j + h) - 32);
+      bw[h] = -4.f * sw[h];
+    }
+    return;
+  }
+  if (t == GG_IQ4_XS) {
+    sw[0] = sw[1] = half_to_f32(sb) * (scale_iq4xs(sb, j) - 32);
+    bw[0] = bw[1] = -128.f * sw[0];
+    return;
+  }
   if (t == GG_Q6_K) {
     const float d = half_to_f32(sb + 208);
     const int8_t* sc = (const int8_t*)(sb + 192) + 8 * (j / 4) + 2 * (j % 4);
@@ -102,12 +150,24 @@ static inline void group_params(int t, const uint8_t* row, int g, float sw[2], f
   bw[0] = bw[1] = o;
 }
 
+// IQ4's 16 bytes of nibbles (element l low, l + 16 high) as the table's values + 128
+static inline void iq4_values(const uint8_t* qs, uint8_t* q) {
+  for (int l = 0; l < 16; ++l) {
+    q[l] = (uint8_t)(IQ4_VALUES[qs[l] & 0xF] + 128);
+    q[l + 16] = (uint8_t)(IQ4_VALUES[qs[l] >> 4] + 128);
+  }
+}
+
 // The 32 unsigned values q of group g, in plain C (the portable path and the reference).
 static void group_values(int t, const uint8_t* row, int g, uint8_t* q) {
-  if (t < GG_Q4_K) {
+  if (!is_super(t)) {
     const uint8_t* b = row + (int64_t)g * block_bytes(t);
     if (t == GG_Q8_0) {
       for (int l = 0; l < 32; ++l) q[l] = b[2 + l] ^ 0x80;
+      return;
+    }
+    if (t == GG_IQ4_NL) {
+      iq4_values(b + 2, q);
       return;
     }
     const int lead = t == GG_Q4_0 ? 2 : t == GG_Q4_1 ? 4 : t == GG_Q5_0 ? 6 : 8;
@@ -122,6 +182,17 @@ static void group_values(int t, const uint8_t* row, int g, uint8_t* q) {
   }
   const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
   const int j = g % 8;
+  if (t == GG_Q2_K || t == GG_Q3_K) {  // 2 bits of 32 bytes, 128 values apart; Q3_K: + a mask bit
+    const uint8_t* qs = sb + (t == GG_Q2_K ? 16 : 32) + 32 * (j / 4);
+    for (int l = 0; l < 32; ++l) q[l] = (qs[l] >> (2 * (j % 4))) & 3;
+    if (t == GG_Q3_K)
+      for (int l = 0; l < 32; ++l) q[l] |= ((sb[l] >> j) & 1) << 2;
+    return;
+  }
+  if (t == GG_IQ4_XS) {
+    iq4_values(sb + 8 + 16 * j, q);
+    return;
+  }
   if (t == GG_Q6_K) {
     const int n = j / 4, part = j % 4;
     const uint8_t* ql = sb + 64 * n + (part & 1) * 32;
@@ -298,7 +369,7 @@ static void quantize_spans(const float* x, int n, int span, int8_t* q, float* d,
 
 static void block_dot_portable(int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
                                float* out) {
-  const int groups = k / 32, kays = t >= GG_Q4_K;
+  const int groups = k / 32, kays = is_super(t);
   for (int b = 0; b < B; ++b) out[b] = 0.f;
   uint8_t q[32];
   float sw[2], bw[2];
@@ -379,20 +450,46 @@ INLINE __m128i scales_mins_k4(const uint8_t* s) {
   return _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
 }
 
+// IQ4's 16 bytes of nibbles (element l low, l + 16 high) looked up in a table of 16 bytes
+// (repeated in both lanes): the signed values, or the values + 128.
+INLINE __m256i iq4_lookup(const uint8_t* qs, int plus128) {
+  const __m128i v = _mm_loadu_si128((const __m128i*)qs);
+  const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0xF));
+  const __m128i tab = _mm_loadu_si128((const __m128i*)IQ4_VALUES);
+  const __m128i t = plus128 ? _mm_xor_si128(tab, _mm_set1_epi8(-128)) : tab;
+  return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nib);
+}
+
+// Q2_K and Q3_K: 2 bits of each of 32 bytes, run j of a super-block (Q3_K: + the mask's
+// bit j as the third)
+INLINE __m256i group_low2(int t, const uint8_t* sb, int j) {
+  const __m256i v = _mm256_loadu_si256((const __m256i*)(sb + (t == GG_Q2_K ? 16 : 32) + 32 * (j / 4)));
+  __m256i q = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * (j % 4))), _mm256_set1_epi8(3));
+  if (t == GG_Q3_K) {
+    const __m256i m = _mm256_loadu_si256((const __m256i*)sb);
+    const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(m, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+    q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 2));
+  }
+  return q;
+}
+
 // The 32 values of group g of any executed format in a vector (group_values, in AVX2).
 static inline __m256i group_any(int t, const uint8_t* row, int g) {
-  if (t < GG_Q4_K) {
+  if (!is_super(t)) {
     switch (t) {
       case GG_Q4_0: return group32(GG_Q4_0, row + (int64_t)g * 18);
       case GG_Q4_1: return group32(GG_Q4_1, row + (int64_t)g * 20);
       case GG_Q5_0: return group32(GG_Q5_0, row + (int64_t)g * 22);
       case GG_Q5_1: return group32(GG_Q5_1, row + (int64_t)g * 24);
+      case GG_IQ4_NL: return iq4_lookup(row + (int64_t)g * 18 + 2, 1);
       default: return group32(GG_Q8_0, row + (int64_t)g * 34);
     }
   }
   const __m256i low4 = _mm256_set1_epi8(0xF);
   const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
   const int j = g % 8;
+  if (t == GG_Q2_K || t == GG_Q3_K) return group_low2(t, sb, j);
+  if (t == GG_IQ4_XS) return iq4_lookup(sb + 8 + 16 * j, 1);
   if (t == GG_Q6_K) {
     const int n = j / 4, part = j % 4;
     const __m256i ql = _mm256_loadu_si256((const __m256i*)(sb + 64 * n + (part & 1) * 32));
@@ -716,6 +813,81 @@ INLINE void dot_q6k(const uint8_t* row, int k, const tw_qact* a, int B, int ka, 
 #endif
 
 #if defined(TW_BLOCKS_256)
+// Q2_K, Q3_K and IQ4_XS, and IQ4_NL, in AVX2's instructions on both vector paths.
+// 32 weights times 32 activations, in int32 lanes (0-3: the first 16, 4-7: the last 16),
+// each 16's pair sums times its int16 scale in s16. Signed weights (IQ4's table values)
+// multiply as |w| times the activation with w's sign (127 x 127 x 2 < 2^15).
+INLINE __m256i scaled32(__m256i q, __m256i a, __m256i s16, const int is_signed) {
+  const __m256i pairs = is_signed ? _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(a, q))
+                                  : _mm256_maddubs_epi16(q, a);
+  return _mm256_madd_epi16(pairs, s16);
+}
+
+// A super-block of 256 as eight runs of 32, w = d * sc * q - doff * mn for each 16 (sc and
+// mn small integers): the scaled integer sums to the block's end, then once in float; the
+// offsets times the activations' sums per 16 in a vector of their own.
+INLINE void dot_lowbit(const int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
+                       float* out) {
+  const int nsb = k / 256, bb = block_bytes(t), sgn = t == GG_IQ4_XS;
+  __m256 acc[BLOCK_MAX_ROWS], offs[BLOCK_MAX_ROWS];
+  for (int b = 0; b < B; ++b) acc[b] = offs[b] = _mm256_setzero_ps();
+  for (int i = 0; i < nsb; ++i) {
+    const uint8_t* sb = row + (int64_t)i * bb;
+    int16_t sc[16], mn[16];
+    float d, doff = 0.f;
+    if (t == GG_Q2_K) {
+      d = half_to_f32(sb + 80), doff = half_to_f32(sb + 82);
+      for (int h = 0; h < 16; ++h) sc[h] = sb[h] & 0xF, mn[h] = sb[h] >> 4;
+    } else if (t == GG_Q3_K) {
+      d = half_to_f32(sb + 108), doff = 4.f * d;
+      for (int h = 0; h < 16; ++h) sc[h] = mn[h] = (int16_t)(scale_q3k(sb + 96, h) - 32);
+    } else {  // IQ4_XS: signed values, no offset
+      d = half_to_f32(sb);
+      for (int h = 0; h < 16; ++h) sc[h] = (int16_t)(scale_iq4xs(sb, h / 2) - 32), mn[h] = 0;
+    }
+    const __m256i m16 = _mm256_loadu_si256((const __m256i*)mn);
+    __m256i q[8], s16[8];
+    for (int j = 0; j < 8; ++j) {
+      q[j] = sgn ? iq4_lookup(sb + 8 + 16 * j, 0) : group_low2(t, sb, j);
+      s16[j] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+    }
+    for (int b = 0; b < B; ++b) {
+      const int8_t* ab = a->q256 + (int64_t)b * ka + i * 256;
+      __m256i isum = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j)
+        isum = _mm256_add_epi32(isum, scaled32(q[j], _mm256_loadu_si256((const __m256i*)(ab + 32 * j)),
+                                               s16[j], sgn));
+      const float da = a->d256[(int64_t)b * ((ka + 255) / 256) + i];
+      acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * da), acc[b]);
+      if (!sgn) {
+        const __m256i bs = _mm256_loadu_si256((const __m256i*)(a->bs + (int64_t)b * (ka / 16) + i * 16));
+        offs[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(bs, m16)),
+                                  _mm256_set1_ps(doff * da), offs[b]);
+      }
+    }
+  }
+  for (int b = 0; b < B; ++b) out[b] = hsum8(acc[b]) - hsum8(offs[b]);
+}
+
+// IQ4_NL: blocks of 32 table values with one float16 scale each.
+INLINE void dot_iq4nl(const uint8_t* row, int k, const tw_qact* a, int B, int ka, float* out) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[BLOCK_MAX_ROWS];
+  for (int b = 0; b < B; ++b) acc[b] = _mm256_setzero_ps();
+  for (int g = 0; g < k / 32; ++g) {
+    const uint8_t* b0 = row + (int64_t)g * 18;
+    const float d = half_to_f32(b0);
+    const __m256i q = iq4_lookup(b0 + 2, 0);
+    for (int b = 0; b < B; ++b) {
+      const __m256i x = _mm256_loadu_si256((const __m256i*)(a->q32 + (int64_t)b * ka + g * 32));
+      const __m256i p = scaled32(q, x, ones, 1);
+      const float da = a->d32[(int64_t)b * (ka / 32) + g];
+      acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * da), acc[b]);
+    }
+  }
+  for (int b = 0; b < B; ++b) out[b] = hsum8(acc[b]);
+}
+
 // Each kernel once for every row count up to BLOCK_MAX_ROWS: with the count a constant,
 // the rows' accumulators live in registers rather than on the stack.
 #define ROWS_SWITCH(call)                                  \
@@ -741,6 +913,10 @@ INLINE void dot_q6k(const uint8_t* row, int k, const tw_qact* a, int B, int ka, 
 #define CALL_Q4_K(n) dot_q45k(GG_Q4_K, r, k, a, n, ka, o)
 #define CALL_Q5_K(n) dot_q45k(GG_Q5_K, r, k, a, n, ka, o)
 #define CALL_Q6_K(n) dot_q6k(r, k, a, n, ka, o)
+#define CALL_Q2_K(n) dot_lowbit(GG_Q2_K, r, k, a, n, ka, o)
+#define CALL_Q3_K(n) dot_lowbit(GG_Q3_K, r, k, a, n, ka, o)
+#define CALL_IQ4_XS(n) dot_lowbit(GG_IQ4_XS, r, k, a, n, ka, o)
+#define CALL_IQ4_NL(n) dot_iq4nl(r, k, a, n, ka, o)
 KERNEL(dot_q4_0, CALL_Q4_0)
 KERNEL(dot_q4_1, CALL_Q4_1)
 KERNEL(dot_q5_0, CALL_Q5_0)
@@ -749,6 +925,10 @@ KERNEL(dot_q8_0, CALL_Q8_0)
 KERNEL(dot_q4k, CALL_Q4_K)
 KERNEL(dot_q5k, CALL_Q5_K)
 KERNEL(dot_q6kn, CALL_Q6_K)
+KERNEL(dot_q2k, CALL_Q2_K)
+KERNEL(dot_q3k, CALL_Q3_K)
+KERNEL(dot_iq4xs, CALL_IQ4_XS)
+KERNEL(dot_iq4nl_n, CALL_IQ4_NL)
 #endif
 
 #if defined(TW_BLOCKS_VECTOR)
@@ -804,6 +984,10 @@ static tw_block_dot vector_dot(int t) {
     case GG_Q4_K: return dot_q4k;
     case GG_Q5_K: return dot_q5k;
     case GG_Q6_K: return dot_q6kn;
+    case GG_Q2_K: return dot_q2k;
+    case GG_Q3_K: return dot_q3k;
+    case GG_IQ4_XS: return dot_iq4xs;
+    case GG_IQ4_NL: return dot_iq4nl_n;
   }
 #endif
   (void)t;
@@ -870,7 +1054,7 @@ static int has_blocks(const tw_linear* L) {
 }
 
 static int formats_needed(const tw_linear* L) {
-  if (L->dtype != TW_PARTS) return L->dtype - TW_BLOCKS >= GG_Q4_K ? 2 : 1;
+  if (L->dtype != TW_PARTS) return is_super(L->dtype - TW_BLOCKS) ? 2 : 1;
   int need = 0;
   for (int i = 0; i < L->n_parts; ++i) need |= formats_needed(&L->parts[i]);
   return need;
