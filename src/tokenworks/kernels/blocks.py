@@ -37,6 +37,8 @@ EXECUTED = {
     14: "Q6_K",
     20: "IQ4_NL",
     23: "IQ4_XS",
+    35: "TQ2_0",
+    39: "MXFP4",
 }
 Q8_0 = 8
 DENSE = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}  # ggml types read as floats

@@ -1,6 +1,6 @@
 // Products on a GGUF file's own quantised blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
-// Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS, read where they lie (the file's bytes,
-// memory-mapped), never widened to a float copy of the matrix.
+// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ2_0 and MXFP4, read where they lie (the file's
+// bytes, memory-mapped), never widened to a float copy of the matrix.
 // (part of kernels.c, the one translation unit: included there, in order)
 //
 // Every format comes down to the same thing for a run of 32 weights: unsigned 8-bit values
@@ -10,14 +10,17 @@
 // integers (AVX-512 VNNI's dpbusd, u8 x s8 into int32), then once in float:
 //   sum_i w_i x_i = sum_half scale * d_x * (q . a)_half + offset * (d_x * sum a)_half.
 // The sums of the quantised activations over each 16 come with them, so the offsets cost a
-// multiply-add a half, not a pass over the block. The IQ4 formats index a table of 16
-// signed values (kvalues_iq4nl): q is the table's value + 128, the offset -128 * scale.
+// multiply-add a half, not a pass over the block. The IQ4 formats and MXFP4 index a table
+// of 16 signed values: q is the table's value + 128, the offset -128 * scale.
 
 enum { TW_BLOCKS = 16 };  // dtype code TW_BLOCKS + t: a GGUF tensor of ggml type t
 enum { GG_Q4_0 = 2, GG_Q4_1 = 3, GG_Q5_0 = 6, GG_Q5_1 = 7, GG_Q8_0 = 8, GG_Q2_K = 10,
-       GG_Q3_K = 11, GG_Q4_K = 12, GG_Q5_K = 13, GG_Q6_K = 14, GG_IQ4_NL = 20, GG_IQ4_XS = 23 };
+       GG_Q3_K = 11, GG_Q4_K = 12, GG_Q5_K = 13, GG_Q6_K = 14, GG_IQ4_NL = 20, GG_IQ4_XS = 23,
+       GG_TQ2_0 = 35, GG_MXFP4 = 39 };
 static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                       1,    13,   25,  38,  53,  69,  89,  113};
+static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static inline const int8_t* table_of(int t) { return t == GG_MXFP4 ? MXFP4_VALUES : IQ4_VALUES; }
 enum { TW_PARTS = 6 };  // a product made of row ranges of different dtypes (tw_linear.parts)
 #define BLOCK_MAX_ROWS 8  // activation rows that share one decode of a weight block
 
@@ -27,7 +30,7 @@ static inline int is_blocks(int dtype) { return dtype >= TW_BLOCKS; }
 // sums per 16) rather than blocks of 32.
 static inline int is_super(int t) {
   return t == GG_Q2_K || t == GG_Q3_K || t == GG_Q4_K || t == GG_Q5_K || t == GG_Q6_K ||
-         t == GG_IQ4_XS;
+         t == GG_IQ4_XS || t == GG_TQ2_0;
 }
 
 // elements and bytes of one block of ggml type t (0: a type not executed here)
@@ -46,6 +49,8 @@ static inline int block_bytes(int t) {
     case GG_Q6_K: return 210;
     case GG_IQ4_NL: return 18;
     case GG_IQ4_XS: return 136;
+    case GG_TQ2_0: return 66;
+    case GG_MXFP4: return 17;
     default: return 0;
   }
 }
@@ -73,6 +78,17 @@ static inline float half_to_f32(const uint8_t* p) {
   return v.f;
 #endif
 }
+
+// MXFP4's scale byte: a power of two, 2^(x - 128) (the e2m1 table holds doubled values)
+static inline float e8m0_half(uint8_t x) {
+  const uint32_t bits = x < 2 ? 0x00200000u << x : (uint32_t)(x - 1) << 23;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Where the 2-bit values of Q2_K, Q3_K and TQ2_0 start in their super-block
+static inline int low2_offset(int t) { return t == GG_Q2_K ? 16 : t == GG_Q3_K ? 32 : 0; }
 
 // Q4_K / Q5_K: sub-block j's 6-bit scale and minimum from the 12 packed bytes
 static inline void scale_min_k4(int j, const uint8_t* s, int* sc, int* m) {
@@ -103,7 +119,7 @@ static inline int scale_iq4xs(const uint8_t* sb, int ib) {
 static inline void group_params(int t, const uint8_t* row, int g, float sw[2], float bw[2]) {
   if (!is_super(t)) {
     const uint8_t* b = row + (int64_t)g * block_bytes(t);
-    const float d = half_to_f32(b);
+    const float d = t == GG_MXFP4 ? e8m0_half(b[0]) : half_to_f32(b);
     float off;
     if (t == GG_Q4_1 || t == GG_Q5_1) off = half_to_f32(b + 2);
     else off = -(t == GG_Q4_0 ? 8.f : t == GG_Q5_0 ? 16.f : 128.f) * d;
@@ -134,6 +150,11 @@ static inline void group_params(int t, const uint8_t* row, int g, float sw[2], f
     bw[0] = bw[1] = -128.f * sw[0];
     return;
   }
+  if (t == GG_TQ2_0) {  // ternary: 2-bit q - 1
+    sw[0] = sw[1] = half_to_f32(sb + 64);
+    bw[0] = bw[1] = -sw[0];
+    return;
+  }
   if (t == GG_Q6_K) {
     const float d = half_to_f32(sb + 208);
     const int8_t* sc = (const int8_t*)(sb + 192) + 8 * (j / 4) + 2 * (j % 4);
@@ -150,11 +171,11 @@ static inline void group_params(int t, const uint8_t* row, int g, float sw[2], f
   bw[0] = bw[1] = o;
 }
 
-// IQ4's 16 bytes of nibbles (element l low, l + 16 high) as the table's values + 128
-static inline void iq4_values(const uint8_t* qs, uint8_t* q) {
+// 16 bytes of nibbles (element l low, l + 16 high) as a table's values + 128
+static inline void table_values(const int8_t* table, const uint8_t* qs, uint8_t* q) {
   for (int l = 0; l < 16; ++l) {
-    q[l] = (uint8_t)(IQ4_VALUES[qs[l] & 0xF] + 128);
-    q[l + 16] = (uint8_t)(IQ4_VALUES[qs[l] >> 4] + 128);
+    q[l] = (uint8_t)(table[qs[l] & 0xF] + 128);
+    q[l + 16] = (uint8_t)(table[qs[l] >> 4] + 128);
   }
 }
 
@@ -166,8 +187,8 @@ static void group_values(int t, const uint8_t* row, int g, uint8_t* q) {
       for (int l = 0; l < 32; ++l) q[l] = b[2 + l] ^ 0x80;
       return;
     }
-    if (t == GG_IQ4_NL) {
-      iq4_values(b + 2, q);
+    if (t == GG_IQ4_NL || t == GG_MXFP4) {
+      table_values(table_of(t), b + (t == GG_MXFP4 ? 1 : 2), q);
       return;
     }
     const int lead = t == GG_Q4_0 ? 2 : t == GG_Q4_1 ? 4 : t == GG_Q5_0 ? 6 : 8;
@@ -182,15 +203,15 @@ static void group_values(int t, const uint8_t* row, int g, uint8_t* q) {
   }
   const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
   const int j = g % 8;
-  if (t == GG_Q2_K || t == GG_Q3_K) {  // 2 bits of 32 bytes, 128 values apart; Q3_K: + a mask bit
-    const uint8_t* qs = sb + (t == GG_Q2_K ? 16 : 32) + 32 * (j / 4);
+  if (t == GG_Q2_K || t == GG_Q3_K || t == GG_TQ2_0) {  // 2 bits a byte; Q3_K: + a mask bit
+    const uint8_t* qs = sb + low2_offset(t) + 32 * (j / 4);
     for (int l = 0; l < 32; ++l) q[l] = (qs[l] >> (2 * (j % 4))) & 3;
     if (t == GG_Q3_K)
       for (int l = 0; l < 32; ++l) q[l] |= ((sb[l] >> j) & 1) << 2;
     return;
   }
   if (t == GG_IQ4_XS) {
-    iq4_values(sb + 8 + 16 * j, q);
+    table_values(IQ4_VALUES, sb + 8 + 16 * j, q);
     return;
   }
   if (t == GG_Q6_K) {
@@ -450,20 +471,20 @@ INLINE __m128i scales_mins_k4(const uint8_t* s) {
   return _mm_set_epi32((int)m_hi, (int)m_lo, (int)sc_hi, (int)sc_lo);
 }
 
-// IQ4's 16 bytes of nibbles (element l low, l + 16 high) looked up in a table of 16 bytes
+// 16 bytes of nibbles (element l low, l + 16 high) looked up in a table of 16 bytes
 // (repeated in both lanes): the signed values, or the values + 128.
-INLINE __m256i iq4_lookup(const uint8_t* qs, int plus128) {
+INLINE __m256i table_lookup(const int8_t* table, const uint8_t* qs, int plus128) {
   const __m128i v = _mm_loadu_si128((const __m128i*)qs);
   const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0xF));
-  const __m128i tab = _mm_loadu_si128((const __m128i*)IQ4_VALUES);
+  const __m128i tab = _mm_loadu_si128((const __m128i*)table);
   const __m128i t = plus128 ? _mm_xor_si128(tab, _mm_set1_epi8(-128)) : tab;
   return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), nib);
 }
 
-// Q2_K and Q3_K: 2 bits of each of 32 bytes, run j of a super-block (Q3_K: + the mask's
-// bit j as the third)
+// Q2_K, Q3_K and TQ2_0: 2 bits of each of 32 bytes, run j of a super-block (Q3_K: + the
+// mask's bit j as the third)
 INLINE __m256i group_low2(int t, const uint8_t* sb, int j) {
-  const __m256i v = _mm256_loadu_si256((const __m256i*)(sb + (t == GG_Q2_K ? 16 : 32) + 32 * (j / 4)));
+  const __m256i v = _mm256_loadu_si256((const __m256i*)(sb + low2_offset(t) + 32 * (j / 4)));
   __m256i q = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(2 * (j % 4))), _mm256_set1_epi8(3));
   if (t == GG_Q3_K) {
     const __m256i m = _mm256_loadu_si256((const __m256i*)sb);
@@ -481,15 +502,16 @@ static inline __m256i group_any(int t, const uint8_t* row, int g) {
       case GG_Q4_1: return group32(GG_Q4_1, row + (int64_t)g * 20);
       case GG_Q5_0: return group32(GG_Q5_0, row + (int64_t)g * 22);
       case GG_Q5_1: return group32(GG_Q5_1, row + (int64_t)g * 24);
-      case GG_IQ4_NL: return iq4_lookup(row + (int64_t)g * 18 + 2, 1);
+      case GG_IQ4_NL: return table_lookup(IQ4_VALUES, row + (int64_t)g * 18 + 2, 1);
+      case GG_MXFP4: return table_lookup(MXFP4_VALUES, row + (int64_t)g * 17 + 1, 1);
       default: return group32(GG_Q8_0, row + (int64_t)g * 34);
     }
   }
   const __m256i low4 = _mm256_set1_epi8(0xF);
   const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
   const int j = g % 8;
-  if (t == GG_Q2_K || t == GG_Q3_K) return group_low2(t, sb, j);
-  if (t == GG_IQ4_XS) return iq4_lookup(sb + 8 + 16 * j, 1);
+  if (t == GG_Q2_K || t == GG_Q3_K || t == GG_TQ2_0) return group_low2(t, sb, j);
+  if (t == GG_IQ4_XS) return table_lookup(IQ4_VALUES, sb + 8 + 16 * j, 1);
   if (t == GG_Q6_K) {
     const int n = j / 4, part = j % 4;
     const __m256i ql = _mm256_loadu_si256((const __m256i*)(sb + 64 * n + (part & 1) * 32));
@@ -813,7 +835,8 @@ INLINE void dot_q6k(const uint8_t* row, int k, const tw_qact* a, int B, int ka, 
 #endif
 
 #if defined(TW_BLOCKS_256)
-// Q2_K, Q3_K and IQ4_XS, and IQ4_NL, in AVX2's instructions on both vector paths.
+// Q2_K, Q3_K, IQ4_XS and TQ2_0, and IQ4_NL and MXFP4, in AVX2's instructions on both
+// vector paths.
 // 32 weights times 32 activations, in int32 lanes (0-3: the first 16, 4-7: the last 16),
 // each 16's pair sums times its int16 scale in s16. Signed weights (IQ4's table values)
 // multiply as |w| times the activation with w's sign (127 x 127 x 2 < 2^15).
@@ -841,6 +864,9 @@ INLINE void dot_lowbit(const int t, const uint8_t* row, int k, const tw_qact* a,
     } else if (t == GG_Q3_K) {
       d = half_to_f32(sb + 108), doff = 4.f * d;
       for (int h = 0; h < 16; ++h) sc[h] = mn[h] = (int16_t)(scale_q3k(sb + 96, h) - 32);
+    } else if (t == GG_TQ2_0) {  // q - 1, one scale
+      d = doff = half_to_f32(sb + 64);
+      for (int h = 0; h < 16; ++h) sc[h] = mn[h] = 1;
     } else {  // IQ4_XS: signed values, no offset
       d = half_to_f32(sb);
       for (int h = 0; h < 16; ++h) sc[h] = (int16_t)(scale_iq4xs(sb, h / 2) - 32), mn[h] = 0;
@@ -848,7 +874,7 @@ INLINE void dot_lowbit(const int t, const uint8_t* row, int k, const tw_qact* a,
     const __m256i m16 = _mm256_loadu_si256((const __m256i*)mn);
     __m256i q[8], s16[8];
     for (int j = 0; j < 8; ++j) {
-      q[j] = sgn ? iq4_lookup(sb + 8 + 16 * j, 0) : group_low2(t, sb, j);
+      q[j] = sgn ? table_lookup(IQ4_VALUES, sb + 8 + 16 * j, 0) : group_low2(t, sb, j);
       s16[j] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
     }
     for (int b = 0; b < B; ++b) {
@@ -869,15 +895,18 @@ INLINE void dot_lowbit(const int t, const uint8_t* row, int k, const tw_qact* a,
   for (int b = 0; b < B; ++b) out[b] = hsum8(acc[b]) - hsum8(offs[b]);
 }
 
-// IQ4_NL: blocks of 32 table values with one float16 scale each.
-INLINE void dot_iq4nl(const uint8_t* row, int k, const tw_qact* a, int B, int ka, float* out) {
+// IQ4_NL and MXFP4: blocks of 32 table values with one scale each (float16; MXFP4: a
+// power of two in a byte).
+INLINE void dot_table32(const int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
+                        float* out) {
   const __m256i ones = _mm256_set1_epi16(1);
+  const int bb = block_bytes(t);
   __m256 acc[BLOCK_MAX_ROWS];
   for (int b = 0; b < B; ++b) acc[b] = _mm256_setzero_ps();
   for (int g = 0; g < k / 32; ++g) {
-    const uint8_t* b0 = row + (int64_t)g * 18;
-    const float d = half_to_f32(b0);
-    const __m256i q = iq4_lookup(b0 + 2, 0);
+    const uint8_t* b0 = row + (int64_t)g * bb;
+    const float d = t == GG_MXFP4 ? e8m0_half(b0[0]) : half_to_f32(b0);
+    const __m256i q = table_lookup(table_of(t), b0 + (t == GG_MXFP4 ? 1 : 2), 0);
     for (int b = 0; b < B; ++b) {
       const __m256i x = _mm256_loadu_si256((const __m256i*)(a->q32 + (int64_t)b * ka + g * 32));
       const __m256i p = scaled32(q, x, ones, 1);
@@ -916,7 +945,9 @@ INLINE void dot_iq4nl(const uint8_t* row, int k, const tw_qact* a, int B, int ka
 #define CALL_Q2_K(n) dot_lowbit(GG_Q2_K, r, k, a, n, ka, o)
 #define CALL_Q3_K(n) dot_lowbit(GG_Q3_K, r, k, a, n, ka, o)
 #define CALL_IQ4_XS(n) dot_lowbit(GG_IQ4_XS, r, k, a, n, ka, o)
-#define CALL_IQ4_NL(n) dot_iq4nl(r, k, a, n, ka, o)
+#define CALL_IQ4_NL(n) dot_table32(GG_IQ4_NL, r, k, a, n, ka, o)
+#define CALL_MXFP4(n) dot_table32(GG_MXFP4, r, k, a, n, ka, o)
+#define CALL_TQ2_0(n) dot_lowbit(GG_TQ2_0, r, k, a, n, ka, o)
 KERNEL(dot_q4_0, CALL_Q4_0)
 KERNEL(dot_q4_1, CALL_Q4_1)
 KERNEL(dot_q5_0, CALL_Q5_0)
@@ -928,7 +959,9 @@ KERNEL(dot_q6kn, CALL_Q6_K)
 KERNEL(dot_q2k, CALL_Q2_K)
 KERNEL(dot_q3k, CALL_Q3_K)
 KERNEL(dot_iq4xs, CALL_IQ4_XS)
-KERNEL(dot_iq4nl_n, CALL_IQ4_NL)
+KERNEL(dot_iq4nl, CALL_IQ4_NL)
+KERNEL(dot_mxfp4, CALL_MXFP4)
+KERNEL(dot_tq2_0, CALL_TQ2_0)
 #endif
 
 #if defined(TW_BLOCKS_VECTOR)
@@ -987,7 +1020,9 @@ static tw_block_dot vector_dot(int t) {
     case GG_Q2_K: return dot_q2k;
     case GG_Q3_K: return dot_q3k;
     case GG_IQ4_XS: return dot_iq4xs;
-    case GG_IQ4_NL: return dot_iq4nl_n;
+    case GG_IQ4_NL: return dot_iq4nl;
+    case GG_MXFP4: return dot_mxfp4;
+    case GG_TQ2_0: return dot_tq2_0;
   }
 #endif
   (void)t;
