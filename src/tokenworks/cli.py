@@ -1,6 +1,5 @@
-"""tokenworks generate | chat | serve | pull | models | inspect | env | bench (latency, throughput,
-structured, serve, peers, report, compare, pool) | plan (models, hardware, kv, fit, roofline,
-quant, queue, spec, cost, batching, paging)"""
+"""The tokenworks command: one subcommand a job (generate, chat, serve, pull, models, inspect,
+env, profile, bench, eval, plan), each built from the option dataclasses it takes."""
 
 from __future__ import annotations
 
@@ -192,7 +191,11 @@ def cmd_env(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenworks", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="tokenworks",
+        description="An LLM inference engine, an OpenAI- and Anthropic-compatible server and "
+        "a measurement lab. Every command below takes --help.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("generate", help="complete a prompt, streaming to stdout")

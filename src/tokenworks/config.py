@@ -229,8 +229,8 @@ class EngineConfig:
         metadata=option(
             "how the KV cache keeps keys and values: auto (the model's dtype), int8 or "
             "fp8_e4m3 (one byte an element and a float32 scale per token and head: about "
-            "twice the tokens in the same memory; engine/kv_quant.py; runs the torch "
-            "attention)",
+            "twice the tokens in the same memory; engine/kv_quant.py; the C kernels and "
+            "torch's attention both read it)",
             group=MEMORY,
             choices=KV_DTYPES,
         ),

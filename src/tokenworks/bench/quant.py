@@ -182,15 +182,21 @@ def llama_bench(bin_dir: Path, path: str, threads: int, prompt: int, decode: int
 
 
 def run_model(model: str, args, text_ids_for) -> dict:
+    from collections import Counter
+
     from tokenworks import LLM
     from tokenworks.bench.latency import measure_tokenworks, summarise
     from tokenworks.bench.workload import latency_prompt
     from tokenworks.eval.perplexity import perplexity
+    from tokenworks.kernels.blocks import type_name
     from tokenworks.models import load
 
     loaded = load(model)
     threads = args.threads or 2
     results: dict = {"file": loaded.file_path, "file_bytes": Path(loaded.file_path).stat().st_size}
+    if loaded.gguf_index is not None:  # which block types the file holds, tensors of each
+        types = Counter(type_name(t.ggml_type) for t in loaded.gguf_index.tensors)
+        results["tensor_types"] = dict(sorted(types.items()))
     ref_weights = ref_greedy = ref_top1 = None
     formats = [f for f in args.formats.split(",") if f]
     for fmt in tqdm(formats, desc=model, unit="format"):
@@ -260,7 +266,9 @@ def run_quant(args) -> Path:
     models = [m for m in args.models.split(",") if m]
     torch.set_num_threads(args.threads or 2)
     ceiling = read_bandwidth()  # bytes/s: what one pass over the weights can take at best
-    results = {m: run_model(m, args, text_ids_for) for m in models}
+    # a file's results under its stem, so a record's keys hold no path separators
+    results = {Path(m).stem if m.endswith(".gguf") else m: run_model(m, args, text_ids_for)
+               for m in models}  # fmt: skip
     for r in results.values():  # how close decode comes to it: bytes read a token / ceiling
         for fmt in args.formats.split(","):
             row = r[fmt]
