@@ -858,25 +858,52 @@ INLINE void dot_lowbit(const int t, const uint8_t* row, int k, const tw_qact* a,
     const uint8_t* sb = row + (int64_t)i * bb;
     int16_t sc[16], mn[16];
     float d, doff = 0.f;
-    if (t == GG_Q2_K) {
+    if (t == GG_Q2_K) {  // a byte a 16: the scale in the low 4 bits, the minimum in the high
       d = half_to_f32(sb + 80), doff = half_to_f32(sb + 82);
-      for (int h = 0; h < 16; ++h) sc[h] = sb[h] & 0xF, mn[h] = sb[h] >> 4;
-    } else if (t == GG_Q3_K) {
+      const __m128i b = _mm_loadu_si128((const __m128i*)sb);
+      const __m128i low4 = _mm_set1_epi8(0xF);
+      _mm256_storeu_si256((__m256i*)sc, _mm256_cvtepu8_epi16(_mm_and_si128(b, low4)));
+      _mm256_storeu_si256((__m256i*)mn, _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(b, 4), low4)));
+    } else if (t == GG_Q3_K) {  // sixteen 6-bit scales (scale_q3k), four bytes at a time
       d = half_to_f32(sb + 108), doff = 4.f * d;
-      for (int h = 0; h < 16; ++h) sc[h] = mn[h] = (int16_t)(scale_q3k(sb + 96, h) - 32);
+      uint32_t u[3];
+      memcpy(u, sb + 96, 12);
+      const uint32_t lo = 0x0f0f0f0f, hi = 0x03030303;
+      const __m128i s6 = _mm_set_epi32((int)(((u[1] >> 4) & lo) | (((u[2] >> 6) & hi) << 4)),
+                                       (int)(((u[0] >> 4) & lo) | (((u[2] >> 4) & hi) << 4)),
+                                       (int)((u[1] & lo) | (((u[2] >> 2) & hi) << 4)),
+                                       (int)((u[0] & lo) | ((u[2] & hi) << 4)));
+      const __m256i s16 = _mm256_sub_epi16(_mm256_cvtepu8_epi16(s6), _mm256_set1_epi16(32));
+      _mm256_storeu_si256((__m256i*)sc, s16);
+      _mm256_storeu_si256((__m256i*)mn, s16);
     } else if (t == GG_TQ2_0) {  // q - 1, one scale
       d = doff = half_to_f32(sb + 64);
       for (int h = 0; h < 16; ++h) sc[h] = mn[h] = 1;
     } else {  // IQ4_XS: signed values, no offset
       d = half_to_f32(sb);
-      for (int h = 0; h < 16; ++h) sc[h] = (int16_t)(scale_iq4xs(sb, h / 2) - 32), mn[h] = 0;
+      for (int ib = 0; ib < 8; ++ib) sc[2 * ib] = sc[2 * ib + 1] = (int16_t)(scale_iq4xs(sb, ib) - 32);
+      memset(mn, 0, sizeof mn);
     }
     const __m256i m16 = _mm256_loadu_si256((const __m256i*)mn);
     __m256i q[8], s16[8];
-    for (int j = 0; j < 8; ++j) {
-      q[j] = sgn ? table_lookup(IQ4_VALUES, sb + 8 + 16 * j, 0) : group_low2(t, sb, j);
-      s16[j] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
+    if (sgn) {
+      for (int j = 0; j < 8; ++j) q[j] = table_lookup(IQ4_VALUES, sb + 8 + 16 * j, 0);
+    } else {  // two vectors of 2-bit values, four runs each (group_low2, loaded once)
+      const __m256i three = _mm256_set1_epi8(3);
+      const __m256i v[2] = {_mm256_loadu_si256((const __m256i*)(sb + low2_offset(t))),
+                            _mm256_loadu_si256((const __m256i*)(sb + low2_offset(t) + 32))};
+      for (int j = 0; j < 8; ++j)
+        q[j] = _mm256_and_si256(_mm256_srl_epi16(v[j / 4], _mm_cvtsi32_si128(2 * (j % 4))), three);
+      if (t == GG_Q3_K) {
+        const __m256i m = _mm256_loadu_si256((const __m256i*)sb), one = _mm256_set1_epi8(1);
+        for (int j = 0; j < 8; ++j) {
+          const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(m, _mm_cvtsi32_si128(j)), one);
+          q[j] = _mm256_or_si256(q[j], _mm256_slli_epi16(bit, 2));
+        }
+      }
     }
+    for (int j = 0; j < 8; ++j)
+      s16[j] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
     for (int b = 0; b < B; ++b) {
       const int8_t* ab = a->q256 + (int64_t)b * ka + i * 256;
       __m256i isum = _mm256_setzero_si256();
