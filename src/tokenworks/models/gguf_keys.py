@@ -127,10 +127,19 @@ def judge_all(fields: dict, arch: str, known_arch: bool) -> list[KeyVerdict]:
     return [judge(k, v, arch, known_arch) for k, v in fields.items()]
 
 
+def _needs_value(key: str, arch: str) -> bool:
+    """Whether a key's verdict depends on its value (the rest are judged by name alone)."""
+    if key in TOKENIZER_CHECKED:
+        return True
+    return key.startswith(f"{arch}.") and key[len(arch) + 1 :] not in ARCH_READ | ARCH_INFO
+
+
 def first_refusal(get: Callable[[str], object], keys, arch: str) -> KeyVerdict | None:
-    """The first key of a loadable architecture's file that asks for what is not built."""
+    """The first key of a loadable architecture's file that asks for what is not built.
+    Only the values a verdict depends on are read: a vocabulary's 250,000 strings are not."""
     for key in keys:
-        verdict = judge(key, get(key), arch, known_arch=True)
+        value = get(key) if _needs_value(key, arch) else None
+        verdict = judge(key, value, arch, known_arch=True)
         if verdict.action == REFUSED:
             return verdict
     return None
