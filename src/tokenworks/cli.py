@@ -1,5 +1,5 @@
 """The tokenworks command: one subcommand a job (generate, chat, serve, pull, models, inspect,
-env, profile, bench, eval, plan), each built from the option dataclasses it takes."""
+env, profile, bench, eval, plan); engine and server flags come from their config dataclasses."""
 
 from __future__ import annotations
 
