@@ -250,19 +250,24 @@ def rope_frequencies(path: Path, tensors: list[StoredTensor]) -> np.ndarray | No
     return None if t is None else _dense_array(np.memmap(path, dtype=np.uint8, mode="c"), t)
 
 
-def load_gguf(path: Path, model_id: str | None = None, weights: bool = True) -> LoadedModel:
-    """A GGUF file's spec, tokenizer and weights as stored (gguf_weights); weights=False
-    skips the weights (only their names are read)."""
+def open_reader(path: Path):
+    """The gguf package's reader of path, or ModelLoadError naming the file."""
     import gguf
 
-    path = Path(path)
     try:
-        reader = gguf.GGUFReader(path)
+        return gguf.GGUFReader(path)
     except Exception as e:  # the gguf package raises ValueError/IndexError/struct errors
         raise ModelLoadError(
             f"{path} is not a readable GGUF file ({type(e).__name__}: {e}); it may be truncated "
             "or corrupt: download it again"
         ) from e
+
+
+def load_gguf(path: Path, model_id: str | None = None, weights: bool = True) -> LoadedModel:
+    """A GGUF file's spec, tokenizer and weights as stored (gguf_weights); weights=False
+    skips the weights (only their names are read)."""
+    path = Path(path)
+    reader = open_reader(path)
     try:
         return _load_read(reader, path, model_id, weights)
     except ModelLoadError:

@@ -24,19 +24,12 @@ def _shown(value) -> object:
 def inspect(path: str | Path) -> dict:
     """The file's verdicts, tensor types and loaded spec (or refusal) as one dict; raises
     ModelLoadError where the file cannot be read at all."""
-    import gguf
-
     from tokenworks.kernels import blocks
     from tokenworks.models import arch as arch_registry
-    from tokenworks.models.gguf_file import _field, load_gguf
+    from tokenworks.models.gguf_file import _field, load_gguf, open_reader
 
     path = Path(path)
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:  # the gguf package raises ValueError/IndexError/struct errors
-        raise ModelLoadError(
-            f"{path} is not a readable GGUF file ({type(e).__name__}: {e})"
-        ) from None
+    reader = open_reader(path)
     arch = str(_field(reader, "general.architecture", ""))
     try:
         family = arch_registry.for_gguf_arch(arch).name

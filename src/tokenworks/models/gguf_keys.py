@@ -94,6 +94,13 @@ def _equal(value, wanted) -> bool:
         return False
 
 
+def _checked(key: str, value, quiet, why: str) -> KeyVerdict:
+    """A key that passes at the value that asks for nothing and is refused at any other."""
+    if _equal(value, quiet):
+        return KeyVerdict(key, value, INFO, "asks for nothing")
+    return KeyVerdict(key, value, REFUSED, why)
+
+
 def judge(key: str, value, arch: str, known_arch: bool) -> KeyVerdict:
     """What tokenworks does with one key of a file whose architecture is `arch`."""
     if key in GENERAL_READ:
@@ -101,9 +108,7 @@ def judge(key: str, value, arch: str, known_arch: bool) -> KeyVerdict:
     if key in TOKENIZER_READ:
         return KeyVerdict(key, value, READ, TOKENIZER_READ[key])
     if key in TOKENIZER_CHECKED:
-        quiet, why = TOKENIZER_CHECKED[key]
-        ok = _equal(value, quiet)
-        return KeyVerdict(key, value, INFO if ok else REFUSED, "asks for nothing" if ok else why)
+        return _checked(key, value, *TOKENIZER_CHECKED[key])
     if key.startswith(f"{arch}."):
         if not known_arch:
             return KeyVerdict(key, value, REFUSED, f"the {arch!r} architecture is not built")
@@ -113,10 +118,7 @@ def judge(key: str, value, arch: str, known_arch: bool) -> KeyVerdict:
         if suffix in ARCH_INFO:
             return KeyVerdict(key, value, INFO, ARCH_INFO[suffix])
         if suffix in ARCH_CHECKED:
-            quiet, why = ARCH_CHECKED[suffix]
-            ok = _equal(value, quiet)
-            return KeyVerdict(key, value, INFO if ok else REFUSED,
-                              "asks for nothing" if ok else why)  # fmt: skip
+            return _checked(key, value, *ARCH_CHECKED[suffix])
         return KeyVerdict(key, value, REFUSED, "a hyperparameter tokenworks does not read")
     if key.startswith("tokenizer."):
         return KeyVerdict(key, value, INFO, "not used by the tokenizer")
