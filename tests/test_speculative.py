@@ -385,3 +385,46 @@ def test_a_drafter_reads_a_prompt_longer_than_a_step_in_pieces():
     assert engine.speculator.metrics.num_draft_tokens > 0
     drafter = engine.speculator.proposer
     assert drafter.blocks.num_free == drafter.blocks.num_blocks
+
+
+def test_adaptive_speculation_stops_guessing_when_it_does_not_pay_and_probes_again():
+    """Left on (the default), the controller proposes all k while a sequence's guesses
+    are accepted; once they keep failing it sits out MIN_OFF decode steps, then probes with
+    one guess and, still failing, sits out twice as long. Where steps with guesses emit
+    fewer tokens a second than steps without, no step guesses but one in PROBE_EVERY."""
+    from types import SimpleNamespace
+
+    from tokenworks.engine.speculative.controller import (
+        MIN_OFF,
+        PROBE_EVERY,
+        Controller,
+        StepCosts,
+    )
+
+    seq = SimpleNamespace(params=SimpleNamespace(seed=7))  # seeded: fixed costs, no timings
+    c = Controller(k_max=4, adaptive=True, rounds_per_token=False, static_cost=0.0)
+    st = c.state(seq)
+    for _ in range(12):
+        st.update(proposed=4, accepted=4)
+    assert c.choose(seq, batch=1, limit=4) == 4
+    for _ in range(30):
+        st.update(proposed=4, accepted=0)
+    assert c.choose(seq, 1, 4) == 0  # no k gains a token: it stops guessing
+    assert st.off_until == c.step + MIN_OFF
+    first_off = st.off_until
+    for step in range(c.step, first_off):
+        c.step = step
+        assert c.choose(seq, 1, 4) == 0
+    c.step = first_off
+    assert c.choose(seq, 1, 4) == 1  # back: one guess, to measure again
+    assert st.off_until == first_off + 2 * MIN_OFF  # still losing: twice as long
+    for _ in range(12):
+        st.update(proposed=1, accepted=1)
+    c.step = st.off_until
+    assert c.choose(seq, 1, 4) == 4  # guesses pay again
+
+    costs = StepCosts()
+    costs.observe_rate(1, speculated=True, tokens_per_s=10.0)
+    costs.observe_rate(1, speculated=False, tokens_per_s=20.0)
+    answers = [costs.losing(1) for _ in range(2 * PROBE_EVERY)]
+    assert answers.count(False) == 2 and answers[PROBE_EVERY - 1] is False
