@@ -886,22 +886,8 @@ INLINE void dot_lowbit(const int t, const uint8_t* row, int k, const tw_qact* a,
     }
     const __m256i m16 = _mm256_loadu_si256((const __m256i*)mn);
     __m256i q[8], s16[8];
-    if (sgn) {
-      for (int j = 0; j < 8; ++j) q[j] = table_lookup(IQ4_VALUES, sb + 8 + 16 * j, 0);
-    } else {  // two vectors of 2-bit values, four runs each (group_low2, loaded once)
-      const __m256i three = _mm256_set1_epi8(3);
-      const __m256i v[2] = {_mm256_loadu_si256((const __m256i*)(sb + low2_offset(t))),
-                            _mm256_loadu_si256((const __m256i*)(sb + low2_offset(t) + 32))};
-      for (int j = 0; j < 8; ++j)
-        q[j] = _mm256_and_si256(_mm256_srl_epi16(v[j / 4], _mm_cvtsi32_si128(2 * (j % 4))), three);
-      if (t == GG_Q3_K) {
-        const __m256i m = _mm256_loadu_si256((const __m256i*)sb), one = _mm256_set1_epi8(1);
-        for (int j = 0; j < 8; ++j) {
-          const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(m, _mm_cvtsi32_si128(j)), one);
-          q[j] = _mm256_or_si256(q[j], _mm256_slli_epi16(bit, 2));
-        }
-      }
-    }
+    for (int j = 0; j < 8; ++j)
+      q[j] = sgn ? table_lookup(IQ4_VALUES, sb + 8 + 16 * j, 0) : group_low2(t, sb, j);
     for (int j = 0; j < 8; ++j)
       s16[j] = _mm256_set_m128i(_mm_set1_epi16(sc[2 * j + 1]), _mm_set1_epi16(sc[2 * j]));
     for (int b = 0; b < B; ++b) {
