@@ -101,25 +101,29 @@ def _checked(key: str, value, quiet, why: str) -> KeyVerdict:
     return KeyVerdict(key, value, REFUSED, why)
 
 
+def _lookup(key: str, name: str, value, read: dict, info: dict, checked: dict):
+    """The verdict the tables give `name` (a key, or its suffix after the architecture),
+    or None where none of them names it."""
+    if name in read:
+        return KeyVerdict(key, value, READ, read[name])
+    if name in info:
+        return KeyVerdict(key, value, INFO, info[name])
+    if name in checked:
+        return _checked(key, value, *checked[name])
+    return None
+
+
 def judge(key: str, value, arch: str, known_arch: bool) -> KeyVerdict:
     """What tokenworks does with one key of a file whose architecture is `arch`."""
-    if key in GENERAL_READ:
-        return KeyVerdict(key, value, READ, GENERAL_READ[key])
-    if key in TOKENIZER_READ:
-        return KeyVerdict(key, value, READ, TOKENIZER_READ[key])
-    if key in TOKENIZER_CHECKED:
-        return _checked(key, value, *TOKENIZER_CHECKED[key])
+    top = _lookup(key, key, value, GENERAL_READ | TOKENIZER_READ, {}, TOKENIZER_CHECKED)
+    if top is not None:
+        return top
     if key.startswith(f"{arch}."):
         if not known_arch:
             return KeyVerdict(key, value, REFUSED, f"the {arch!r} architecture is not built")
         suffix = key[len(arch) + 1 :]
-        if suffix in ARCH_READ:
-            return KeyVerdict(key, value, READ, ARCH_READ[suffix])
-        if suffix in ARCH_INFO:
-            return KeyVerdict(key, value, INFO, ARCH_INFO[suffix])
-        if suffix in ARCH_CHECKED:
-            return _checked(key, value, *ARCH_CHECKED[suffix])
-        return KeyVerdict(key, value, REFUSED, "a hyperparameter tokenworks does not read")
+        unread = KeyVerdict(key, value, REFUSED, "a hyperparameter tokenworks does not read")
+        return _lookup(key, suffix, value, ARCH_READ, ARCH_INFO, ARCH_CHECKED) or unread
     if key.startswith("tokenizer."):
         return KeyVerdict(key, value, INFO, "not used by the tokenizer")
     return KeyVerdict(key, value, INFO, "describes the file")
