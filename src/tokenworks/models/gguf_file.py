@@ -263,11 +263,13 @@ def open_reader(path: Path):
         ) from e
 
 
-def load_gguf(path: Path, model_id: str | None = None, weights: bool = True) -> LoadedModel:
+def load_gguf(
+    path: Path, model_id: str | None = None, weights: bool = True, reader=None
+) -> LoadedModel:
     """A GGUF file's spec, tokenizer and weights as stored (gguf_weights); weights=False
-    skips the weights (only their names are read)."""
+    skips the weights (only their names are read); reader: path's, already opened."""
     path = Path(path)
-    reader = open_reader(path)
+    reader = reader or open_reader(path)
     try:
         return _load_read(reader, path, model_id, weights)
     except ModelLoadError:

@@ -56,7 +56,7 @@ def inspect(path: str | Path) -> dict:
     out = {"file": str(path), "architecture": arch, "family": family, "keys": keys,
            "tensor_types": tensors}  # fmt: skip
     try:
-        spec = load_gguf(path, weights=False).spec
+        spec = load_gguf(path, weights=False, reader=reader).spec
     except ModelLoadError as e:
         return out | {"loads": False, "refused": str(e)}
     shown = ("n_layers", "hidden_size", "n_heads", "n_kv_heads", "head_dim",
