@@ -168,11 +168,25 @@ CONFIGS = {
         sliding_window=8,
         query_pre_attn_scalar=24,
     ),  # fmt: skip
+    # as the 2B and 9B models are (a GGUF carries no query scalar: llama.cpp's head_dim)
+    "gemma2-head-dim-scale": lambda: transformers.Gemma2Config(
+        **SMALL | {"num_hidden_layers": 4},
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=8,
+        query_pre_attn_scalar=16,
+    ),  # fmt: skip
+    "phi3-window": lambda: transformers.Phi3Config(
+        **SMALL, num_key_value_heads=2, sliding_window=8, pad_token_id=0
+    ),
+    "smollm3": lambda: transformers.SmolLM3Config(
+        **SMALL | {"num_hidden_layers": 4}, num_key_value_heads=2, pad_token_id=0
+    ),
 }
 SHARPENED = {
     "qwen3", "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite", "gemma3",
     "gemma2", "rope-linear", "rope-yarn", "gemma3-global-rope-linear", "deepseek-v3-yarn",
-    "deepseek-v2-lite-yarn",
+    "deepseek-v2-lite-yarn", "gemma2-head-dim-scale", "phi3-window", "smollm3",
 }  # fmt: skip
 MOE = {
     "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite", "deepseek-v3-yarn",
@@ -493,11 +507,12 @@ def _llama_cpp_permute(w, n_head: int):
     )
 
 
-def _write_gguf(hf, directory, path, q8_0: bool = False, keys=None):
+def _write_gguf(hf, directory, path, q8_0: bool = False, keys=None, extra=None):
     """hf's weights (as saved in directory) as a float32 GGUF under llama.cpp's names, with
     the metadata it writes (Mixtral as a "llama" file with experts, Q/K rows permuted, RoPE
     scaling's type, factor and trained context); q8_0: matrices whose rows are whole blocks
-    in Q8_0, as a quantised file holds them; keys: more metadata, {name: float or str}."""
+    in Q8_0, as a quantised file holds them; keys: more metadata, {name: float or str};
+    extra: more tensors, {GGUF name: float32 array}."""
     import gguf
 
     from tokenworks.models import arch
@@ -534,27 +549,39 @@ def _write_gguf(hf, directory, path, q8_0: bool = False, keys=None):
         w.add_expert_used_count(cfg.num_experts_per_tok)
     if cfg.model_type == "qwen3_moe":
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    loaded = load(str(directory))
+    spec = loaded.spec
+    if spec.sliding_window:
+        w.add_sliding_window(spec.sliding_window)
+    if spec.attn_softcap:  # Gemma 2
+        w.add_float32(f"{garch}.attn_logit_softcapping", spec.attn_softcap)
+        w.add_float32(f"{garch}.final_logit_softcapping", spec.final_softcap)
     w.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])
-    inverse = {v: k for k, v in family.gguf_block.items()}
-    sd = {k: v.numpy() for k, v in load(str(directory)).weights.items()}
+    sd = {k: v.numpy() for k, v in loaded.weights.items()}
     tensors = {"token_embd.weight": sd["model.embed_tokens.weight"],
-               "output_norm.weight": sd["model.norm.weight"],
-               "output.weight": sd["lm_head.weight"]}  # fmt: skip
+               "output_norm.weight": sd["model.norm.weight"]}  # fmt: skip
+    if "lm_head.weight" in sd:
+        tensors["output.weight"] = sd["lm_head.weight"]
+    # a weight that a stacked tensor holds (Phi-3's attn_qkv) is written there only
+    stacked = {n for v in family.gguf_block.values() if not isinstance(v, str) for n in v}
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
-        for ours, theirs in inverse.items():
+        for theirs, ours in family.gguf_block.items():
+            names = (ours,) if isinstance(ours, str) else ours
+            if isinstance(ours, str) and ours in stacked:
+                continue
             if "{e}" in ours:
                 key = [p + ours.format(e=e) for e in range(n_experts or 0)]
                 if key and key[0] in sd:
                     tensors[f"blk.{i}.{theirs}"] = np.stack([sd[k] for k in key])
-            elif p + ours in sd:
-                t = sd[p + ours]
+            elif all(p + n in sd for n in names):
+                t = np.concatenate([sd[p + n] for n in names])
                 if garch == "llama" and ours.startswith("self_attn.q_proj."):
                     t = _llama_cpp_permute(t, cfg.num_attention_heads)
                 elif garch == "llama" and ours.startswith("self_attn.k_proj."):
                     t = _llama_cpp_permute(t, cfg.num_key_value_heads)
                 tensors[f"blk.{i}.{theirs}"] = t
-    for k, v in tensors.items():
+    for k, v in (tensors | (extra or {})).items():
         v = np.ascontiguousarray(v, dtype=np.float32)
         if q8_0 and v.ndim >= 2 and v.shape[-1] % 32 == 0:
             q8 = gguf.GGMLQuantizationType.Q8_0
@@ -567,7 +594,10 @@ def _write_gguf(hf, directory, path, q8_0: bool = False, keys=None):
     w.close()
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3-moe", "mixtral"])
+GGUF_FAMILIES = ["qwen3", "qwen3-moe", "mixtral", "gemma2-head-dim-scale", "phi3-window", "smollm3"]
+
+
+@pytest.mark.parametrize("name", GGUF_FAMILIES)
 def test_a_gguf_of_the_family_loads_as_its_hugging_face_directory_does(
     name, new_family_dirs, tmp_path, monkeypatch
 ):
@@ -661,6 +691,34 @@ def test_a_gguf_asking_for_what_is_not_built_is_refused_by_its_key(
         load(str(path))
 
 
+def test_a_phi3_gguf_with_longrope_factors_is_refused_by_the_tensor(new_family_dirs, tmp_path):
+    """Phi-3's 128k files scale RoPE per dimension from two tensors: not built, so refused."""
+    from tokenworks.models.loaded import ModelLoadError
+
+    hf, directory = new_family_dirs["phi3-window"]
+    path = tmp_path / "phi3-longrope.gguf"
+    _write_gguf(hf, directory, path, extra={"rope_factors_long.weight": np.ones(8)})
+    with pytest.raises(ModelLoadError, match="rope_factors_long.weight: LongRoPE"):
+        load(str(path))
+
+
+def test_gemma_ggufs_scale_queries_as_llama_cpp_does():
+    """A GGUF has no query_pre_attn_scalar: head_dim**-0.5, but (hidden / heads)**-0.5 for
+    the 27B models (Gemma 2: 46 layers, Gemma 3: 62), as their configs say."""
+    from tokenworks.models import arch
+
+    def fields(name, layers, hidden, heads, head_dim):
+        keys = {"block_count": layers, "embedding_length": hidden, "attention.head_count": heads,
+                "attention.key_length": head_dim}  # fmt: skip
+        get = lambda key, default=None: keys.get(key.partition(".")[2], default)  # noqa: E731
+        return arch.family(name).gguf_fields(get, name)
+
+    assert fields("gemma2", 46, 4608, 32, 128)["attn_scale"] == 144**-0.5
+    assert fields("gemma2", 42, 3584, 16, 256)["attn_scale"] == 256**-0.5
+    assert fields("gemma3", 62, 5376, 32, 128)["attn_scale"] == 168**-0.5
+    assert fields("gemma2", 26, 2304, 8, 256)["sliding_window"] == 4096  # no key: Gemma 2's
+
+
 def test_a_quantised_moe_gguf_runs_its_experts_as_stored_on_the_c_forward(
     new_family_dirs, tmp_path, monkeypatch
 ):
@@ -686,6 +744,42 @@ def test_a_quantised_moe_gguf_runs_its_experts_as_stored_on_the_c_forward(
     pairs = zip(*tokens.values(), strict=True)
     differ = sum(a != b for x, y in pairs for a, b in zip(x, y, strict=True))
     assert differ <= 2, tokens
+
+
+@pytest.mark.parametrize("q8_0", [False, True], ids=["f32", "q8_0"])
+@pytest.mark.parametrize("name", ["gemma2-head-dim-scale", "phi3-window", "smollm3"])
+def test_a_gguf_of_the_family_gives_the_modules_tokens_on_the_c_kernels(
+    name, q8_0, new_family_dirs, tmp_path, monkeypatch
+):
+    """A file of each family llama.cpp writes beside Llama's (Gemma 2's soft-caps and
+    alternating windows, Phi-3's stacked QKV and gate/up read as views of one tensor,
+    SmolLM3's layers without RoPE): the C forward gives the torch modules' greedy tokens,
+    prompts past the window included; float32 weights exactly. On Q8_0 blocks the
+    activations round to 8 bits, where a last-bit difference between the two can flip a
+    rounding: there a sequence may part only at a near-tie (torch scores C's token within
+    0.5 of its own)."""
+    from tokenworks import LLM, SamplingParams
+
+    monkeypatch.setenv("TOKENWORKS_HOME", str(tmp_path / "home"))
+    hf, directory = new_family_dirs[name]
+    path = tmp_path / f"{name}.gguf"
+    _write_gguf(hf, directory, path, q8_0=q8_0)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=5)
+    outs = {}
+    for kernels in ("c", "torch"):
+        llm = LLM(str(path), dtype="float32", loaded=_loaded(path), quantization="gguf",
+                  kernels=kernels, warmup=False, block_size=4)  # fmt: skip
+        assert (llm.engine.c_kernels is not None) == (kernels == "c")
+        outs[kernels] = [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+    for c, ref in zip(outs["c"], outs["torch"], strict=True):
+        if c.token_ids == ref.token_ids:
+            continue
+        assert q8_0, (c.token_ids, ref.token_ids)
+        at = next(
+            i for i, (a, b) in enumerate(zip(c.token_ids, ref.token_ids, strict=True)) if a != b
+        )
+        scores = {t: lp for t, _, lp in ref.logprobs[at].top}
+        assert scores[ref.token_ids[at]] - scores.get(c.token_ids[at], -1e9) < 0.5, (at, c, ref)
 
 
 @pytest.mark.parametrize(("name", "quantization"), [("deepseek-v3", "int8"), ("qwen3-moe", "int4")])

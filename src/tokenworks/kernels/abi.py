@@ -89,6 +89,7 @@ class Layer(ctypes.Structure):
         ("group", ctypes.c_int),
         ("k_scale", c_ptr),  # a one-byte pool's row scales (NULL: none)
         ("v_scale", c_ptr),
+        ("no_rope", ctypes.c_int),  # 1: Q and K are not rotated (SmolLM3's NoPE layers)
     ]
 
 

@@ -141,7 +141,8 @@ def _geglu(gu: torch.Tensor) -> torch.Tensor:
 
 
 # families the C forward pass runs (the MoE ones through run_batched, experts in torch)
-ARCHS = ("llama", "qwen3", "gemma2", "gemma3", "mixtral", "qwen2_moe", "qwen3_moe")
+ARCHS = ("llama", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "mixtral", "qwen2_moe",
+         "qwen3_moe")  # fmt: skip
 
 
 def group_windows(spec, layout) -> list[int | None] | None:
@@ -172,11 +173,11 @@ class LlamaForward:
         layout = pool.layout
         self.windows = windows  # each KV group's attention window (None: none)
         self.group_of = [layout.group_of(i) for i in range(spec.n_layers)]
-        self.pool_of = [layout.slot_of(i) for i in range(spec.n_layers)]  # its pool tensors
         # each layer's (K rows, V rows, K scales, V scales): scales for an 8-bit pool only
+        # (pool.k and pool.v are by layer: each a view of the pool tensor the layer uses)
         self.pool_ptrs = [
-            tuple(zip(ck.pool_ptrs(pool.k[j]), ck.pool_ptrs(pool.v[j]), strict=True))
-            for j in self.pool_of
+            tuple(zip(ck.pool_ptrs(k), ck.pool_ptrs(v), strict=True))
+            for k, v in zip(pool.k, pool.v, strict=True)
         ]
         self.layers = model.layers  # for what run_batched does in torch (Q/K and output norms)
         self.geglu = spec.mlp_act == "gelu_tanh"
@@ -277,8 +278,8 @@ class LlamaForward:
                 ]
                 if any(p is None for p in parts):
                     return None
-                j, local_rope = layout.slot_of(i), local is not None and layer.rope_table
-                (k, k_scale), (v, v_scale) = ck.pool_ptrs(pool.k[j]), ck.pool_ptrs(pool.v[j])
+                local_rope = local is not None and layer.rope_table
+                (k, k_scale), (v, v_scale) = ck.pool_ptrs(pool.k[i]), ck.pool_ptrs(pool.v[i])
                 layers[i] = ck.Layer(
                     *norms[i], *parts, k, v,
                     q_norm=_f32(getattr(layer, "q_norm", None), keep),
@@ -290,6 +291,7 @@ class LlamaForward:
                     group=layout.group_of(i),
                     k_scale=k_scale,
                     v_scale=v_scale,
+                    no_rope=int(layer.rope_table is None),
                 )  # fmt: skip
             head = _linear(model.lm_head, keep, packs)
             if head is None:
@@ -449,7 +451,7 @@ class LlamaForward:
 
     def _attend_chunks(self, qkv, batch, layer, pos, slots, code, threads):
         """RoPE and the cache write in C, then attention over the pool (attention.attend)."""
-        s, j = self.spec, self.pool_of[layer]
+        s = self.spec
         cos, sin = self._rope(layer)
         (k, v), (k_scale, v_scale) = self.pool_ptrs[layer]
         self.lib.tw_rope_store(
@@ -459,14 +461,17 @@ class LlamaForward:
         q = qkv[:, : s.q_size].view(-1, s.n_heads, s.head_dim)
         window = self.windows[self.group_of[layer]]
         out = attend(
-            q, batch, self.pool.k[j], self.pool.v[j], self.dims.attn_scale, window, self.tiles,
-            self.spec.attn_softcap,
+            q, batch, self.pool.k[layer], self.pool.v[layer], self.dims.attn_scale, window,
+            self.tiles, self.spec.attn_softcap,
         )  # fmt: skip
         return out.contiguous()
 
     def _rope(self, layer: int) -> tuple:
-        """The RoPE table (cos, sin addresses) a layer rotates with."""
+        """The RoPE table (cos, sin addresses) a layer rotates with; (None, None) for one
+        that does not rotate."""
         c = self.layers_c[layer]
+        if c.no_rope:
+            return None, None
         return (c.cos, c.sin) if c.cos else (self.model_c.cos, self.model_c.sin)
 
     def _head_norms(self, qkv: torch.Tensor, layer: int) -> None:

@@ -42,15 +42,52 @@ _GGUF_NAMES = {
 }
 
 
-def _hf_name(gguf_name: str, fam, path: Path, arch: str) -> str:
-    """A GGUF weight's Hugging Face name (blk.N.* through the family's table)."""
+# tensors that ask for what is not built, and what that is
+_REFUSED_TENSORS = {
+    "rope_factors_long.weight": "LongRoPE scaling (Phi-3 128k, Phi-3.5) is not built",
+    "rope_factors_short.weight": "LongRoPE scaling (Phi-3 128k, Phi-3.5) is not built",
+}
+
+
+def _hf_names(gguf_name: str, fam, path: Path, arch: str) -> tuple[str, ...]:
+    """A GGUF weight's Hugging Face names (blk.N.* through the family's table): one, or
+    several for a tensor that stacks them by rows."""
     name = _GGUF_NAMES.get(gguf_name)
     if name is not None:
-        return name
+        return (name,)
+    if gguf_name in _REFUSED_TENSORS:
+        raise ModelLoadError(f"{path}: tensor {gguf_name}: {_REFUSED_TENSORS[gguf_name]}")
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
     if not m or m.group(2) not in fam.gguf_block:
         raise ModelLoadError(f"{path}: unexpected tensor {gguf_name} for {arch}")
-    return f"model.layers.{m.group(1)}.{fam.gguf_block[m.group(2)]}"
+    names = fam.gguf_block[m.group(2)]
+    names = (names,) if isinstance(names, str) else names
+    return tuple(f"model.layers.{m.group(1)}.{n}" for n in names)
+
+
+def _share(name: str, n_heads: int, n_kv: int) -> int:
+    """A stacked weight's share of its tensor's rows: Q's by the query heads, K's and V's by
+    the key/value heads, the gate's and up's alike."""
+    if ".q_proj." in name:
+        return n_heads
+    return n_kv if (".k_proj." in name or ".v_proj." in name) else 1
+
+
+def _parts(names: tuple[str, ...], rows: int, n_heads: int, n_kv: int, n_exp: int) -> list:
+    """(name, rows) of each weight in a tensor of `rows` rows: the whole for one name, an
+    expert's slice for each of n_exp experts ("{e}" in the name), stacked weights by their
+    shares (_share)."""
+    if "{e}" in names[0]:
+        per = rows // n_exp
+        return [(names[0].format(e=e), slice(e * per, (e + 1) * per)) for e in range(n_exp)]
+    if len(names) == 1:
+        return [(names[0], slice(None))]
+    shares = [_share(n, n_heads, n_kv) for n in names]
+    unit, start, out = rows // sum(shares), 0, []
+    for name, share in zip(names, shares, strict=True):
+        out.append((name, slice(start, start + share * unit)))
+        start += share * unit
+    return out
 
 
 @dataclass(frozen=True)
@@ -129,11 +166,13 @@ def gguf_weights(
         if t.name == "rope_freqs.weight":
             rope_freqs = _dense_array(mm, t)
             continue
-        name = _hf_name(t.name, fam, path, arch)
-        experts = "{e}" in name  # one 3-D tensor holds every expert's matrix: [E, out, in]
-        n_exp = t.shape[2] if experts else 1
+        names = _hf_names(t.name, fam, path, arch)
+        # experts: one 3-D tensor holds every expert's matrix, [E, out, in]
+        n_exp = t.shape[2] if "{e}" in names[0] else 1
+        rows = int(np.prod(t.shape[1:])) if len(t.shape) >= 2 else t.shape[0]
+        parts = _parts(names, rows, n_heads, n_kv, n_exp)
         if names_only:
-            weights.update({name.format(e=e): None for e in range(n_exp)})
+            weights.update({name: None for name, _ in parts})
             continue
         heads = None
         if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_q.bias")):
@@ -141,27 +180,20 @@ def gguf_weights(
         elif arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias")):
             heads = n_kv
         if len(t.shape) >= 2 and t.ggml_type not in blocks.DENSE:
-            rows = int(np.prod(t.shape[1:]))
             raw = mm[t.offset : t.offset + t.nbytes].reshape(rows, -1)
             w = blocks.executable(t.ggml_type, (rows, t.shape[0]), raw)
             if heads:
                 w = w.rows(torch.from_numpy(_unpermute(np.arange(rows)[:, None], heads).ravel()))
                 _release(mm, t.offset, t.nbytes)  # copied: the mapped pages are not needed
-            if experts:
-                per = rows // n_exp
-                for e in range(n_exp):
-                    weights[name.format(e=e)] = w.rows(slice(e * per, (e + 1) * per))
-                continue
-            weights[name] = w
+            for name, part in parts:  # a slice of rows stays a view of the file
+                weights[name] = w if part == slice(None) else w.rows(part)
             continue
         arr = _dense_array(mm, t)
         if heads:
             arr = _unpermute(arr if arr.ndim == 2 else arr[:, None], heads).reshape(arr.shape)
-        if experts:
-            for e, part in enumerate(arr):
-                weights[name.format(e=e)] = torch.from_numpy(np.array(part, dtype=np.float32))
-            continue
-        weights[name] = torch.from_numpy(np.array(arr, dtype=np.float32))  # owned, writable
+        flat = arr.reshape(rows, -1) if arr.ndim > 2 else arr
+        for name, part in parts:  # owned, writable
+            weights[name] = torch.from_numpy(np.array(flat[part], dtype=np.float32))
     return weights, rope_freqs
 
 
@@ -217,11 +249,17 @@ def _expected_shapes(spec: ModelSpec) -> dict[str, tuple[tuple[int, ...], str]]:
         "attn_v.weight": ((h, kv), kv_heads),
         "attn_output.weight": ((q, h), heads),
     }
-    if spec.intermediate_size:
-        ff = "embedding_length, feed_forward_length"
-        i = spec.intermediate_size
+    ff = "embedding_length, feed_forward_length"
+    i = spec.intermediate_size
+    if i:
         shapes |= {"ffn_gate.weight": ((h, i), ff), "ffn_up.weight": ((h, i), ff),
                    "ffn_down.weight": ((i, h), ff)}  # fmt: skip
+    rows = {"q_proj": q, "k_proj": kv, "v_proj": kv, "gate_proj": i, "up_proj": i}
+    for tensor, names in arch_registry.family(spec.arch).gguf_block.items():
+        if not isinstance(names, str):  # weights stacked by rows (Phi-3's attn_qkv, ffn_up)
+            n = sum(rows[name.split(".")[-2]] for name in names)
+            keys = f"{heads}, attention.head_count_kv" if tensor.startswith("attn") else ff
+            shapes[tensor] = ((h, n), keys)
     return shapes
 
 
@@ -289,7 +327,7 @@ def _load_read(reader, path: Path, model_id: str | None, weights: bool) -> Loade
         fam = arch_registry.for_gguf_arch(arch)
     except arch_registry.UnknownArchitectureError as e:
         raise ModelLoadError(f"{path}: {e}") from None
-    refusal = gguf_keys.first_refusal(lambda k: _field(reader, k), reader.fields, arch)
+    refusal = gguf_keys.first_refusal(lambda k: _field(reader, k), reader.fields, arch, fam)
     if refusal is not None:
         raise ModelLoadError(
             f"{path}: {refusal.key} = {_short(refusal.value)}: {refusal.why} "
@@ -358,7 +396,9 @@ def _load_read(reader, path: Path, model_id: str | None, weights: bool) -> Loade
     spec = ModelSpec(**kw | extra)
     check_shapes(path, stored, spec)
     # scores only where they rank merges (SentencePiece; Gemma ranks by position)
-    keep_scores = _field(reader, "tokenizer.ggml.model") == "llama" and fam.name != "gemma3"
+    keep_scores = _field(reader, "tokenizer.ggml.model") == "llama" and not fam.name.startswith(
+        "gemma"
+    )
     fields = {
         k: _field(reader, k)
         for k in reader.fields

@@ -32,7 +32,7 @@ def inspect(path: str | Path) -> dict:
     reader = open_reader(path)
     arch = str(_field(reader, "general.architecture", ""))
     try:
-        family = arch_registry.for_gguf_arch(arch).name
+        family = arch_registry.for_gguf_arch(arch)
     except arch_registry.UnknownArchitectureError:
         family = None
     keys = []
@@ -41,7 +41,7 @@ def inspect(path: str | Path) -> dict:
             value = _field(reader, key)
         except Exception as e:  # a field the gguf package cannot decode
             value = f"<unreadable: {type(e).__name__}>"
-        v = gguf_keys.judge(key, value, arch, known_arch=family is not None)
+        v = gguf_keys.judge(key, value, arch, family)
         keys.append({"key": key, "value": _shown(value), "action": v.action, "why": v.why})
     types = Counter(int(t.tensor_type) for t in reader.tensors)
     tensors = []
@@ -53,7 +53,7 @@ def inspect(path: str | Path) -> dict:
         else:
             how = "re-quantised to Q8_0 at load (no kernel for this type)"
         tensors.append({"type": blocks.type_name(ggml_type), "tensors": count, "runs": how})
-    out = {"file": str(path), "architecture": arch, "family": family, "keys": keys,
+    out = {"file": str(path), "architecture": arch, "family": family and family.name, "keys": keys,
            "tensor_types": tensors}  # fmt: skip
     try:
         spec = load_gguf(path, weights=False, reader=reader).spec

@@ -113,39 +113,38 @@ def _lookup(key: str, name: str, value, read: dict, info: dict, checked: dict):
     return None
 
 
-def judge(key: str, value, arch: str, known_arch: bool) -> KeyVerdict:
-    """What tokenworks does with one key of a file whose architecture is `arch`."""
+def judge(key: str, value, arch: str, family) -> KeyVerdict:
+    """What tokenworks does with one key of a file whose architecture is `arch`, read by
+    `family` (models/arch; None where no family reads it)."""
     top = _lookup(key, key, value, GENERAL_READ | TOKENIZER_READ, {}, TOKENIZER_CHECKED)
     if top is not None:
         return top
     if key.startswith(f"{arch}."):
-        if not known_arch:
+        if family is None:
             return KeyVerdict(key, value, REFUSED, f"the {arch!r} architecture is not built")
         suffix = key[len(arch) + 1 :]
         unread = KeyVerdict(key, value, REFUSED, "a hyperparameter tokenworks does not read")
-        return _lookup(key, suffix, value, ARCH_READ, ARCH_INFO, ARCH_CHECKED) or unread
+        read = ARCH_READ | family.gguf_keys
+        return _lookup(key, suffix, value, read, ARCH_INFO, ARCH_CHECKED) or unread
     if key.startswith("tokenizer."):
         return KeyVerdict(key, value, INFO, "not used by the tokenizer")
     return KeyVerdict(key, value, INFO, "describes the file")
 
 
-def judge_all(fields: dict, arch: str, known_arch: bool) -> list[KeyVerdict]:
-    return [judge(k, v, arch, known_arch) for k, v in fields.items()]
-
-
-def _needs_value(key: str, arch: str) -> bool:
+def _needs_value(key: str, arch: str, family) -> bool:
     """Whether a key's verdict depends on its value (the rest are judged by name alone)."""
     if key in TOKENIZER_CHECKED:
         return True
-    return key.startswith(f"{arch}.") and key[len(arch) + 1 :] not in ARCH_READ | ARCH_INFO
+    known = ARCH_READ | ARCH_INFO | family.gguf_keys
+    return key.startswith(f"{arch}.") and key[len(arch) + 1 :] not in known
 
 
-def first_refusal(get: Callable[[str], object], keys, arch: str) -> KeyVerdict | None:
-    """The first key of a loadable architecture's file that asks for what is not built.
-    Only the values a verdict depends on are read: a vocabulary's 250,000 strings are not."""
+def first_refusal(get: Callable[[str], object], keys, arch: str, family) -> KeyVerdict | None:
+    """The first key of a file `family` reads that asks for what is not built. Only the
+    values a verdict depends on are read: a vocabulary's 250,000 strings are not."""
     for key in keys:
-        value = get(key) if _needs_value(key, arch) else None
-        verdict = judge(key, value, arch, known_arch=True)
+        value = get(key) if _needs_value(key, arch, family) else None
+        verdict = judge(key, value, arch, family)
         if verdict.action == REFUSED:
             return verdict
     return None

@@ -51,8 +51,11 @@ class LlamaLayer(nn.Module):
             self.mlp_output_norm = nn.Parameter(torch.ones(h), requires_grad=False)
         self.scale = spec.attn_scale or spec.head_dim**-0.5
         self.window = spec.window(layer)
-        # which RoPE table: 1 for a windowed layer with its own base (Gemma 3), else 0
+        # which RoPE table: 1 for a windowed layer with its own base (Gemma 3), else 0;
+        # None for a layer that does not rotate Q and K (SmolLM3's NoPE layers)
         self.rope_table = int(spec.rope_local_theta is not None and self.window is not None)
+        if layer in spec.nope_layers:
+            self.rope_table = None
         self.act = F.silu if spec.mlp_act == "silu" else _gelu_tanh
         self.attention_tile: int | None = None  # tiled online-softmax attention; None: SDPA
         # (before, after) attention as torch.compile'd functions (models/compiled.py)
@@ -120,7 +123,8 @@ class LlamaLayer(nn.Module):
                 ],
                 dim=1,
             )
-        qk = apply_rope(qk, cos, sin)
+        if cos is not None:
+            qk = apply_rope(qk, cos, sin)
         v = qkv[:, s.q_size + s.kv_size :].view(t, s.n_kv_heads, s.head_dim)
         return qk[:, : s.n_heads], qk[:, s.n_heads :], v
 
@@ -236,7 +240,8 @@ class LlamaModel(nn.Module):
             for c, s in tables[: 1 + (self.spec.rope_local_theta is not None)]
         ]  # each [T, 1, D]
         for layer in self.layers:
-            x = layer(x, *rope[layer.rope_table], meta.for_layer(layer.layer), cache)
+            cos, sin = (None, None) if layer.rope_table is None else rope[layer.rope_table]
+            x = layer(x, cos, sin, meta.for_layer(layer.layer), cache)
         return x
 
     def final_norm(self, x: torch.Tensor, rows=None) -> torch.Tensor:

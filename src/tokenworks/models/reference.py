@@ -74,7 +74,8 @@ def gqa(x, w, p, spec, pos, inv_freq, window=None):  # [n, h] -> [n, h]: grouped
         q = rms_norm(q, w[p + "self_attn.q_norm.weight"], spec.norm_eps)
         k = rms_norm(k, w[p + "self_attn.k_norm.weight"], spec.norm_eps)
     af = attention_factor(spec)
-    q, k = rope(q, pos, inv_freq, af), rope(k, pos, inv_freq, af)
+    if inv_freq is not None:  # None: a NoPE layer (SmolLM3)
+        q, k = rope(q, pos, inv_freq, af), rope(k, pos, inv_freq, af)
     v = proj["v"].reshape(n, spec.n_kv_heads, spec.head_dim)
     a = causal_attention(q, k, v, window, spec.attn_scale, spec.attn_softcap)
     return a @ w[p + "self_attn.o_proj.weight"].T
@@ -155,6 +156,8 @@ def llama_forward(ids, w: dict, spec: ModelSpec):  # [n] -> [n, vocab]
         p = f"model.layers.{i}."
         window = spec.window(i)
         freq = local_freq if spec.rope_local_theta is not None and window else inv_freq
+        if i in spec.nope_layers:
+            freq = None
         h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
         a = mla(h, w, p, spec, pos, freq) if spec.mla else gqa(h, w, p, spec, pos, freq, window)
         if spec.sandwich_norms:

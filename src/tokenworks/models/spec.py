@@ -120,6 +120,7 @@ class ModelSpec:
     sliding_window: int | None = None  # Mistral: attend to at most this many past tokens
     window_layers: tuple[int, ...] | None = None  # the layers with the window (None: all)
     rope_local_theta: float | None = None  # Gemma 3: the RoPE base of the windowed layers
+    nope_layers: tuple[int, ...] = ()  # SmolLM3: layers whose Q and K get no RoPE
     # Gemma 2/3: norms after attention and after the MLP too, a GeGLU MLP, embeddings
     # times sqrt(hidden), queries scaled by query_pre_attn_scalar**-0.5, soft-capped scores
     sandwich_norms: bool = False

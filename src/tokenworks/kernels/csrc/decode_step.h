@@ -23,6 +23,7 @@ typedef struct {
   int group;  // its KV group: the block tables of kvs[group], the slots at slots[group * B]
   float* k_scale;  // the pools' row scales, for a one-byte KV format (kv_rows.h); else NULL
   float* v_scale;
+  int no_rope;  // 1: Q and K are not rotated (SmolLM3's NoPE layers)
 } tw_layer;
 
 typedef struct {
@@ -57,15 +58,17 @@ static void rope_row(float* v, const float* cos, const float* sin, int D) {
   }
 }
 
-// One token's row r [q + 2kv] (float32): RoPE on its q and k heads at `position`, then
-// its K and V into the pools at `slot` (scales: see kv_store_row).
+// One token's row r [q + 2kv] (float32): RoPE on its q and k heads at `position` (none
+// where cos is NULL), then its K and V into the pools at `slot` (scales: see kv_store_row).
 static void rope_and_store(const tw_dims* d, float* r, int64_t position, int64_t slot,
                            const float* cos, const float* sin, void* k_pool, void* v_pool,
                            float* k_scale, float* v_scale, int kv_dtype) {
   const int H = d->n_heads, KVH = d->n_kv_heads, D = d->head_dim;
   const int q_size = H * D, kv_size = KVH * D;
-  const float *c = cos + position * D, *sn = sin + position * D;
-  for (int hh = 0; hh < H + KVH; ++hh) rope_row(r + hh * D, c, sn, D);
+  if (cos) {
+    const float *c = cos + position * D, *sn = sin + position * D;
+    for (int hh = 0; hh < H + KVH; ++hh) rope_row(r + hh * D, c, sn, D);
+  }
   for (int hh = 0; hh < KVH; ++hh) {
     kv_store_row(k_pool, k_scale, kv_dtype, slot * KVH + hh, D, r + q_size + hh * D);
     kv_store_row(v_pool, v_scale, kv_dtype, slot * KVH + hh, D, r + q_size + kv_size + hh * D);
@@ -156,6 +159,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
       kv.v_scale = L->v_scale;
       const int64_t* lslots = slots + (int64_t)L->group * B;
       const float *lcos = L->cos ? L->cos : m->cos, *lsin = L->sin ? L->sin : m->sin;
+      if (L->no_rope) lcos = lsin = NULL;
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b)
         rms_norm_row(x + b * hid, L->input_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);

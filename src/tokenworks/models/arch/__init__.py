@@ -18,15 +18,18 @@ from tokenworks.models.arch import (
     gpt2,
     llama,
     mixtral,
+    phi3,
     qwen2_moe,
     qwen3,
     qwen3_moe,
+    smollm3,
 )
 from tokenworks.models.arch.family import Family, UnknownArchitectureError
 
 
 def _families() -> dict[str, Family]:
-    modules = (llama, gpt2, qwen3, gemma, mixtral, qwen2_moe, qwen3_moe, deepseek_v2, deepseek)
+    modules = (llama, gpt2, qwen3, gemma, phi3, smollm3, mixtral, qwen2_moe, qwen3_moe,
+               deepseek_v2, deepseek)  # fmt: skip
     # a module declares FAMILY, or FAMILIES where one file holds close relatives
     found = [f for m in modules for f in getattr(m, "FAMILIES", (getattr(m, "FAMILY", None),))]
     return {f.name: f for f in found}

@@ -20,9 +20,13 @@ class Family:
     spec_fields: Callable[[dict], dict] = lambda cfg: {}
     # Hugging Face names -> engine names: (regex, replacement) applied in order
     hf_renames: tuple[tuple[str, str], ...] = ()
-    # GGUF "general.architecture" values it reads, and its per-block tensor names
+    # GGUF "general.architecture" values it reads, and its per-block tensor names: a
+    # tensor holding several engine weights stacked by rows (Phi-3's attn_qkv) names
+    # them all, in order (models/gguf_file.py splits it)
     gguf_archs: tuple[str, ...] = ()
-    gguf_block: dict[str, str] = field(default_factory=dict)
+    gguf_block: dict[str, str | tuple[str, ...]] = field(default_factory=dict)
+    # `{arch}.` key suffixes this family reads beyond models/gguf_keys.ARCH_READ
+    gguf_keys: dict[str, str] = field(default_factory=dict)
     # GGUF metadata (a key -> value getter, the arch prefix) -> extra ModelSpec fields,
     # and "stop_token_ids" to end replies on besides the file's EOS
     gguf_fields: Callable[[Callable, str], dict] = lambda get, arch: {}

@@ -73,17 +73,36 @@ def _gemma2(cfg: dict) -> dict:
     return _common(cfg, 2)
 
 
-def _gemma3_gguf(get, arch: str) -> dict:
-    """llama.cpp writes no layer pattern, local RoPE base or query scalar for Gemma 3: the
-    model's own (every 6th layer global, base 10,000, head_dim**-0.5) as llama.cpp uses."""
+def _gguf_common(get, arch: str, pattern: int) -> dict:
+    """What llama.cpp assumes of a Gemma file rather than reads from it: the layer pattern
+    and the query scale (head_dim**-0.5, but (hidden / heads)**-0.5 for the 27B models,
+    told apart by their layer count, as llama.cpp does); and <end_of_turn> as a stop."""
     n = int(get(f"{arch}.block_count"))
     tokens = get("tokenizer.ggml.tokens") or []
-    stops = tuple(i for i, t in enumerate(tokens) if t == "<end_of_turn>")
+    hidden, heads = int(get(f"{arch}.embedding_length")), int(get(f"{arch}.attention.head_count"))
+    head_dim = int(get(f"{arch}.attention.key_length") or hidden // heads)
+    big = n == {2: 46, GEMMA3_PATTERN: 62}[pattern]  # Gemma 2 27B, Gemma 3 27B
     return dict(
-        sandwich_norms=True, mlp_act="gelu_tanh", embed_scale=True, qk_norm=True,
-        window_layers=_window_layers(None, n, GEMMA3_PATTERN), rope_local_theta=10000.0,
-        stop_token_ids=stops,
+        sandwich_norms=True, mlp_act="gelu_tanh", embed_scale=True,
+        window_layers=_window_layers(None, n, pattern),
+        attn_scale=(hidden // heads if big else head_dim) ** -0.5,
+        stop_token_ids=tuple(i for i, t in enumerate(tokens) if t == "<end_of_turn>"),
     )  # fmt: skip
+
+
+def _gemma3_gguf(get, arch: str) -> dict:
+    """Gemma 3 also normalises Q and K per head; its windowed layers rotate with base
+    10,000, which llama.cpp assumes too."""
+    return _gguf_common(get, arch, GEMMA3_PATTERN) | dict(qk_norm=True, rope_local_theta=1e4)
+
+
+def _gemma2_gguf(get, arch: str) -> dict:
+    """Gemma 2 soft-caps scores and logits; a file without a window has Gemma 2's 4,096."""
+    return _gguf_common(get, arch, 2) | dict(
+        sliding_window=int(get(f"{arch}.attention.sliding_window") or 4096),
+        attn_softcap=get(f"{arch}.attn_logit_softcapping"),
+        final_softcap=get(f"{arch}.final_logit_softcapping"),
+    )
 
 
 def add_one_to_norms(weights: dict, spec) -> dict:
@@ -105,6 +124,13 @@ GEMMA2 = Family(
     hf_model_types=("gemma2",),
     spec_fields=_gemma2,
     hf_renames=RENAMES,
+    gguf_archs=("gemma2",),
+    gguf_block=GGUF_BLOCK,
+    gguf_fields=_gemma2_gguf,
+    gguf_keys={
+        "attn_logit_softcapping": "attention scores soft-capped: cap * tanh(s / cap)",
+        "final_logit_softcapping": "logits soft-capped: cap * tanh(l / cap)",
+    },
     prepare=add_one_to_norms,
 )
 FAMILIES = (GEMMA2, GEMMA3)
