@@ -179,6 +179,7 @@ CONFIGS = {
     "phi3-window": lambda: transformers.Phi3Config(
         **SMALL, num_key_value_heads=2, sliding_window=8, pad_token_id=0
     ),
+    "olmo2": lambda: transformers.Olmo2Config(**SMALL, num_key_value_heads=2, pad_token_id=0),
     "smollm3": lambda: transformers.SmolLM3Config(
         **SMALL | {"num_hidden_layers": 4}, num_key_value_heads=2, pad_token_id=0
     ),
@@ -186,7 +187,7 @@ CONFIGS = {
 SHARPENED = {
     "qwen3", "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite", "gemma3",
     "gemma2", "rope-linear", "rope-yarn", "gemma3-global-rope-linear", "deepseek-v3-yarn",
-    "deepseek-v2-lite-yarn", "gemma2-head-dim-scale", "phi3-window", "smollm3",
+    "deepseek-v2-lite-yarn", "gemma2-head-dim-scale", "phi3-window", "smollm3", "olmo2",
 }  # fmt: skip
 MOE = {
     "mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "deepseek-v2-lite", "deepseek-v3-yarn",
@@ -594,7 +595,9 @@ def _write_gguf(hf, directory, path, q8_0: bool = False, keys=None, extra=None):
     w.close()
 
 
-GGUF_FAMILIES = ["qwen3", "qwen3-moe", "mixtral", "gemma2-head-dim-scale", "phi3-window", "smollm3"]
+GGUF_FAMILIES = [
+    "qwen3", "qwen3-moe", "mixtral", "gemma2-head-dim-scale", "phi3-window", "smollm3", "olmo2",
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", GGUF_FAMILIES)
@@ -747,7 +750,7 @@ def test_a_quantised_moe_gguf_runs_its_experts_as_stored_on_the_c_forward(
 
 
 @pytest.mark.parametrize("q8_0", [False, True], ids=["f32", "q8_0"])
-@pytest.mark.parametrize("name", ["gemma2-head-dim-scale", "phi3-window", "smollm3"])
+@pytest.mark.parametrize("name", ["gemma2-head-dim-scale", "phi3-window", "smollm3", "olmo2"])
 def test_a_gguf_of_the_family_gives_the_modules_tokens_on_the_c_kernels(
     name, q8_0, new_family_dirs, tmp_path, monkeypatch
 ):

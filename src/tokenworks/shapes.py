@@ -34,7 +34,9 @@ class ModelShape:
     norm: str = "rms"  # rms (weight) or layer (weight + bias)
     qkv_bias: bool = False  # Qwen2
     qk_norm: bool = False  # Qwen3, Gemma 3: an RMSNorm weight over each head of Q and of K
+    qk_norm_whole: bool = False  # OLMo 2: the Q and K norms span all heads (q + kv weights)
     sandwich_norms: bool = False  # Gemma 2/3: four norms a layer (after attention and MLP too)
+    pre_norms: bool = True  # False (OLMo 2): no norms before the sublayers, only after
     bias: bool = False  # every linear has a bias (GPT-2)
     learned_positions: int = 0  # GPT-2's position embedding rows
     # sliding-window attention: local layers keep `sliding_window` tokens of KV;
@@ -121,9 +123,12 @@ class ModelShape:
             n += qkv_out
         if self.bias:
             n += h
-        if self.qk_norm:
-            n += 2 * d
-        return n
+        return n + self._qk_norms()
+
+    def _qk_norms(self) -> int:
+        if self.qk_norm_whole:
+            return (self.n_heads + self.n_kv_heads) * self.head_dim
+        return 2 * self.head_dim if self.qk_norm else 0
 
     def _mlp(self, width: int) -> int:
         mats = 3 if self.mlp == "gated" else 2
@@ -133,7 +138,7 @@ class ModelShape:
         return n
 
     def _layer_norms(self) -> int:
-        return (4 if self.sandwich_norms else 2) * self._norm()
+        return (2 * self.pre_norms + 2 * self.sandwich_norms) * self._norm()
 
     def layer_params(self, layer: int, active: bool = False) -> int:
         return self.attention_params() + self._layer_norms() + self.mlp_params(layer, active)
@@ -168,7 +173,7 @@ class ModelShape:
         """Parameters a token multiplies by (FLOPs per token = 2 x this): the layers and
         the LM head; embedding lookups and norms (Qwen3's per-head Q/K norms too) are not
         matmuls."""
-        norms = self._layer_norms() + (2 * self.head_dim if self.qk_norm else 0)
+        norms = self._layer_norms() + self._qk_norms()
         body = sum(self.layer_params(i, active) - norms for i in range(self.n_layers))
         return body + self.vocab * self.hidden
 
@@ -246,8 +251,10 @@ def from_hf_config(cfg: dict, name: str = "") -> ModelShape:
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(cfg.get("attention_bias", False) or cfg.get("qkv_bias", False))
             or mtype == "qwen2",
-            qk_norm=mtype.startswith(("qwen3", "gemma3")),
-            sandwich_norms=mtype.startswith(("gemma2", "gemma3")),
+            qk_norm=mtype.startswith(("qwen3", "gemma3", "olmo2")),
+            qk_norm_whole=mtype == "olmo2",
+            sandwich_norms=mtype.startswith(("gemma2", "gemma3", "olmo2")),
+            pre_norms=mtype != "olmo2",
             sliding_window=window,
             global_every=global_every,
             n_experts=experts,

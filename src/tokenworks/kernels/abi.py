@@ -90,6 +90,7 @@ class Layer(ctypes.Structure):
         ("k_scale", c_ptr),  # a one-byte pool's row scales (NULL: none)
         ("v_scale", c_ptr),
         ("no_rope", ctypes.c_int),  # 1: Q and K are not rotated (SmolLM3's NoPE layers)
+        ("qk_norm_whole", ctypes.c_int),  # 1: Q/K norms span all heads at once (OLMo 2)
     ]
 
 

@@ -141,8 +141,8 @@ def _geglu(gu: torch.Tensor) -> torch.Tensor:
 
 
 # families the C forward pass runs (the MoE ones through run_batched, experts in torch)
-ARCHS = ("llama", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "mixtral", "qwen2_moe",
-         "qwen3_moe")  # fmt: skip
+ARCHS = ("llama", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "mixtral",
+         "qwen2_moe", "qwen3_moe")  # fmt: skip
 
 
 def group_windows(spec, layout) -> list[int | None] | None:
@@ -263,7 +263,10 @@ class LlamaForward:
         keep += [lcos, lsin]
         layout = pool.layout
         silu = spec.mlp_act == "silu"  # gate_up may end in SwiGLU in the packed product
-        norms = [(_f32(x.input_norm, keep), _f32(x.post_norm, keep)) for x in model.layers]
+        norms = [
+            (_f32(x.input_norm, keep), _f32(x.post_norm, keep)) if spec.pre_norms else (None, None)
+            for x in model.layers
+        ]  # (None: OLMo 2 norms no sublayer's input)
         final_norm = _f32(model.norm, keep)
 
         def view(packs: dict | None):
@@ -292,6 +295,7 @@ class LlamaForward:
                     k_scale=k_scale,
                     v_scale=v_scale,
                     no_rope=int(layer.rope_table is None),
+                    qk_norm_whole=int(spec.qk_norm_whole),
                 )  # fmt: skip
             head = _linear(model.lm_head, keep, packs)
             if head is None:
@@ -475,9 +479,15 @@ class LlamaForward:
         return (c.cos, c.sin) if c.cos else (self.model_c.cos, self.model_c.sin)
 
     def _head_norms(self, qkv: torch.Tensor, layer: int) -> None:
-        """Qwen3 / Gemma 3: RMSNorm over each head of Q and of K, in place in qkv."""
+        """Qwen3 / Gemma 3: RMSNorm over each head of Q and of K, in place in qkv (OLMo 2:
+        over all of Q at once, then all of K)."""
         s, m = self.spec, self.layers[layer]
         t = qkv.shape[0]
+        if s.qk_norm_whole:
+            q, k = qkv[:, : s.q_size], qkv[:, s.q_size : s.q_size + s.kv_size]
+            q.copy_(F.rms_norm(q, (s.q_size,), m.q_norm, s.norm_eps))
+            k.copy_(F.rms_norm(k, (s.kv_size,), m.k_norm, s.norm_eps))
+            return
         qk = qkv[:, : s.q_size + s.kv_size].view(t, s.n_heads + s.n_kv_heads, s.head_dim)
         d = (s.head_dim,)
         qk[:, : s.n_heads] = F.rms_norm(qk[:, : s.n_heads], d, m.q_norm, s.norm_eps)

@@ -40,8 +40,9 @@ class LlamaLayer(nn.Module):
             self.qkv = nn.Linear(h, spec.q_size + 2 * spec.kv_size, bias=spec.qkv_bias)
             self.o_proj = nn.Linear(spec.q_size, h, bias=False)
         if spec.qk_norm:
-            self.q_norm = nn.Parameter(torch.ones(spec.head_dim), requires_grad=False)
-            self.k_norm = nn.Parameter(torch.ones(spec.head_dim), requires_grad=False)
+            q, k = (spec.q_size, spec.kv_size) if spec.qk_norm_whole else (spec.head_dim,) * 2
+            self.q_norm = nn.Parameter(torch.ones(q), requires_grad=False)
+            self.k_norm = nn.Parameter(torch.ones(k), requires_grad=False)
         self.moe = MoE(spec, layer) if spec.is_moe_layer(layer) else None
         if self.moe is None:
             self.gate_up = nn.Linear(h, 2 * spec.intermediate_size, bias=False)
@@ -65,8 +66,9 @@ class LlamaLayer(nn.Module):
         """Copy this layer's weights (engine names under prefix p) in, fusing QKV and gate/up.
         Products whose weights are GGUF BlockTensors keep them as stored (BlockLinear)."""
         w = DenseView(blocks)  # what the other modules read: floats
-        self.input_norm.copy_(w[p + "input_layernorm.weight"])
-        self.post_norm.copy_(w[p + "post_attention_layernorm.weight"])
+        if self.spec.pre_norms:
+            self.input_norm.copy_(w[p + "input_layernorm.weight"])
+            self.post_norm.copy_(w[p + "post_attention_layernorm.weight"])
         if self.mla is not None:
             self.mla.load(w, p)
         else:
@@ -110,11 +112,16 @@ class LlamaLayer(nn.Module):
     def _before_attention(self, x, cos, sin) -> tuple[torch.Tensor, ...]:
         """The input norm, QKV, Q/K norms and RoPE: [T, hidden] -> q [T, H, D], k, v."""
         s = self.spec
-        h = F.rms_norm(x, (s.hidden_size,), self.input_norm, s.norm_eps)
+        h = F.rms_norm(x, (s.hidden_size,), self.input_norm, s.norm_eps) if s.pre_norms else x
         t = h.shape[0]
         qkv = self.qkv(h)  # [T, q + 2kv]
+        if s.qk_norm_whole:  # OLMo 2: all of Q at once, then all of K
+            q, k = qkv[:, : s.q_size], qkv[:, s.q_size : s.q_size + s.kv_size]
+            qkv = torch.cat([F.rms_norm(q, (s.q_size,), self.q_norm, s.norm_eps),
+                             F.rms_norm(k, (s.kv_size,), self.k_norm, s.norm_eps),
+                             qkv[:, s.q_size + s.kv_size :]], dim=1)  # fmt: skip
         qk = qkv[:, : s.q_size + s.kv_size].view(t, s.n_heads + s.n_kv_heads, s.head_dim)
-        if s.qk_norm:
+        if s.qk_norm and not s.qk_norm_whole:
             d = (s.head_dim,)
             qk = torch.cat(
                 [
@@ -138,7 +145,7 @@ class LlamaLayer(nn.Module):
         if s.sandwich_norms:
             a = F.rms_norm(a, norm, self.attn_output_norm, s.norm_eps)
         x = x + a
-        h = F.rms_norm(x, norm, self.post_norm, s.norm_eps)
+        h = F.rms_norm(x, norm, self.post_norm, s.norm_eps) if s.pre_norms else x
         if self.moe is not None:
             m = self.moe(h)
         else:

@@ -68,9 +68,12 @@ def gqa(x, w, p, spec, pos, inv_freq, window=None):  # [n, h] -> [n, h]: grouped
         proj[name] = x @ w[p + f"self_attn.{name}_proj.weight"].T
         if spec.qkv_bias:
             proj[name] = proj[name] + w[p + f"self_attn.{name}_proj.bias"]
+    if spec.qk_norm_whole:  # OLMo 2: all of q, and all of k, normed at once
+        proj["q"] = rms_norm(proj["q"], w[p + "self_attn.q_norm.weight"], spec.norm_eps)
+        proj["k"] = rms_norm(proj["k"], w[p + "self_attn.k_norm.weight"], spec.norm_eps)
     q = proj["q"].reshape(n, spec.n_heads, spec.head_dim)
     k = proj["k"].reshape(n, spec.n_kv_heads, spec.head_dim)
-    if spec.qk_norm:  # Qwen3: each head's q and k normed before RoPE
+    if spec.qk_norm and not spec.qk_norm_whole:  # Qwen3: each head's q and k normed
         q = rms_norm(q, w[p + "self_attn.q_norm.weight"], spec.norm_eps)
         k = rms_norm(k, w[p + "self_attn.k_norm.weight"], spec.norm_eps)
     af = attention_factor(spec)
@@ -158,12 +161,12 @@ def llama_forward(ids, w: dict, spec: ModelSpec):  # [n] -> [n, vocab]
         freq = local_freq if spec.rope_local_theta is not None and window else inv_freq
         if i in spec.nope_layers:
             freq = None
-        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
+        h = rms_norm(x, w[p + "input_layernorm.weight"], eps) if spec.pre_norms else x
         a = mla(h, w, p, spec, pos, freq) if spec.mla else gqa(h, w, p, spec, pos, freq, window)
         if spec.sandwich_norms:
             a = rms_norm(a, w[p + "attn_output_norm.weight"], eps)
         x = x + a
-        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps) if spec.pre_norms else x
         m = moe(h, w, p, spec.moe) if spec.is_moe_layer(i) else gated_mlp(h, w, p + "mlp.", act)
         if spec.sandwich_norms:
             m = rms_norm(m, w[p + "mlp_output_norm.weight"], eps)

@@ -126,6 +126,10 @@ class ModelSpec:
     sandwich_norms: bool = False
     mlp_act: str = "silu"  # silu (SwiGLU) or gelu_tanh (GeGLU)
     embed_scale: bool = False
+    # OLMo 2: no norm before either sublayer (its norms are the sandwich's output norms)
+    # and Q/K norms over all heads at once rather than each head
+    pre_norms: bool = True
+    qk_norm_whole: bool = False
     attn_scale: float | None = None  # None: head_dim**-0.5
     attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap)
     final_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
@@ -215,7 +219,8 @@ class ModelSpec:
             intermediate=self.intermediate_size, vocab=self.vocab_size,
             tie_embeddings=self.tie_embeddings, mlp="plain" if gpt2 else "gated",
             norm="layer" if gpt2 else "rms", qkv_bias=self.qkv_bias, bias=gpt2,
-            qk_norm=self.qk_norm, sandwich_norms=self.sandwich_norms,
+            qk_norm=self.qk_norm, qk_norm_whole=self.qk_norm_whole,
+            sandwich_norms=self.sandwich_norms, pre_norms=self.pre_norms,
             learned_positions=self.max_position if gpt2 else 0,
             sliding_window=self.sliding_window, global_every=self.global_every,
             max_context=self.max_position,

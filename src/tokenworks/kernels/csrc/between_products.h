@@ -17,7 +17,7 @@ void tw_residual_norm(float* x, const void* delta, int delta_dtype, const float*
   for (int b = 0; b < B; ++b) {
     float* xr = x + (int64_t)b * n;
 #if defined(__AVX512F__)
-    if (n % 16 == 0) {  // one pass for the residual and the sum of squares, one for the norm
+    if (n % 16 == 0 && w) {  // one pass for the residual and the sum of squares, one for the norm
       __m512 acc = _mm512_setzero_ps();
       for (int i = 0; i < n; i += 16) {
         __m512 v = _mm512_loadu_ps(xr + i);

@@ -9,7 +9,7 @@ typedef struct {
 } tw_dims;
 
 typedef struct {
-  const float* input_norm;  // [hidden] float32
+  const float* input_norm;  // [hidden] float32; NULL: none (OLMo 2 norms no sublayer's input)
   const float* post_norm;
   tw_linear qkv, o, gate_up, down;
   void* k_pool;  // this layer's pool, [slots, kv_heads, head_dim]
@@ -23,7 +23,8 @@ typedef struct {
   int group;  // its KV group: the block tables of kvs[group], the slots at slots[group * B]
   float* k_scale;  // the pools' row scales, for a one-byte KV format (kv_rows.h); else NULL
   float* v_scale;
-  int no_rope;  // 1: Q and K are not rotated (SmolLM3's NoPE layers)
+  int no_rope;        // 1: Q and K are not rotated (SmolLM3's NoPE layers)
+  int qk_norm_whole;  // 1: q_norm and k_norm span all heads at once (OLMo 2), not each head
 } tw_layer;
 
 typedef struct {
@@ -91,9 +92,15 @@ static void add_norm(float* x, float* y, const float* w, float eps, int n) {
   for (int i = 0; i < n; ++i) x[i] += y[i];
 }
 
-// RMSNorm over each head of a token's q and k (in place, float32 [H + KVH, D])
+// RMSNorm over each head of a token's q and k (in place, float32 [H + KVH, D]); whole:
+// over all of q at once, then all of k
 static void head_norms(float* r, int H, int KVH, int D, const float* qw, const float* kw,
-                       float eps) {
+                       float eps, int whole) {
+  if (whole) {
+    rms_norm(r, qw, eps, r, H * D);
+    rms_norm(r + H * D, kw, eps, r + H * D, KVH * D);
+    return;
+  }
   for (int h = 0; h < H; ++h) rms_norm(r + h * D, qw, eps, r + h * D, D);
   for (int h = 0; h < KVH; ++h) rms_norm(r + (H + h) * D, kw, eps, r + (H + h) * D, D);
 }
@@ -168,7 +175,8 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b) {
         if (L->q_norm)
-          head_norms(s->qkv + (int64_t)b * nqkv, H, KVH, D, L->q_norm, L->k_norm, d->eps);
+          head_norms(s->qkv + (int64_t)b * nqkv, H, KVH, D, L->q_norm, L->k_norm, d->eps,
+                     L->qk_norm_whole);
         rope_and_store(d, s->qkv + (int64_t)b * nqkv, positions[b], lslots[b], lcos, lsin,
                        L->k_pool, L->v_pool, L->k_scale, L->v_scale, kv.kv_dtype);
       }

@@ -284,7 +284,12 @@ static inline float sum_squares(const float* x, int n) {
 }
 
 // out = x / sqrt(mean(x^2) + eps) * w over n values (float32)
+// w NULL: no norm, x copied (OLMo 2 norms no sublayer's input)
 static void rms_norm(const float* x, const float* w, float eps, float* out, int n) {
+  if (!w) {
+    for (int i = 0; i < n; ++i) out[i] = x[i];
+    return;
+  }
   const float r = 1.f / sqrtf(sum_squares(x, n) / n + eps);
   for (int i = 0; i < n; ++i) out[i] = x[i] * r * w[i];
 }

@@ -18,6 +18,7 @@ from tokenworks.models.arch import (
     gpt2,
     llama,
     mixtral,
+    olmo2,
     phi3,
     qwen2_moe,
     qwen3,
@@ -28,7 +29,7 @@ from tokenworks.models.arch.family import Family, UnknownArchitectureError
 
 
 def _families() -> dict[str, Family]:
-    modules = (llama, gpt2, qwen3, gemma, phi3, smollm3, mixtral, qwen2_moe, qwen3_moe,
+    modules = (llama, gpt2, qwen3, gemma, phi3, smollm3, olmo2, mixtral, qwen2_moe, qwen3_moe,
                deepseek_v2, deepseek)  # fmt: skip
     # a module declares FAMILY, or FAMILIES where one file holds close relatives
     found = [f for m in modules for f in getattr(m, "FAMILIES", (getattr(m, "FAMILY", None),))]
