@@ -694,6 +694,149 @@ def test_a_gguf_asking_for_what_is_not_built_is_refused_by_its_key(
         load(str(path))
 
 
+def _write_deepseek2_gguf(hf, directory, path, split_kv_b: bool, q8_0: bool = False):
+    """hf (DeepSeek-V2 or V3) as llama.cpp writes it: a `deepseek2` file whose router is told
+    by its gating function, its RoPE rows in the checkpoint's interleaved order, and kv_b
+    split into per-head k_b (transposed) and v_b with K/V as one head over the latent
+    (split_kv_b, newer llama.cpp) or kept whole (older)."""
+    import gguf
+
+    from tokenworks.models import arch
+
+    cfg, spec = hf.config, load(str(directory)).spec
+    m, moe, heads = spec.mla, spec.moe, cfg.num_attention_heads
+    w = gguf.GGUFWriter(str(path), "deepseek2")
+    a = "deepseek2."
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    ints = {
+        "block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
+        "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
+        "attention.head_count": heads, "rope.dimension_count": m.qk_rope_head_dim,
+        "attention.kv_lora_rank": m.kv_lora_rank,
+        "leading_dense_block_count": len(moe.dense_layers),
+        "expert_count": moe.n_experts, "expert_used_count": moe.top_k,
+        "expert_feed_forward_length": moe.intermediate,
+        "expert_shared_count": moe.shared_intermediate // moe.intermediate,
+        "expert_gating_func": 2 if moe.scoring == "sigmoid" else 1,
+    }  # fmt: skip
+    latent = m.kv_lora_rank + m.qk_rope_head_dim  # K as one head over the latent
+    if split_kv_b:
+        ints |= {"attention.head_count_kv": 1, "attention.key_length": latent,
+                 "attention.value_length": m.kv_lora_rank, "attention.key_length_mla": qk,
+                 "attention.value_length_mla": m.v_head_dim}  # fmt: skip
+    else:
+        ints |= {"attention.head_count_kv": heads, "attention.key_length": qk,
+                 "attention.value_length": m.v_head_dim}  # fmt: skip
+    if m.q_lora_rank:
+        ints["attention.q_lora_rank"] = m.q_lora_rank
+    if moe.n_group > 1:
+        ints |= {"expert_group_count": moe.n_group, "expert_group_used_count": moe.topk_group}
+    for k, v in ints.items():
+        w.add_uint32(a + k, v)
+    w.add_float32(a + "attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    w.add_float32(a + "rope.freq_base", spec.rope_theta)
+    w.add_float32(a + "expert_weights_scale", moe.routed_scaling_factor)
+    w.add_bool(a + "expert_weights_norm", moe.norm_topk_prob)
+    rs = spec.rope_scaling
+    if rs is not None:
+        w.add_string(a + "rope.scaling.type", "yarn")
+        w.add_float32(a + "rope.scaling.factor", rs.factor)
+        w.add_uint32(a + "rope.scaling.original_context_length", rs.original_max_position)
+        w.add_float32(a + "rope.scaling.yarn_log_multiplier", 0.1 * rs.mscale_all_dim)
+    w.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])
+    sd = {k: v.numpy() for k, v in load(str(directory)).weights.items()}
+    inverse = {v: k for k, v in arch.family("deepseek_v2").gguf_block.items()}
+    tensors = {"token_embd.weight": sd["model.embed_tokens.weight"],
+               "output_norm.weight": sd["model.norm.weight"],
+               "output.weight": sd["lm_head.weight"]}  # fmt: skip
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for ours, theirs in inverse.items():
+            if "{e}" in ours and p + ours.format(e=0) in sd:
+                tensors[f"blk.{i}.{theirs}"] = np.stack(
+                    [sd[p + ours.format(e=e)] for e in range(moe.n_experts)]
+                )
+            elif p + ours in sd:
+                t = sd[p + ours]
+                if ours.endswith(("q_proj.weight", "q_b_proj.weight")):
+                    t = _interleave_rope(t, m.qk_nope_head_dim, m.qk_rope_head_dim, qk)
+                elif ours.endswith("kv_a_proj_with_mqa.weight"):
+                    t = _interleave_rope(t, m.kv_lora_rank, m.qk_rope_head_dim, len(t))
+                elif ours.endswith("kv_b_proj.weight") and split_kv_b:
+                    kv = t.reshape(heads, m.qk_nope_head_dim + m.v_head_dim, m.kv_lora_rank)
+                    tensors[f"blk.{i}.attn_k_b.weight"] = kv[:, : m.qk_nope_head_dim].swapaxes(1, 2)
+                    tensors[f"blk.{i}.attn_v_b.weight"] = kv[:, m.qk_nope_head_dim :]
+                    continue
+                tensors[f"blk.{i}.{theirs}"] = t
+    for k, v in tensors.items():
+        v = np.ascontiguousarray(v, dtype=np.float32)
+        if q8_0 and v.ndim >= 2 and v.shape[-1] % 32 == 0:
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(k, gguf.quants.quantize(v, q8), raw_dtype=q8)
+        else:
+            w.add_tensor(k, v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _interleave_rope(w, start: int, n: int, period: int):
+    """Undo the loader's deinterleave_rope: rows start..start+n of every `period` rows back
+    from evens-then-odds to the checkpoint's interleaved pairs."""
+    perm = np.concatenate([np.arange(0, n, 2), np.arange(1, n, 2)]) + start
+    w = w.reshape(-1, period, *w.shape[1:]).copy()
+    w[:, perm] = w[:, start : start + n].copy()
+    return w.reshape(-1, *w.shape[2:])
+
+
+@pytest.mark.parametrize("split_kv_b", [True, False], ids=["k_b-v_b", "kv_b"])
+@pytest.mark.parametrize(
+    "name", ["deepseek-v2-lite", "deepseek-v3", "deepseek-v2-lite-yarn", "deepseek-v3-yarn"]
+)
+def test_a_deepseek2_gguf_loads_as_its_hugging_face_directory_does(
+    name, split_kv_b, new_family_dirs, tmp_path, monkeypatch
+):
+    """llama.cpp's `deepseek2` files (V2's softmax router or V3's sigmoid one with its score
+    bias, latent attention with kv_b whole or split, YaRN's mscale as a log multiplier) give
+    transformers' logits."""
+    monkeypatch.setenv("TOKENWORKS_HOME", str(tmp_path / "home"))
+    hf, directory = new_family_dirs[name]
+    path = tmp_path / f"{name}.gguf"
+    _write_deepseek2_gguf(hf, directory, path, split_kv_b)
+    ids = torch.randint(0, 320, (40,), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        want = hf(ids[None]).logits[0]
+    assert load(str(path)).spec.moe == load(str(directory)).spec.moe
+    assert (_gguf_logits(path, ids) - want).abs().max().item() < 1e-4
+
+
+def test_a_quantised_deepseek2_gguf_serves_the_files_float_tokens(
+    new_family_dirs, tmp_path, monkeypatch
+):
+    """A V3 file with Q8_0 matrices: the routed experts stay the file's blocks (the latent
+    attention's weights are read as floats) and the greedy tokens are the same file's
+    dequantised to float32, but for a near-tie or two that 8-bit activations flip."""
+    from tokenworks import LLM, SamplingParams
+
+    monkeypatch.setenv("TOKENWORKS_HOME", str(tmp_path / "home"))
+    hf, directory = new_family_dirs["deepseek-v3"]
+    path = tmp_path / "deepseek-v3-q8_0.gguf"
+    _write_deepseek2_gguf(hf, directory, path, split_kv_b=True, q8_0=True)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    tokens = {}
+    for quantization, dtype in (("gguf", "bfloat16"), ("none", "float32")):
+        llm = LLM(str(path), dtype=dtype, loaded=_loaded(path), quantization=quantization,
+                  warmup=False)  # fmt: skip
+        if quantization == "gguf":
+            assert llm.engine.model.moe_layers()[0].blocks is not None
+        outs = llm.generate(PROMPTS, params, use_tqdm=False)
+        tokens[quantization] = [o.outputs[0].token_ids for o in outs]
+    pairs = zip(*tokens.values(), strict=True)
+    differ = sum(a != b for x, y in pairs for a, b in zip(x, y, strict=True))
+    assert differ <= 2, tokens
+
+
 def test_a_phi3_gguf_with_longrope_factors_is_refused_by_the_tensor(new_family_dirs, tmp_path):
     """Phi-3's 128k files scale RoPE per dimension from two tensors: not built, so refused."""
     from tokenworks.models.loaded import ModelLoadError

@@ -29,7 +29,7 @@ from tokenworks.models.loaded import LoadedModel
 from tokenworks.models.spec import MLASpec, ModelSpec, MoESpec, RopeScaling
 
 log = logging.getLogger(__name__)
-FORMAT = 3  # bump when what is stored changes: older copies are then rebuilt
+FORMAT = 4  # bump when what is stored changes: older copies are then rebuilt
 
 
 def key_for(path: Path, sha256: str | None) -> str:
@@ -64,8 +64,9 @@ def load_converted(
     s = meta["spec"]
     rope = s.pop("rope_scaling", None)
     moe, mla = s.pop("moe", None), s.pop("mla", None)
-    if s.get("window_layers") is not None:
-        s["window_layers"] = tuple(s["window_layers"])
+    for name in ("window_layers", "nope_layers"):  # JSON's lists back to tuples
+        if s.get(name) is not None:
+            s[name] = tuple(s[name])
     if moe:
         moe = MoESpec(**moe | {"dense_layers": tuple(moe["dense_layers"])})
     path = Path(file_path)

@@ -218,6 +218,9 @@ def gguf_rope_scaling(field, arch: str, context_length: int) -> RopeScaling | No
     if kind == "linear":
         return RopeScaling(factor=factor, original_max_position=original, kind="linear")
     attn = field(f"{key}.attn_factor")
+    # DeepSeek's mscale_all_dim, as 0.1 x it (read where the family reads the key; its cos
+    # and sin then stay unscaled, and its attention scale takes mscale squared)
+    log_mul = float(field(f"{key}.yarn_log_multiplier") or 0.0)
     return RopeScaling(
         factor=factor,
         original_max_position=original,
@@ -225,6 +228,8 @@ def gguf_rope_scaling(field, arch: str, context_length: int) -> RopeScaling | No
         beta_fast=float(field(f"{key}.yarn_beta_fast") or 32.0),
         beta_slow=float(field(f"{key}.yarn_beta_slow") or 1.0),
         attention_factor=None if attn is None else yarn_mscale(factor) * float(attn),
+        mscale=log_mul / 0.1 if log_mul else None,
+        mscale_all_dim=log_mul / 0.1 if log_mul else None,
     )
 
 
@@ -237,6 +242,7 @@ def _expected_shapes(spec: ModelSpec) -> dict[str, tuple[tuple[int, ...], str]]:
     """Tensor name (blk.N. cut off) -> its shape in ggml's order (the row first) as the
     metadata implies it, and the keys that imply it."""
     h, q, kv = spec.hidden_size, spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
+    o = spec.n_heads * spec.mla.v_head_dim if spec.mla else q  # attention's output width
     heads = "embedding_length, attention.head_count, attention.key_length"
     kv_heads = "embedding_length, attention.head_count_kv, attention.key_length"
     shapes = {
@@ -247,7 +253,7 @@ def _expected_shapes(spec: ModelSpec) -> dict[str, tuple[tuple[int, ...], str]]:
         "attn_q.weight": ((h, q), heads),
         "attn_k.weight": ((h, kv), kv_heads),
         "attn_v.weight": ((h, kv), kv_heads),
-        "attn_output.weight": ((q, h), heads),
+        "attn_output.weight": ((o, h), heads),
     }
     ff = "embedding_length, feed_forward_length"
     i = spec.intermediate_size
@@ -352,12 +358,18 @@ def _load_read(reader, path: Path, model_id: str | None, weights: bool) -> Loade
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     eot = _field(reader, "tokenizer.ggml.eot_token_id")
     eos_ids = tuple(sorted({int(x) for x in (eos, eot) if x is not None}))
-    rotated = need("rope.dimension_count", default=hidden // n_heads)
-    head_dim = need("attention.key_length", default=rotated)
-    for suffix in ("attention.value_length", "rope.dimension_count"):
-        if need(suffix, default=head_dim) != head_dim:
-            raise ModelLoadError(f"{path}: {arch}.{suffix} = {need(suffix)} differs from the head "
-                                 f"dimension {head_dim}, which {fam.name} cannot run")  # fmt: skip
+    n_layers = need("block_count")  # (named before the family's fields read it too)
+    extra = fam.gguf_fields(lambda key, default=None: _field(reader, key, default), arch)
+    head_dim = extra.pop("head_dim", None)  # (latent attention's families say their own)
+    if head_dim is None:
+        rotated = need("rope.dimension_count", default=hidden // n_heads)
+        head_dim = need("attention.key_length", default=rotated)
+        for suffix in ("attention.value_length", "rope.dimension_count"):
+            if need(suffix, default=head_dim) != head_dim:
+                raise ModelLoadError(
+                    f"{path}: {arch}.{suffix} = {need(suffix)} differs from the head dimension "
+                    f"{head_dim}, which {fam.name} cannot run"
+                )
 
     stored = _stored_tensors(reader, path)
     names, rope_freqs = gguf_weights(path, stored, arch, n_heads, n_kv, names_only=True)
@@ -372,7 +384,7 @@ def _load_read(reader, path: Path, model_id: str | None, weights: bool) -> Loade
         arch=fam.name,
         vocab_size=vocab,
         hidden_size=hidden,
-        n_layers=need("block_count"),
+        n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=head_dim,
@@ -390,7 +402,6 @@ def _load_read(reader, path: Path, model_id: str | None, weights: bool) -> Loade
         source=f"gguf:{path.name}",
         extra={"rope_freqs": rope_freqs} if rope_freqs is not None else {},
     )
-    extra = fam.gguf_fields(lambda key, default=None: _field(reader, key, default), arch)
     # stop tokens the family knows of beyond the file's EOS (Gemma's <end_of_turn>)
     kw["eos_token_ids"] = tuple(sorted(set(eos_ids) | set(extra.pop("stop_token_ids", ()))))
     spec = ModelSpec(**kw | extra)
@@ -427,4 +438,5 @@ class GGUFIndex:
     tensors: list[StoredTensor]
 
     def weights(self, path: Path, spec: ModelSpec) -> dict:
-        return gguf_weights(Path(path), self.tensors, self.arch, spec.n_heads, spec.n_kv_heads)[0]
+        w = gguf_weights(Path(path), self.tensors, self.arch, spec.n_heads, spec.n_kv_heads)[0]
+        return arch_registry.for_gguf_arch(self.arch).gguf_prepare(w, spec)

@@ -33,6 +33,9 @@ class Family:
     # Hugging Face weights under engine names, the spec -> the weights the module reads
     # (GGUF files come in llama.cpp's conventions, which the engine's names follow)
     prepare: Callable[[dict, object], dict] = lambda weights, spec: weights
+    # the same for a GGUF's weights, where the family's files depart from llama.cpp's
+    # conventions for Llama (DeepSeek's interleaved RoPE rows, MLA's split kv_b)
+    gguf_prepare: Callable[[dict, object], dict] = lambda weights, spec: weights
 
     def rename(self, name: str) -> str:
         for pattern, repl in self.hf_renames:
