@@ -8,30 +8,26 @@ resident set (its VmHWM), then `--decode-tokens` more for the decode rate.
 llama.cpp's `llama-completion` does the same on the same file (its wall time to one token
 and its peak resident set), and `llama-bench` gives its decode rate.
 
-`--synthetic-7b` adds a random-weight GGUF of a 7B Llama's shapes in Q4_0 (about 3.8 GB,
-written once under $TOKENWORKS_HOME/synthetic/): a model that does not fit in memory as
-floats on a 24 GiB machine, to show it loads and decodes in about its file's size.
+`--synthetic-7b` adds a random-weight GGUF of Qwen2-7B's shapes in llama.cpp's Q4_K_M mix
+(bench/synthetic.py, about 4.4 GB): a model of the size users run, which does not fit in
+memory as floats on a 24 GiB machine, to show it loads and decodes in about its file's size.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 from tqdm import tqdm
 
+from tokenworks.bench import synthetic
 from tokenworks.bench.record import make_record, write_record
-from tokenworks.paths import home
 
 PROMPT = "Once upon a time, there was a little"
-# Llama 2 7B's shapes (the vocabulary is SmolLM2's, whose tokenizer the file carries)
-SHAPE_7B = dict(hidden=4096, intermediate=11008, layers=32, heads=32, kv_heads=32)
 
 _CHILD = """
 import json, sys, time
@@ -105,75 +101,6 @@ def llama_cpp(bin_dir: Path, path: str, threads: int, decode_tokens: int) -> dic
     return {"ttft_s": wall, "peak_rss_bytes": peak, "decode_tok_s": rows[0]["avg_ts"]}
 
 
-def synthetic_7b(tokenizer_from: str) -> Path:
-    """A random-weight Q4_0 GGUF of a 7B Llama's shapes (written once, about 3.8 GB), with
-    the tokenizer of another GGUF (tokenizer_from)."""
-    import gguf
-
-    path = home() / "synthetic" / "llama-7b-shapes-q4_0.gguf"
-    if path.exists():
-        return path
-    src = gguf.GGUFReader(tokenizer_from)
-    tokens = [bytes(src.fields["tokenizer.ggml.tokens"].parts[i]).decode()
-              for i in src.fields["tokenizer.ggml.tokens"].data]  # fmt: skip
-    merges = [bytes(src.fields["tokenizer.ggml.merges"].parts[i]).decode()
-              for i in src.fields["tokenizer.ggml.merges"].data]  # fmt: skip
-    s, vocab = SHAPE_7B, len(tokens)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".partial")
-    w = gguf.GGUFWriter(tmp, "llama")
-    w.add_name("random llama 7B shapes (Q4_0)")
-    w.add_context_length(4096)
-    w.add_embedding_length(s["hidden"])
-    w.add_block_count(s["layers"])
-    w.add_feed_forward_length(s["intermediate"])
-    w.add_head_count(s["heads"])
-    w.add_head_count_kv(s["kv_heads"])
-    w.add_rope_dimension_count(s["hidden"] // s["heads"])
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_merges(merges)
-    w.add_token_types([int(src.fields["tokenizer.ggml.token_type"].parts[i][0])
-                       for i in src.fields["tokenizer.ggml.token_type"].data])  # fmt: skip
-    w.add_bos_token_id(int(src.fields["tokenizer.ggml.bos_token_id"].contents()))
-    w.add_eos_token_id(int(src.fields["tokenizer.ggml.eos_token_id"].contents()))
-    h, i_, kv = s["hidden"], s["intermediate"], s["hidden"] // s["heads"] * s["kv_heads"]
-    shapes = {"token_embd.weight": (vocab, h), "output.weight": (vocab, h)}
-    for b in range(s["layers"]):
-        shapes |= {
-            f"blk.{b}.attn_q.weight": (h, h), f"blk.{b}.attn_k.weight": (kv, h),
-            f"blk.{b}.attn_v.weight": (kv, h), f"blk.{b}.attn_output.weight": (h, h),
-            f"blk.{b}.ffn_gate.weight": (i_, h), f"blk.{b}.ffn_up.weight": (i_, h),
-            f"blk.{b}.ffn_down.weight": (h, i_),
-        }  # fmt: skip
-    norms = ["output_norm.weight"] + [
-        f"blk.{b}.{n}.weight" for b in range(s["layers"]) for n in ("attn_norm", "ffn_norm")
-    ]
-    q4 = gguf.GGMLQuantizationType.Q4_0
-    for name, (rows, cols) in shapes.items():
-        w.add_tensor_info(name, (rows, cols // 32 * 18), np.dtype(np.uint8), rows * cols // 32 * 18,
-                          raw_dtype=q4)  # fmt: skip
-    for name in norms:
-        w.add_tensor_info(name, (h,), np.dtype(np.float32), h * 4)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    rng = np.random.default_rng(0)
-    for rows, cols in tqdm(shapes.values(), desc="write the 7B Q4_0 file", unit="tensor"):
-        blocks = rng.integers(0, 256, size=(rows, cols // 32, 18), dtype=np.uint8)
-        # scales so a row's products stay near 1: |w| ~ 8 * d, d ~ 1 / (8 sqrt(cols))
-        d = np.full((rows, cols // 32), 1 / (8 * cols**0.5), dtype=np.float16)
-        blocks[:, :, :2] = d.view(np.uint8).reshape(rows, cols // 32, 2)
-        w.write_tensor_data(blocks.reshape(rows, -1))
-    for _ in norms:
-        w.write_tensor_data(np.ones(h, dtype=np.float32))
-    w.close()
-    os.replace(tmp, path)
-    return path
-
-
 def run_load(args) -> Path:
     from tokenworks.config import engine_kwargs
     from tokenworks.models import catalogue
@@ -182,7 +109,7 @@ def run_load(args) -> Path:
     engine_kw = {k: v for k, v in engine_kwargs(args).items() if v is not None}
     engine_kw |= {"warmup": False, "threads": args.threads or 2}
     if args.synthetic_7b:
-        models.append(str(synthetic_7b(str(catalogue.pull("smollm2-135m")))))
+        models.append(str(synthetic.qwen2_7b_q4_k_m(str(catalogue.pull("smollm2-135m")))))
     bin_dir = Path(args.peers_dir) / "llamacpp" / "bin"
     results = {}
     for model in tqdm(models, desc="bench load", unit="model"):
@@ -203,7 +130,7 @@ def run_load(args) -> Path:
         workload={
             "prompt": PROMPT,
             "decode_tokens": args.decode_tokens,
-            "synthetic_7b": SHAPE_7B if args.synthetic_7b else None,
+            "synthetic_7b": synthetic.SHAPE if args.synthetic_7b else None,
             "cache": "page cache warm (the file read once before)",
         },  # fmt: skip
         results=results,

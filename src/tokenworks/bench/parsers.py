@@ -157,7 +157,7 @@ def add_bench_parsers(sub) -> None:
     p.add_argument(
         "--synthetic-7b",
         action="store_true",
-        help="also a random-weight Q4_0 GGUF of a 7B Llama's shapes (3.8 GB, "
+        help="also a random-weight GGUF of Qwen2-7B's shapes in Q4_K_M (4.4 GB, "
         "written once under $TOKENWORKS_HOME/synthetic)",
     )
     p.add_argument("--decode-tokens", type=int, default=32)
