@@ -210,11 +210,13 @@ def run_model(model: str, args, text_ids_for) -> dict:
             "weight_bytes": weight_bytes(engine.model),
             "decode_bytes": decode_bytes(engine.model),
         }
-        weights = multiplied_weights(engine.model)
-        if fmt == "float32":
-            ref_weights = weights
-        row["reconstruction"] = reconstruction(ref_weights, weights) if ref_weights else None
-        del weights
+        row["reconstruction"] = None
+        if fmt == "float32" or ref_weights is not None:  # (a float32 copy of every product)
+            weights = multiplied_weights(engine.model)
+            if fmt == "float32":
+                ref_weights = weights
+            row["reconstruction"] = reconstruction(ref_weights, weights)
+            del weights
         ids = text_ids_for(tok)
         row["perplexity"] = perplexity(engine, ids, args.ppl_context, args.ppl_context // 2)
         prompts = [tok.encode(p) for p in PROMPTS]
