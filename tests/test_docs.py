@@ -62,6 +62,60 @@ def test_the_checker_catches_a_wrong_number(tmp_path):
     ]
 
 
+# a figure: a number followed by x (attached: "1.3x", not the product "32 x 128"), tok/s,
+# ms, GB or %
+NUMBER = r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+FIGURE = re.compile(NUMBER + r"(?:[x\u00d7]|\s?(?:tok/s|ms|GB|%))(?!\w)")
+ANY_LINK = re.compile(r"\[([^\]]*)\]\(([^)]*)\)")
+ARITHMETIC = "<!-- arithmetic -->"  # a line whose figures are computed, not measured
+
+
+def _units(text: str):
+    """A page's prose sentences and table rows (code blocks and table headers left out)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    for para in re.split(r"\n\s*\n", text):
+        lines = para.splitlines()
+        if para.lstrip().startswith("|"):
+            header = [i + 1 < len(lines) and lines[i + 1].lstrip().startswith("|-")
+                      for i in range(len(lines))]  # fmt: skip
+            yield from (row for row, h in zip(lines, header, strict=True) if not h)
+            continue
+        for item in re.split(r"\n(?=\s*(?:[-*]|\d+\.) )", para):  # list items apart
+            yield from re.split(r"(?<=[.;!?])\s+(?=[A-Z(*`\[])", item)
+
+
+def unbacked_figures(text: str) -> list[str]:
+    """The sentences and table rows of a page that quote a figure yet link no record (nor a
+    report pooled from records, nor for a vendor's figure its source) and are not marked as
+    arithmetic."""
+    found = []
+    for unit in _units(text):
+        if any(s in unit for s in ("benchmarks/results/", "benchmarks/report/", "sources.md#")):
+            continue
+        if ARITHMETIC in unit:
+            continue
+        bare = ANY_LINK.sub(lambda m: m.group(1), re.sub(r"<!--.*?-->", "", unit))
+        if FIGURE.search(re.sub(r"`[^`]*`", "", bare)):
+            found.append(" ".join(unit.split()))
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_figure_sits_beside_its_record_or_is_marked_arithmetic(page):
+    if page.name in MAPS:
+        return
+    assert not unbacked_figures(page.read_text()), page.name
+
+
+def test_the_figure_check_finds_a_bare_figure():
+    assert unbacked_figures("Decode runs at 12.5 tok/s. The rest is prose.") == [
+        "Decode runs at 12.5 tok/s."
+    ]
+    assert not unbacked_figures("It is [1.3](../benchmarks/results/r.json#a)x faster.")
+    assert not unbacked_figures("Four layers of 2 GB are 8 GB. <!-- arithmetic -->")
+    assert not unbacked_figures("A batch of 32 x 128 tokens, 4,096 in all.")
+
+
 PLAN_PAGES = [p for p in PAGES if CONSOLE.search(p.read_text())]
 
 
