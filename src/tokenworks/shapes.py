@@ -50,7 +50,10 @@ class ModelShape:
     moe_intermediate: int | None = None  # each expert's width
     shared_intermediate: int = 0  # the shared experts' total width (0: n_shared x expert's)
     shared_expert_gate: bool = False  # Qwen2-MoE: a 1-output gate on the shared expert
-    router_bias: bool = False  # DeepSeek-V3: a per-expert bias used to choose experts
+    router_bias: bool = False  # DeepSeek-V3, gpt-oss: a bias per expert on the router's scores
+    expert_bias: bool = False  # gpt-oss: biases on each expert's products
+    attn_out_bias: bool = False  # gpt-oss: a bias on the attention's output projection
+    attn_sinks: bool = False  # gpt-oss: a learned logit per head
     first_dense_layers: int = 0  # layers with a dense MLP (DeepSeek: the first k)
     # multi-head latent attention (DeepSeek-V2/V3): K and V come from a cached latent
     kv_lora_rank: int | None = None
@@ -121,9 +124,9 @@ class ModelShape:
         n = h * qkv_out + self.n_heads * d * h
         if self.qkv_bias or self.bias:
             n += qkv_out
-        if self.bias:
+        if self.bias or self.attn_out_bias:
             n += h
-        return n + self._qk_norms()
+        return n + self._qk_norms() + self.n_heads * self.attn_sinks
 
     def _qk_norms(self) -> int:
         if self.qk_norm_whole:
@@ -149,7 +152,7 @@ class ModelShape:
         if self.is_moe and layer >= self.first_dense_layers:
             experts = self.experts_per_token if active else self.n_experts
             width = self.moe_intermediate or self.intermediate
-            n += experts * self._mlp(width)
+            n += experts * (self._mlp(width) + (2 * width + self.hidden) * self.expert_bias)
             if self.shared_intermediate:
                 n += self._mlp(self.shared_intermediate)
             else:
@@ -263,7 +266,10 @@ def from_hf_config(cfg: dict, name: str = "") -> ModelShape:
             moe_intermediate=cfg.get("moe_intermediate_size"),
             shared_intermediate=cfg.get("shared_expert_intermediate_size") or 0,
             shared_expert_gate=bool(cfg.get("shared_expert_intermediate_size")),
-            router_bias=mtype == "deepseek_v3",
+            router_bias=mtype in ("deepseek_v3", "gpt_oss"),
+            expert_bias=mtype == "gpt_oss",
+            attn_out_bias=mtype == "gpt_oss" and bool(cfg.get("attention_bias")),
+            attn_sinks=mtype == "gpt_oss",
             first_dense_layers=len(dense_layers(cfg)) if experts else 0,
             kv_lora_rank=cfg.get("kv_lora_rank"),
             q_lora_rank=cfg.get("q_lora_rank"),

@@ -2,7 +2,7 @@
 
 Prompt attention of one sequence at the default model's head shape (9 query heads on 3
 KV heads of 64), float32, causal, for each context: the naive form (every score of the
-L x L matrix built, then the softmax: ops/attention.softcapped_attention's shape of
+L x L matrix built, then the softmax: ops/attention.explicit_attention's shape of
 work), torch's SDPA, and the tiled online softmax (ops/tiled_attention.py). Peak memory is
 the growth of this process's resident high-water mark (VmHWM, reset before each call
 through /proc/self/clear_refs) over what it held before the call; the naive form runs only

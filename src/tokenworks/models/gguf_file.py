@@ -167,8 +167,9 @@ def gguf_weights(
             rope_freqs = _dense_array(mm, t)
             continue
         names = _hf_names(t.name, fam, path, arch)
-        # experts: one 3-D tensor holds every expert's matrix, [E, out, in]
-        n_exp = t.shape[2] if "{e}" in names[0] else 1
+        # experts: one 3-D tensor holds every expert's matrix, [E, out, in] (one 2-D
+        # tensor every expert's bias, [E, out])
+        n_exp = t.shape[-1] if "{e}" in names[0] else 1
         rows = int(np.prod(t.shape[1:])) if len(t.shape) >= 2 else t.shape[0]
         parts = _parts(names, rows, n_heads, n_kv, n_exp)
         if names_only:
@@ -179,7 +180,8 @@ def gguf_weights(
             heads = n_heads
         elif arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias")):
             heads = n_kv
-        if len(t.shape) >= 2 and t.ggml_type not in blocks.DENSE:
+        vectors = n_exp > 1 and len(t.shape) == 2  # every expert's bias: read as floats
+        if len(t.shape) >= 2 and t.ggml_type not in blocks.DENSE and not vectors:
             raw = mm[t.offset : t.offset + t.nbytes].reshape(rows, -1)
             w = blocks.executable(t.ggml_type, (rows, t.shape[0]), raw)
             if heads:
@@ -193,7 +195,8 @@ def gguf_weights(
             arr = _unpermute(arr if arr.ndim == 2 else arr[:, None], heads).reshape(arr.shape)
         flat = arr.reshape(rows, -1) if arr.ndim > 2 else arr
         for name, part in parts:  # owned, writable
-            weights[name] = torch.from_numpy(np.array(flat[part], dtype=np.float32))
+            value = flat[part][0] if vectors else flat[part]
+            weights[name] = torch.from_numpy(np.array(value, dtype=np.float32))
     return weights, rope_freqs
 
 

@@ -38,7 +38,10 @@ class LlamaLayer(nn.Module):
         self.mla = LatentAttention(spec, layer) if spec.mla else None
         if self.mla is None:
             self.qkv = nn.Linear(h, spec.q_size + 2 * spec.kv_size, bias=spec.qkv_bias)
-            self.o_proj = nn.Linear(spec.q_size, h, bias=False)
+            self.o_proj = nn.Linear(spec.q_size, h, bias=spec.attn_out_bias)
+        # gpt-oss: a logit per head that joins every softmax's denominator
+        self.sinks = nn.Parameter(torch.zeros(spec.n_heads), requires_grad=False) if (
+            spec.attn_sinks) else None  # fmt: skip
         if spec.qk_norm:
             q, k = (spec.q_size, spec.kv_size) if spec.qk_norm_whole else (spec.head_dim,) * 2
             self.q_norm = nn.Parameter(torch.ones(q), requires_grad=False)
@@ -77,7 +80,10 @@ class LlamaLayer(nn.Module):
                 bias = torch.cat([w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"], dim=0)
             qkv = [blocks[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]
             self.qkv = stored(self.qkv, qkv, bias)
-            self.o_proj = stored(self.o_proj, [blocks[p + "self_attn.o_proj.weight"]])
+            o_bias = w[p + "self_attn.o_proj.bias"] if self.spec.attn_out_bias else None
+            self.o_proj = stored(self.o_proj, [blocks[p + "self_attn.o_proj.weight"]], o_bias)
+            if self.sinks is not None:
+                self.sinks.copy_(w[p + "self_attn.sinks"])
         if self.spec.qk_norm:
             self.q_norm.copy_(w[p + "self_attn.q_norm.weight"])
             self.k_norm.copy_(w[p + "self_attn.k_norm.weight"])
@@ -106,7 +112,7 @@ class LlamaLayer(nn.Module):
         before, after = self.compiled or (self._before_attention, self._projected)
         q, k, v = before(x, cos, sin)
         a = attention(q, k, v, meta, cache, self.layer, self.scale, self.window, s.attn_softcap,
-                      self.attention_tile)  # fmt: skip
+                      self.attention_tile, self.sinks)  # fmt: skip
         return after(x, a)
 
     def _before_attention(self, x, cos, sin) -> tuple[torch.Tensor, ...]:

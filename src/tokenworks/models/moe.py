@@ -24,6 +24,10 @@ share the batch: a token's output then depends on its neighbours. Off by default
 Experts a GGUF file stores quantised stay as its blocks (`--quantization gguf`): each
 expert is a pair of BlockLinears, and every batch runs the loop (the grouped and dense
 products need the experts stacked as floats).
+
+gpt-oss departs in three places: its router has a bias and softmaxes only the top_k
+logits it chose; its experts' products have biases; and their gate is clamped
+(`swiglu_oai`, see `gated`).
 """
 
 from __future__ import annotations
@@ -84,6 +88,18 @@ def routing_summary(counts: np.ndarray | None) -> dict:
     }
 
 
+def gated(gate_up: torch.Tensor, m) -> torch.Tensor:
+    """An expert's gated activation of its gate and up halves [.., 2I] -> [.., I]: SwiGLU,
+    or gpt-oss's: gate clamped above at the limit, up to +-limit, then
+    gate * sigmoid(alpha gate) * (up + 1)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    if m.act == "silu":
+        return F.silu(gate) * up
+    gate = gate.clamp(max=m.swiglu_limit)
+    up = up.clamp(-m.swiglu_limit, m.swiglu_limit)
+    return gate * torch.sigmoid(gate * m.swiglu_alpha) * (up + 1)
+
+
 class MoE(nn.Module):
     def __init__(self, spec: ModelSpec, layer: int):
         super().__init__()
@@ -91,6 +107,9 @@ class MoE(nn.Module):
         self.m, self.layer = m, layer
         e, h, inter = m.n_experts, spec.hidden_size, m.intermediate
         self.router = nn.Parameter(torch.empty(e, h), requires_grad=False)
+        self.router_bias = (
+            nn.Parameter(torch.zeros(e), requires_grad=False) if m.router_bias else None
+        )
         # the experts this module holds (expert parallelism: a rank's share, their
         # outputs added across ranks by `parallel`'s all-reduce); the router scores all
         self.first, last = m.local_experts or (0, e)
@@ -102,6 +121,11 @@ class MoE(nn.Module):
         # experts stacked: [E, 2I, h] (gate rows, then up rows) and [E, h, I]
         self.gate_up = nn.Parameter(torch.empty(e, 2 * inter, h), requires_grad=False)
         self.down = nn.Parameter(torch.empty(e, h, inter), requires_grad=False)
+        # gpt-oss: the experts' biases, [E, 2I] (gate, then up) and [E, h]
+        self.gate_up_bias = self.down_bias = None
+        if m.expert_bias:
+            self.gate_up_bias = nn.Parameter(torch.zeros(e, 2 * inter), requires_grad=False)
+            self.down_bias = nn.Parameter(torch.zeros(e, h), requires_grad=False)
         s = m.shared_intermediate
         self.shared_gate_up = nn.Linear(h, 2 * s, bias=False) if s else None
         self.shared_down = nn.Linear(s, h, bias=False) if s else None
@@ -117,18 +141,29 @@ class MoE(nn.Module):
         """Copy weights named p + "mlp.*" in (engine names: models/arch); experts stored as
         GGUF BlockTensors are kept as they are (self.blocks)."""
         self.router.copy_(dense(w[p + "mlp.gate.weight"]))
+        if self.router_bias is not None:
+            self.router_bias.copy_(dense(w[p + "mlp.gate.bias"]))
         if self.score_bias is not None:
             self.score_bias.copy_(dense(w[p + "mlp.gate.e_score_correction_bias"]))
         experts = [f"{p}mlp.experts.{j}." for j in range(self.first, self.first + self.local)]
         names = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+        if self.gate_up_bias is not None:
+            for j, x in enumerate(experts):
+                self.gate_up_bias[j].copy_(
+                    torch.cat([dense(w[x + n]) for n in ("gate_proj.bias", "up_proj.bias")])
+                )
+                self.down_bias[j].copy_(dense(w[x + "down_proj.bias"]))
         if all(isinstance(w[x + n], BlockTensor) for x in experts for n in names):
             self.gate_up = self.down = None  # never allocated: the blocks are the experts
+            gu_b, d_b = self.gate_up_bias, self.down_bias
             self.blocks = nn.ModuleList(
-                nn.ModuleList(
-                    [BlockLinear([w[x + n] for n in names[:2]]), BlockLinear([w[x + names[2]]])]
-                )
-                for x in experts
-            )
+                nn.ModuleList([
+                    BlockLinear([w[x + n] for n in names[:2]],
+                                None if gu_b is None else gu_b[j].clone()),
+                    BlockLinear([w[x + names[2]]], None if d_b is None else d_b[j].clone()),
+                ])
+                for j, x in enumerate(experts)
+            )  # fmt: skip
         else:
             for j, x in enumerate(experts):
                 self.gate_up[j].copy_(torch.cat([dense(w[x + n]) for n in names[:2]]))
@@ -146,6 +181,11 @@ class MoE(nn.Module):
         """x [T, h] -> (weights [T, k] float32, expert ids [T, k])."""
         m = self.m
         logits = rows_product(x.float(), self.router.float(), self.tile)  # [T, E]
+        if self.router_bias is not None:
+            logits = logits + self.router_bias.float()
+        if m.scoring == "topk_softmax":  # gpt-oss: the chosen logits alone, softmaxed
+            top = logits.topk(m.top_k, dim=-1)
+            return top.values.softmax(dim=-1) * m.routed_scaling_factor, top.indices
         if m.scoring == "softmax":
             scores = logits.softmax(dim=-1)
             choice = scores
@@ -199,16 +239,22 @@ class MoE(nn.Module):
         return "grouped"
 
     def _expert(self, x: torch.Tensor, e: int) -> torch.Tensor:
-        if self.blocks is not None:
+        if self.blocks is not None:  # (their biases are the BlockLinears')
             gate_up, down = self.blocks[e]
-            gate, up = gate_up(x).chunk(2, dim=-1)
-            return down(F.silu(gate) * up)
+            return down(gated(gate_up(x), self.m))
         if x.shape[0] == 1 and self.tile is None and x.dtype == torch.bfloat16:
             # one row: torch.mv streams bfloat16 weights faster than a 1-row product
-            gate, up = torch.mv(self.gate_up[e], x[0]).chunk(2)
-            return torch.mv(self.down[e], F.silu(gate) * up)[None]
-        gate, up = rows_product(x, self.gate_up[e], self.tile).chunk(2, dim=-1)
-        return rows_product(F.silu(gate) * up, self.down[e], self.tile)
+            gu = self._biased(torch.mv(self.gate_up[e], x[0])[None], self.gate_up_bias, e)
+            return self._biased(torch.mv(self.down[e], gated(gu, self.m)[0])[None],
+                                self.down_bias, e)  # fmt: skip
+        gu = self._biased(rows_product(x, self.gate_up[e], self.tile), self.gate_up_bias, e)
+        return self._biased(rows_product(gated(gu, self.m), self.down[e], self.tile),
+                            self.down_bias, e)  # fmt: skip
+
+    @staticmethod
+    def _biased(y: torch.Tensor, bias, e) -> torch.Tensor:
+        """y plus expert e's row of bias (e: an int, or a tensor of each row's expert)."""
+        return y if bias is None else y + bias[e].to(y.dtype)
 
     def _pairs_by_expert(self, weights, ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The (token, expert) pairs of this module's experts, sorted by expert: (each
@@ -241,8 +287,11 @@ class MoE(nn.Module):
         # torch's grouped product: every dtype on the CPU, bfloat16 on CUDA
         if hasattr(torch, "_grouped_mm") and (x.device.type == "cpu" or x.dtype == torch.bfloat16):
             ends = torch.cumsum(counts, 0).to(torch.int32)
-            gate, up = torch._grouped_mm(xs, self.gate_up.transpose(1, 2), offs=ends).chunk(2, -1)
-            ys = torch._grouped_mm(F.silu(gate) * up, self.down.transpose(1, 2), offs=ends)
+            expert = torch.repeat_interleave(torch.arange(self.local, device=x.device), counts)
+            gu = torch._grouped_mm(xs, self.gate_up.transpose(1, 2), offs=ends)
+            gu = self._biased(gu, self.gate_up_bias, expert)
+            ys = torch._grouped_mm(gated(gu, self.m), self.down.transpose(1, 2), offs=ends)
+            ys = self._biased(ys, self.down_bias, expert)
         else:
             ys = self._padded_groups(xs, counts)
         out = torch.zeros_like(x)
@@ -264,8 +313,12 @@ class MoE(nn.Module):
         padded = xs.new_zeros(len(hit) * width, xs.shape[1])
         padded[slot] = xs
         padded = padded.view(len(hit), width, -1)
-        gate, up = torch.bmm(padded, self.gate_up[hit].transpose(1, 2)).chunk(2, dim=-1)
-        ys = torch.bmm(F.silu(gate) * up, self.down[hit].transpose(1, 2))
+        gu = torch.bmm(padded, self.gate_up[hit].transpose(1, 2))
+        if self.gate_up_bias is not None:
+            gu = gu + self.gate_up_bias[hit][:, None].to(gu.dtype)
+        ys = torch.bmm(gated(gu, self.m), self.down[hit].transpose(1, 2))
+        if self.down_bias is not None:
+            ys = ys + self.down_bias[hit][:, None].to(ys.dtype)
         return ys.view(len(hit) * width, -1)[slot]
 
     def _dense(self, x, weights, ids) -> torch.Tensor:
@@ -273,8 +326,12 @@ class MoE(nn.Module):
         expert = torch.repeat_interleave(torch.arange(self.local, device=x.device), counts)
         dense = torch.zeros(x.shape[0], self.local, dtype=x.dtype, device=x.device)
         dense.index_put_((token, expert), w.to(x.dtype), accumulate=True)  # 0: unchosen
-        gate, up = torch.matmul(x, self.gate_up.transpose(1, 2)).chunk(2, dim=-1)  # [E, T, I]
-        ys = torch.matmul(F.silu(gate) * up, self.down.transpose(1, 2))  # [E, T, h]
+        gu = torch.matmul(x, self.gate_up.transpose(1, 2))  # [E, T, 2I]
+        if self.gate_up_bias is not None:
+            gu = gu + self.gate_up_bias[:, None].to(gu.dtype)
+        ys = torch.matmul(gated(gu, self.m), self.down.transpose(1, 2))  # [E, T, h]
+        if self.down_bias is not None:
+            ys = ys + self.down_bias[:, None].to(ys.dtype)
         return torch.einsum("eth,te->th", ys, dense)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, h] -> [T, h]

@@ -46,7 +46,7 @@ def rope(x, positions, inv_freq, scale=1.0):  # [n, heads, d], [n], [d/2] -> [n,
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-def causal_attention(q, k, v, window=None, scale=None, softcap=None):  # -> [n, H*d]
+def causal_attention(q, k, v, window=None, scale=None, softcap=None, sinks=None):  # [n, H*d]
     n, h, d = q.shape  # q [n, H, d]; k, v [n, KVH, d]
     group = h // k.shape[1]
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # [n, H, d]
@@ -58,7 +58,12 @@ def causal_attention(q, k, v, window=None, scale=None, softcap=None):  # -> [n, 
     if window is not None:
         allowed &= j > i - window
     scores = np.where(allowed[None], scores, -np.inf)
-    return np.einsum("hqk,khd->qhd", softmax(scores), v).reshape(n, h * d)
+    if sinks is not None:  # gpt-oss: one more logit per head in the denominator, no value
+        column = np.broadcast_to(sinks[:, None, None], (h, n, 1))
+        probs = softmax(np.concatenate([scores, column], axis=-1))[..., :-1]
+    else:
+        probs = softmax(scores)
+    return np.einsum("hqk,khd->qhd", probs, v).reshape(n, h * d)
 
 
 def gqa(x, w, p, spec, pos, inv_freq, window=None):  # [n, h] -> [n, h]: grouped-query
@@ -80,8 +85,10 @@ def gqa(x, w, p, spec, pos, inv_freq, window=None):  # [n, h] -> [n, h]: grouped
     if inv_freq is not None:  # None: a NoPE layer (SmolLM3)
         q, k = rope(q, pos, inv_freq, af), rope(k, pos, inv_freq, af)
     v = proj["v"].reshape(n, spec.n_kv_heads, spec.head_dim)
-    a = causal_attention(q, k, v, window, spec.attn_scale, spec.attn_softcap)
-    return a @ w[p + "self_attn.o_proj.weight"].T
+    sinks = w[p + "self_attn.sinks"] if spec.attn_sinks else None
+    a = causal_attention(q, k, v, window, spec.attn_scale, spec.attn_softcap, sinks)
+    out = a @ w[p + "self_attn.o_proj.weight"].T
+    return out + w[p + "self_attn.o_proj.bias"] if spec.attn_out_bias else out
 
 
 def mla(x, w, p, spec, pos, inv_freq):  # [n, h] -> [n, h]: latent attention, expanded
@@ -114,8 +121,21 @@ def gated_mlp(x, w, p, act=silu):  # [n, h] -> [n, h]: SwiGLU (GeGLU with gelu_t
     ].T
 
 
+def oai_expert(x, w, p, m):  # [n, h] -> [n, h]: gpt-oss's expert, biased and clamped
+    gate = np.minimum(x @ w[p + "gate_proj.weight"].T + w[p + "gate_proj.bias"], m.swiglu_limit)
+    up = np.clip(x @ w[p + "up_proj.weight"].T + w[p + "up_proj.bias"], -m.swiglu_limit,
+                 m.swiglu_limit)  # fmt: skip
+    act = gate / (1 + np.exp(-m.swiglu_alpha * gate)) * (up + 1)
+    return act @ w[p + "down_proj.weight"].T + w[p + "down_proj.bias"]
+
+
 def route(x, w, p, m):  # [n, h] -> (weights [n, k], expert ids [n, k])
     logits = x @ w[p + "mlp.gate.weight"].T  # [n, E]
+    if m.router_bias:
+        logits = logits + w[p + "mlp.gate.bias"]
+    if m.scoring == "topk_softmax":  # gpt-oss: softmax over the chosen logits alone
+        ids = np.argsort(-logits, axis=-1, kind="stable")[:, : m.top_k]
+        return softmax(np.take_along_axis(logits, ids, axis=-1)) * m.routed_scaling_factor, ids
     scores = softmax(logits) if m.scoring == "softmax" else 1 / (1 + np.exp(-logits))
     choice = scores + w[p + "mlp.gate.e_score_correction_bias"] if m.score_bias else scores
     if m.n_group > 1:  # a group's score: its best two (or best); the best topk_group compete
@@ -136,7 +156,10 @@ def moe(x, w, p, m):  # [n, h] -> [n, h]: each token through its top-k experts
     out = np.zeros_like(x)
     for t in range(len(x)):
         for j, e in enumerate(ids[t]):
-            out[t] += weights[t, j] * gated_mlp(x[t : t + 1], w, f"{p}mlp.experts.{e}.")[0]
+            e_p = f"{p}mlp.experts.{e}."
+            y = oai_expert(x[t : t + 1], w, e_p, m) if m.act == "swiglu_oai" else gated_mlp(
+                x[t : t + 1], w, e_p)  # fmt: skip
+            out[t] += weights[t, j] * y[0]
     if m.shared_intermediate:
         shared = gated_mlp(x, w, p + "mlp.shared_experts.")
         if m.shared_gate:

@@ -57,7 +57,9 @@ class MoESpec:
     n_experts: int
     top_k: int
     intermediate: int  # each expert's width
-    scoring: str = "softmax"  # softmax over all experts (Mixtral, Qwen) or sigmoid (DeepSeek-V3)
+    # softmax over all experts (Mixtral, Qwen), sigmoid (DeepSeek-V3), or a softmax over
+    # the top_k chosen logits alone (gpt-oss: "topk_softmax")
+    scoring: str = "softmax"
     norm_topk_prob: bool = True  # renormalise the chosen scores to sum to 1
     shared_intermediate: int = 0  # width of the always-on shared expert(s); 0: none
     shared_gate: bool = False  # Qwen2-MoE: the shared expert's output times sigmoid(x . g)
@@ -67,14 +69,26 @@ class MoESpec:
     group_scoring: str = "top2"  # a group's score: its best two summed (V3) or its best (V2)
     routed_scaling_factor: float = 1.0
     dense_layers: tuple[int, ...] = ()  # layers whose MLP is a plain dense one
+    router_bias: bool = False  # gpt-oss: the router's logits have a bias
+    expert_bias: bool = False  # gpt-oss: each expert's products have biases
+    # the experts' activation: "silu" (SwiGLU) or "swiglu_oai" (gpt-oss: the gate clamped
+    # above at swiglu_limit, the up part to +-swiglu_limit, gate * sigmoid(alpha gate) *
+    # (up + 1))
+    act: str = "silu"
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
     # expert parallelism: the routed experts this rank holds, [first, last) (None: all)
     local_experts: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.top_k <= self.n_experts:
             raise ValueError(f"top_k {self.top_k} must be in 1..n_experts ({self.n_experts})")
-        if self.scoring not in ("softmax", "sigmoid"):
-            raise ValueError(f"router scoring {self.scoring!r}: expected softmax or sigmoid")
+        if self.scoring not in ("softmax", "sigmoid", "topk_softmax"):
+            raise ValueError(
+                f"router scoring {self.scoring!r}: expected softmax, sigmoid or topk_softmax"
+            )
+        if self.act not in ("silu", "swiglu_oai"):
+            raise ValueError(f"expert activation {self.act!r}: expected silu or swiglu_oai")
         if self.group_scoring not in ("top2", "max"):
             raise ValueError(f"group scoring {self.group_scoring!r}: expected top2 or max")
         if self.n_experts % self.n_group or not 0 < self.topk_group <= self.n_group:
@@ -132,6 +146,8 @@ class ModelSpec:
     qk_norm_whole: bool = False
     attn_scale: float | None = None  # None: head_dim**-0.5
     attn_softcap: float | None = None  # scores -> cap * tanh(scores / cap)
+    attn_sinks: bool = False  # gpt-oss: a learned logit per head in every softmax's denominator
+    attn_out_bias: bool = False  # gpt-oss: the attention's output projection has a bias
     final_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
     moe: MoESpec | None = None
     mla: MLASpec | None = None
@@ -204,7 +220,7 @@ class ModelSpec:
                 n_experts=moe.n_experts, experts_per_token=moe.top_k,
                 moe_intermediate=moe.intermediate, first_dense_layers=len(moe.dense_layers),
                 shared_intermediate=moe.shared_intermediate, shared_expert_gate=moe.shared_gate,
-                router_bias=moe.score_bias,
+                router_bias=moe.score_bias or moe.router_bias, expert_bias=moe.expert_bias,
             )  # fmt: skip
         latent = {}
         if mla:
@@ -221,6 +237,7 @@ class ModelSpec:
             norm="layer" if gpt2 else "rms", qkv_bias=self.qkv_bias, bias=gpt2,
             qk_norm=self.qk_norm, qk_norm_whole=self.qk_norm_whole,
             sandwich_norms=self.sandwich_norms, pre_norms=self.pre_norms,
+            attn_out_bias=self.attn_out_bias, attn_sinks=self.attn_sinks,
             learned_positions=self.max_position if gpt2 else 0,
             sliding_window=self.sliding_window, global_every=self.global_every,
             max_context=self.max_position,

@@ -41,26 +41,34 @@ def window_start(context_len: int, window: int | None) -> int:
 
 
 def chunk_attention(
-    q, k_pool, v_pool, index, scale, window, softcap=None, tile=None
+    q, k_pool, v_pool, index, scale, window, softcap=None, tile=None, sinks=None
 ) -> torch.Tensor:
     """A prompt chunk's attention over the pool (its own K/V already written): q [n, H, D],
     index the slots of its context then its rows -> [n, H*D] (tile: see sequence_attention)."""
     keys = k_pool.index_select(0, index).transpose(0, 1)  # [KVH, ctx + n, D]
     values = v_pool.index_select(0, index).transpose(0, 1)
-    return sequence_attention(q, keys, values, scale, window, softcap, tile)
+    return sequence_attention(q, keys, values, scale, window, softcap, tile, sinks)
 
 
-def softcapped_attention(q, keys, values, mask, scale: float, cap: float) -> torch.Tensor:
-    """Attention with Gemma 2's soft-capped scores, cap * tanh(scores / cap), which SDPA
-    cannot apply: q [B, H, n, D]; keys, values [B, KVH, L, D]; mask broadcasting to
-    [B, H, n, L] (True: may attend) or None -> [B, H, n, Dv]."""
+def explicit_attention(q, keys, values, mask, scale: float, cap=None, sinks=None) -> torch.Tensor:
+    """Attention with what SDPA cannot apply: Gemma 2's soft-capped scores, cap *
+    tanh(scores / cap), and gpt-oss's sinks, a learned logit per head that joins every
+    softmax's denominator (a head may attend to nothing). q [B, H, n, D]; keys, values
+    [B, KVH, L, D]; mask broadcasting to [B, H, n, L] (True: may attend) or None; sinks [H]
+    -> [B, H, n, Dv]."""
     group = q.shape[1] // keys.shape[1]
     keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
     scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale
-    scores = torch.tanh(scores / cap) * cap
+    if cap is not None:
+        scores = torch.tanh(scores / cap) * cap
     if mask is not None:
         scores = scores.masked_fill(~mask, -torch.inf)
-    return torch.matmul(scores.softmax(dim=-1).to(values.dtype), values)
+    if sinks is None:
+        probs = scores.softmax(dim=-1)
+    else:
+        sink = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+    return torch.matmul(probs.to(values.dtype), values)
 
 
 @dataclass
@@ -172,18 +180,20 @@ def _causal_mask(n_q: int, n_k: int, window: int | None, device) -> torch.Tensor
     return allowed
 
 
-def sequence_attention(qi, keys, values, scale, window, softcap=None, tile=None) -> torch.Tensor:
+def sequence_attention(
+    qi, keys, values, scale, window, softcap=None, tile=None, sinks=None
+) -> torch.Tensor:
     """One sequence's causal attention: qi [n, H, D]; keys, values [KVH, L, D] (the last n
     keys are qi's own) -> [n, H*D]. tile: the online softmax over tiles of this size
-    (ops/tiled_attention.py) instead of SDPA."""
-    if tile is not None:
+    (ops/tiled_attention.py) instead of SDPA; sinks [H]: see explicit_attention."""
+    if tile is not None and sinks is None:
         return tiled_sequence_attention(qi, keys, values, scale, window, softcap, tile)
     n, n_heads, d = qi.shape
     n_kv, n_k, dv = keys.shape[0], keys.shape[1], values.shape[-1]
-    if softcap is not None:
+    if softcap is not None or sinks is not None:
         mask = _causal_mask(n, n_k, window, qi.device)
-        o = softcapped_attention(qi.transpose(0, 1)[None], keys[None], values[None], mask,
-                                 scale, softcap)  # fmt: skip
+        o = explicit_attention(qi.transpose(0, 1)[None], keys[None], values[None], mask,
+                               scale, softcap, sinks)  # fmt: skip
         return o[0].transpose(0, 1).reshape(n, n_heads * dv)
     # SDPA takes 4-D [batch, heads, len, D]: only then does the CPU use its fused kernel
     # (3-D inputs fall back to the unfused math path, many times slower).
@@ -207,7 +217,7 @@ def sequence_attention(qi, keys, values, scale, window, softcap=None, tile=None)
 
 
 def decode_attention(
-    q, k_pool, v_pool, dec: DecodeBatch, scale, window, softcap=None, tile=None
+    q, k_pool, v_pool, dec: DecodeBatch, scale, window, softcap=None, tile=None, sinks=None
 ) -> torch.Tensor:
     """All decode tokens in one call: q [T, H, D] -> [B, H*Dv]."""
     n_heads, d = q.shape[1], q.shape[2]
@@ -219,15 +229,15 @@ def decode_attention(
     )  # [B, KVH, L, D]
     values = v_pool.index_select(0, flat).view(b, length, *v_pool.shape[1:]).transpose(1, 2)
     n_kv = keys.shape[1]
-    if tile is not None:
+    if tile is not None and sinks is None:
         qd = q.index_select(0, dec.token_rows)
         return tiled_decode_attention(qd, keys, values, dec.context_lens, scale, window, softcap,
                                       tile)  # fmt: skip
     qg = q.index_select(0, dec.token_rows).reshape(b, n_kv, n_heads // n_kv, d)  # [B,KVH,G,D]
     mask = dec.mask(window)
-    if softcap is not None:
+    if softcap is not None or sinks is not None:
         qh = qg.reshape(b, n_heads, 1, d)
-        o = softcapped_attention(qh, keys, values, mask, scale, softcap)
+        o = explicit_attention(qh, keys, values, mask, scale, softcap, sinks)
         return o.reshape(b, n_heads * values.shape[-1])
     o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=scale)
     return o.reshape(b, n_heads * values.shape[-1])
@@ -244,15 +254,16 @@ def attention(
     window: int | None = None,
     softcap: float | None = None,  # Gemma 2's soft-capped scores
     tile: int | None = None,  # the tiled online softmax (ops/tiled_attention.py); None: SDPA
+    sinks: torch.Tensor | None = None,  # gpt-oss: [H] logits in every softmax's denominator
 ) -> torch.Tensor:  # [T, H*D]
     if cache is None:
         if any(meta.context_lens):
             raise ValueError("context_lens must be 0 when running without a KV cache")
-        return _uncached(q, k, v, meta, scale, window, softcap, tile)
+        return _uncached(q, k, v, meta, scale, window, softcap, tile, sinks)
     k_pool, v_pool = cache.k[layer], cache.v[layer]
     k_pool.index_copy_(0, meta.slot_mapping, k)
     v_pool.index_copy_(0, meta.slot_mapping, v)
-    return attention_over_pool(q, meta, k_pool, v_pool, scale, window, softcap, tile)
+    return attention_over_pool(q, meta, k_pool, v_pool, scale, window, softcap, tile, sinks)
 
 
 def attention_over_pool(
@@ -264,30 +275,31 @@ def attention_over_pool(
     window: int | None = None,
     softcap: float | None = None,
     tile: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, H*D]
     n_heads, dv = q.shape[1], v_pool.shape[-1]
     dec = meta.decode
     if dec is not None and dec.token_rows.numel() == q.shape[0]:  # decode only
-        return decode_attention(q, k_pool, v_pool, dec, scale, window, softcap, tile)
+        return decode_attention(q, k_pool, v_pool, dec, scale, window, softcap, tile, sinks)
     out = q.new_empty(q.shape[0], n_heads * dv)
     if dec is not None:
         out[dec.token_rows] = decode_attention(q, k_pool, v_pool, dec, scale, window, softcap,
-                                               tile)  # fmt: skip
+                                               tile, sinks)  # fmt: skip
     start = 0
     for n, index in zip(meta.query_lens, meta.kv_index, strict=True):
         if index is not None:
             out[start : start + n] = chunk_attention(
-                q[start : start + n], k_pool, v_pool, index, scale, window, softcap, tile
+                q[start : start + n], k_pool, v_pool, index, scale, window, softcap, tile, sinks
             )
         start += n
     return out
 
 
-def _uncached(q, k, v, meta, scale, window, softcap=None, tile=None) -> torch.Tensor:
+def _uncached(q, k, v, meta, scale, window, softcap=None, tile=None, sinks=None) -> torch.Tensor:
     outs, start = [], 0
     for n in meta.query_lens:
         sl = slice(start, start + n)
         keys, values = k[sl].transpose(0, 1), v[sl].transpose(0, 1)
-        outs.append(sequence_attention(q[sl], keys, values, scale, window, softcap, tile))
+        outs.append(sequence_attention(q[sl], keys, values, scale, window, softcap, tile, sinks))
         start += n
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

@@ -32,7 +32,7 @@ GGUF_BLOCK = {k: v for k, v in LLAMA_GGUF.items() if k != "ffn_norm.weight"} | {
 GEMMA3_PATTERN = 6  # every 6th layer global
 
 
-def _window_layers(layer_types: list[str] | None, n_layers: int, pattern: int) -> tuple:
+def window_layers(layer_types: list[str] | None, n_layers: int, pattern: int) -> tuple:
     if layer_types:
         return tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
     return tuple(i for i in range(n_layers) if (i + 1) % pattern)
@@ -45,7 +45,7 @@ def _common(cfg: dict, pattern: int) -> dict:
         embed_scale=True,
         attn_scale=cfg.get("query_pre_attn_scalar", cfg.get("head_dim", 256)) ** -0.5,
         sliding_window=cfg.get("sliding_window"),
-        window_layers=_window_layers(
+        window_layers=window_layers(
             cfg.get("layer_types"),
             cfg["num_hidden_layers"],
             cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or pattern,
@@ -84,7 +84,7 @@ def _gguf_common(get, arch: str, pattern: int) -> dict:
     big = n == {2: 46, GEMMA3_PATTERN: 62}[pattern]  # Gemma 2 27B, Gemma 3 27B
     return dict(
         sandwich_norms=True, mlp_act="gelu_tanh", embed_scale=True,
-        window_layers=_window_layers(None, n, pattern),
+        window_layers=window_layers(None, n, pattern),
         attn_scale=(hidden // heads if big else head_dim) ** -0.5,
         stop_token_ids=tuple(i for i, t in enumerate(tokens) if t == "<end_of_turn>"),
     )  # fmt: skip
