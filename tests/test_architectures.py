@@ -941,7 +941,9 @@ def test_a_quantised_moe_gguf_runs_its_experts_as_stored_on_the_c_forward(
 
 
 @pytest.mark.parametrize("q8_0", [False, True], ids=["f32", "q8_0"])
-@pytest.mark.parametrize("name", ["gemma2-head-dim-scale", "phi3-window", "smollm3", "olmo2"])
+@pytest.mark.parametrize(
+    "name", ["gemma2-head-dim-scale", "phi3-window", "smollm3", "olmo2", "gpt-oss"]
+)
 def test_a_gguf_of_the_family_gives_the_modules_tokens_on_the_c_kernels(
     name, q8_0, new_family_dirs, tmp_path, monkeypatch
 ):

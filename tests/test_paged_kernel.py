@@ -65,14 +65,18 @@ def test_an_engine_on_the_kernel_gives_the_tokens_of_the_torch_path(toy_llm):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize(("window", "softcap"), [(None, None), (37, None), (100, 25.0)])
+@pytest.mark.parametrize(
+    ("window", "softcap", "sunk"),
+    [(None, None, False), (37, None, False), (100, 25.0, False), (37, None, True)],
+)
 @pytest.mark.parametrize("tile", [16, 256])
-def test_the_online_softmax_kernel_equals_the_float64_definition(dtype, window, softcap, tile):
+def test_the_online_softmax_kernel_equals_the_float64_definition(
+    dtype, window, softcap, sunk, tile
+):
     """The C decode kernel's online softmax (csrc attend_online, taken here from context
     1 on) over contexts of 1 to 8,192 keys scattered through the pool: the float64
-    attention of the same (stored) keys and values within float32 rounding; GQA, windows
-    and soft-capping."""
-    from test_tiled_attention import reference
+    attention of the same (stored) keys and values within float32 rounding; GQA, windows,
+    soft-capping and gpt-oss's sinks (those on whole score rows too)."""
 
     if build.library() is None:
         pytest.skip("the C kernel is not built here")
@@ -90,18 +94,28 @@ def test_the_online_softmax_kernel_equals_the_float64_definition(dtype, window, 
         tables[i, :nb] = perm[at : at + nb]
         at += nb
     q = torch.randn(len(lens), n_heads, d, generator=g).to(dtype)
-    got = kattention.paged_decode_attention(
-        q, pool.k[0], pool.v[0], tables, torch.tensor(lens), bs, d**-0.5, window, softcap,
-        online=(tile, 1),
-    )  # fmt: skip
+    sinks = torch.randn(n_heads, generator=g) * 3 if sunk else None
+    runs = [(tile, 1), (tile, 0)] if sunk else [(tile, 1)]  # online, and whole rows
+    for online in runs:
+        got = kattention.paged_decode_attention(
+            q, pool.k[0], pool.v[0], tables, torch.tensor(lens), bs, d**-0.5, window, softcap,
+            online=online, sinks=sinks,
+        )  # fmt: skip
+        _check_against_reference(got, q, pool, tables, lens, bs, d, window, softcap, sinks)
+
+
+def _check_against_reference(got, q, pool, tables, lens, bs, d, window, softcap, sinks):
+    from test_tiled_attention import reference
+
+    dtype = q.dtype
     for b, n in enumerate(lens):
         slots = (tables[b, torch.arange(n) // bs] * bs + torch.arange(n) % bs).tolist()
         keys, values = pool.k[0][slots].transpose(0, 1), pool.v[0][slots].transpose(0, 1)
         qb = q[b : b + 1].float()
+        want = reference(qb, keys, values, d**-0.5, window, softcap, sinks=sinks)
         if dtype == torch.bfloat16:  # the kernel's query is float32: compare on its output
-            want = reference(qb, keys, values, d**-0.5, window, softcap).bfloat16().double()
+            want = want.bfloat16().double()
             tol = dict(atol=1e-2, rtol=1e-2)
         else:
-            want = reference(qb, keys, values, d**-0.5, window, softcap)
             tol = dict(atol=2e-6, rtol=1e-5)
         torch.testing.assert_close(got[b].reshape(1, -1).double(), want, **tol)

@@ -12,9 +12,10 @@ from tokenworks.ops.tiled_attention import (
 )
 
 
-def reference(q, keys, values, scale, window=None, softcap=None, positions=None):
+def reference(q, keys, values, scale, window=None, softcap=None, positions=None, sinks=None):
     """softmax(q k^T) v in float64, a block of 256 query rows at a time: q [n, H, D];
-    keys, values [KVH, L, D]; row i at key position positions[i] (default: the last n)."""
+    keys, values [KVH, L, D]; row i at key position positions[i] (default: the last n);
+    sinks [H]: a logit per head in each softmax's denominator (gpt-oss)."""
     n, h, _ = q.shape
     kvh, length = keys.shape[0], keys.shape[1]
     k = keys.double().repeat_interleave(h // kvh, 0)
@@ -33,7 +34,12 @@ def reference(q, keys, values, scale, window=None, softcap=None, positions=None)
         if window is not None:
             allowed &= j > p - window
         s = s.masked_fill(~allowed[None], -torch.inf)
-        out.append((s.softmax(-1) @ v).transpose(0, 1).reshape(qb.shape[1], -1))
+        if sinks is None:
+            probs = s.softmax(-1)
+        else:
+            sink = sinks.double()[:, None, None].expand(*s.shape[:-1], 1)
+            probs = torch.cat([s, sink], -1).softmax(-1)[..., :-1]
+        out.append((probs @ v).transpose(0, 1).reshape(qb.shape[1], -1))
     return torch.cat(out)
 
 

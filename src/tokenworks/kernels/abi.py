@@ -54,6 +54,7 @@ class KV(ctypes.Structure):
         ("traffic", c_ptr),
         ("k_scale", c_ptr),  # a one-byte pool's row scales (NULL: none)
         ("v_scale", c_ptr),
+        ("sinks", c_ptr),  # gpt-oss's sink logits, [query heads] (NULL: none)
     ]
 
 
@@ -91,6 +92,7 @@ class Layer(ctypes.Structure):
         ("v_scale", c_ptr),
         ("no_rope", ctypes.c_int),  # 1: Q and K are not rotated (SmolLM3's NoPE layers)
         ("qk_norm_whole", ctypes.c_int),  # 1: Q/K norms span all heads at once (OLMo 2)
+        ("sinks", c_ptr),  # gpt-oss's sink logits, [n_heads] (NULL: none)
     ]
 
 
@@ -150,17 +152,19 @@ def kv_view(
     softcap=None,
     online=(ONLINE_TILE, ONLINE_FROM),
     traffic=None,
+    sinks=None,
 ) -> KV:
     """A KV struct over block tables [B, max_blocks] and context lengths [B] (int64,
     contiguous: the caller keeps them alive during the call); pools may be set later.
     softcap: Gemma 2's cap on the attention scores (None: none). online: (keys per tile,
     the context from which decode attention takes the online softmax; 0: never, -1: the
     build's default). traffic: None, or int64 [2] that the online softmax adds the bytes
-    it reads and writes to. The pools: tensors, or QuantizedKV (pool_ptrs)."""
+    it reads and writes to. The pools: tensors, or QuantizedKV (pool_ptrs). sinks: float32
+    [query heads], gpt-oss's sink logits (None: none)."""
     (k, k_scale), (v, v_scale) = pool_ptrs(k_pool), pool_ptrs(v_pool)
     return KV(
         k, v, kv_dtype, ptr(tables), tables.shape[1], ptr(lens), block_size, window or 0,
-        softcap or 0.0, *online, ptr(traffic), k_scale, v_scale,
+        softcap or 0.0, *online, ptr(traffic), k_scale, v_scale, ptr(sinks),
     )  # fmt: skip
 
 

@@ -31,11 +31,13 @@ def paged_decode_attention(
     softcap=None,
     online=None,
     traffic=None,
+    sinks=None,
 ) -> torch.Tensor | None:
     """q [B, H, D] -> [B, H, D], or None where the kernel cannot take these inputs;
     softcap: Gemma 2's cap on the scores (None: none); online: (tile, from which context)
     for the online softmax (None: the kernels' default, abi.ONLINE_TILE and ONLINE_FROM);
-    traffic: an ops.tiled_attention.Traffic the online softmax's bytes are added to."""
+    traffic: an ops.tiled_attention.Traffic the online softmax's bytes are added to;
+    sinks: gpt-oss's sink logits [H] (None: none)."""
     lib = library()
     if lib is None or q.device.type != "cpu" or DTYPE_CODES.get(k_pool.dtype) not in KV_CODES:
         return None
@@ -47,7 +49,9 @@ def paged_decode_attention(
     code = DTYPE_CODES[k_pool.dtype]
     online = online or (ONLINE_TILE, ONLINE_FROM)
     counted = torch.zeros(2, dtype=torch.long) if traffic is not None else None
-    kv = kv_view(tables, lens, block_size, window, code, k_pool, v_pool, softcap, online, counted)
+    sinks = None if sinks is None else sinks.float().contiguous()
+    kv = kv_view(tables, lens, block_size, window, code, k_pool, v_pool, softcap, online, counted,
+                 sinks)  # fmt: skip
     lib.tw_paged_attention(
         ctypes.byref(kv), ptr(qf), ptr(out), b, n_heads, k_pool.shape[1], d, scale,
         torch.get_num_threads(),
@@ -116,19 +120,19 @@ def prefill_attention(
 
 
 def attend(
-    q, batch: KernelBatch, k_pool, v_pool, scale, window, amx=None, softcap=None
+    q, batch: KernelBatch, k_pool, v_pool, scale, window, amx=None, softcap=None, sinks=None
 ) -> torch.Tensor:
     """Attention of a mixed batch (its new K/V already in the pool): q [T, H, D] ->
-    [T, H * D]. Decode rows through their block tables; prompt chunks (not sliding-window
-    or soft-capped ones) in one C call where it runs, else one torch attention call per
-    chunk."""
+    [T, H * D]. Decode rows through their block tables; prompt chunks (not sliding-window,
+    soft-capped or sunk ones) in one C call where it runs, else one torch attention call
+    per chunk."""
     n_heads, d = q.shape[1], q.shape[2]
     out = q.new_empty(q.shape[0], n_heads * d)
     if batch.decode_rows.numel():
         qd = q.index_select(0, batch.decode_rows)
         o = paged_decode_attention(
             qd, k_pool, v_pool, batch.block_tables, batch.context_lens, batch.block_size,
-            scale, window, softcap,
+            scale, window, softcap, sinks=sinks,
         )  # fmt: skip
         if o is None:
             raise RuntimeError("the C paged attention kernel cannot take these inputs")
@@ -136,11 +140,12 @@ def attend(
     if (
         window is None
         and softcap is None
+        and sinks is None
         and prefill_attention(q, k_pool, v_pool, batch.chunks, scale, out, amx)
     ):
         return out
     for start, n, index in batch.chunks:
         out[start : start + n] = chunk_attention(
-            q[start : start + n], k_pool, v_pool, index, scale, window, softcap
+            q[start : start + n], k_pool, v_pool, index, scale, window, softcap, sinks=sinks
         )
     return out

@@ -142,7 +142,7 @@ def _geglu(gu: torch.Tensor) -> torch.Tensor:
 
 # families the C forward pass runs (the MoE ones through run_batched, experts in torch)
 ARCHS = ("llama", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "mixtral",
-         "qwen2_moe", "qwen3_moe")  # fmt: skip
+         "qwen2_moe", "qwen3_moe", "gpt_oss")  # fmt: skip
 
 
 def group_windows(spec, layout) -> list[int | None] | None:
@@ -296,6 +296,7 @@ class LlamaForward:
                     v_scale=v_scale,
                     no_rope=int(layer.rope_table is None),
                     qk_norm_whole=int(spec.qk_norm_whole),
+                    sinks=_f32(getattr(layer, "sinks", None), keep),
                 )  # fmt: skip
             head = _linear(model.lm_head, keep, packs)
             if head is None:
@@ -466,7 +467,7 @@ class LlamaForward:
         window = self.windows[self.group_of[layer]]
         out = attend(
             q, batch, self.pool.k[layer], self.pool.v[layer], self.dims.attn_scale, window,
-            self.tiles, self.spec.attn_softcap,
+            self.tiles, self.spec.attn_softcap, self.layers[layer].sinks,
         )  # fmt: skip
         return out.contiguous()
 
@@ -557,6 +558,7 @@ class LlamaForward:
             if decode_only:
                 kv = kvs[g]
                 (kv.k_pool, kv.v_pool), (kv.k_scale, kv.v_scale) = self.pool_ptrs[i]
+                kv.sinks = layer.sinks
                 lib.tw_rope_attend(
                     dims, ctypes.byref(kv), qkv.data_ptr(), pattn, code, pos.data_ptr(),
                     slots[g].data_ptr(), *self._rope(i), b, threads,

@@ -25,6 +25,7 @@ typedef struct {
   float* v_scale;
   int no_rope;        // 1: Q and K are not rotated (SmolLM3's NoPE layers)
   int qk_norm_whole;  // 1: q_norm and k_norm span all heads at once (OLMo 2), not each head
+  const float* sinks;  // [n_heads] or NULL: gpt-oss's sink logits (tw_kv.sinks)
 } tw_layer;
 
 typedef struct {
@@ -164,6 +165,7 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
       kv.v_pool = L->v_pool;
       kv.k_scale = L->k_scale;
       kv.v_scale = L->v_scale;
+      kv.sinks = L->sinks;
       const int64_t* lslots = slots + (int64_t)L->group * B;
       const float *lcos = L->cos ? L->cos : m->cos, *lsin = L->sin ? L->sin : m->sin;
       if (L->no_rope) lcos = lsin = NULL;

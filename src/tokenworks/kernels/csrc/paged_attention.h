@@ -19,7 +19,14 @@ typedef struct {
   int64_t* traffic;  // NULL, or [read, written]: attend_online adds the bytes it moves
   const float* k_scale;  // [slots, kv_heads] for a one-byte kv_dtype (kv_rows.h), else NULL
   const float* v_scale;
+  const float* sinks;  // [query heads] or NULL: gpt-oss's sink logits, one more term in each
+                       // softmax's denominator (with no value)
 } tw_kv;
+
+// query head (kv head h, g of its G)'s sink logit, or -inf where there are none
+static inline float sink_of(const tw_kv* kv, int h, int G, int g) {
+  return kv->sinks ? kv->sinks[h * G + g] : -INFINITY;
+}
 
 static inline void count_bytes(const tw_kv* kv, int64_t read, int64_t written) {
   if (!kv->traffic) return;
@@ -65,12 +72,13 @@ static inline __m512 load16(const void* base, int dtype, int64_t offset) {
 }
 #endif
 
-// softmax over n scores in place (float32)
-static void softmax(float* s, int64_t n) {
-  float mx = -INFINITY, sum = 0.f;
+// softmax over n scores in place (float32), with a sink logit in the denominator (-inf:
+// none)
+static void softmax(float* s, int64_t n, float sink) {
+  float mx = sink, sum = 0.f;
   int64_t j = 0;
 #if defined(__AVX512F__)
-  __m512 m = _mm512_set1_ps(-INFINITY);
+  __m512 m = _mm512_set1_ps(sink);
   for (; j + 16 <= n; j += 16) m = _mm512_max_ps(m, _mm512_loadu_ps(s + j));
   mx = _mm512_reduce_max_ps(m);
 #endif
@@ -89,6 +97,7 @@ static void softmax(float* s, int64_t n) {
     s[j] = expf(s[j] - mx);
     sum += s[j];
   }
+  if (sink > -INFINITY) sum += expf(sink - mx);
   const float inv = 1.f / sum;
   for (j = 0; j < n; ++j) s[j] *= inv;
 }
@@ -359,7 +368,8 @@ static void attend_online(const tw_kv* kv, const int64_t* slots, int64_t n, int 
     }
   }
   for (int g = 0; g < G; ++g) {
-    const float inv = 1.f / l[g];
+    const float sink = sink_of(kv, h, G, g);  // one more term in the denominator
+    const float inv = 1.f / (l[g] + (sink > -INFINITY ? expf(sink - m[g]) : 0.f));
     for (int d = 0; d < D; ++d) out[g * D + d] *= inv;
   }
   free(m);
@@ -426,7 +436,7 @@ static void attend(const tw_kv* kv, int b, int h0, int h1, int kv_heads, int G, 
     if (kv->softcap > 0.f)
       for (int64_t i = 0; i < (int64_t)G * n; ++i)
         scores[i] = kv->softcap * tanhf(scores[i] / kv->softcap);
-    for (int g = 0; g < G; ++g) softmax(scores + g * n, n);
+    for (int g = 0; g < G; ++g) softmax(scores + g * n, n, sink_of(kv, h, G, g));
 #if defined(__AVX512F__)
     if (D == 64 && G <= 4 && !kv_scaled(kv->kv_dtype)) {  // (load16: float32 or bfloat16)
       const void* vp = kv->v_pool;
