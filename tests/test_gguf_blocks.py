@@ -26,8 +26,10 @@ pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler here")
 
 # byte offsets of each format's float16 scale (and minimum) fields within a block
 HALVES = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 10: (80, 82), 11: (108,),
-          12: (0, 2), 13: (0, 2), 14: (208,), 20: (0,), 23: (0,), 35: (64,), 39: ()}  # fmt: skip
+          12: (0, 2), 13: (0, 2), 14: (208,), 16: (0,), 17: (0,), 18: (0,), 19: (0,),
+          20: (0,), 21: (0,), 22: (0,), 23: (0,), 29: (), 34: (52,), 35: (64,), 39: ()}  # fmt: skip
 POWERS = {39: 0}  # byte offsets of a power-of-two scale (MXFP4's E8M0: 2^(e - 128))
+IQ1_M = 29  # its float16 scale is the top 4 bits of each of its four scale words
 TYPES = sorted(blocks.EXECUTED)
 
 
@@ -41,6 +43,12 @@ def random_blocks(t: int, rows: int, cols: int, seed: int) -> np.ndarray:
         raw[:, :, off : off + 2] = h.view(np.uint8).reshape(rows, cols // el, 2)
     if t in POWERS:
         raw[:, :, POWERS[t]] = rng.integers(118, 126, size=(rows, cols // el), dtype=np.uint8)
+    if t == IQ1_M:
+        h = rng.uniform(-0.05, 0.05, size=(rows, cols // el)).astype(np.float16).view(np.uint16)
+        words = raw[:, :, 48:56].copy().view(np.uint16) & 0x0FFF  # [rows, blocks, 4]
+        for i in range(4):
+            words[..., i] |= ((h >> (4 * i)) & 0xF) << 12
+        raw[:, :, 48:56] = words.view(np.uint8)
     return raw.reshape(rows, -1)
 
 
@@ -204,8 +212,10 @@ def test_the_files_blocks_pick_the_dequantised_models_tokens(smol_loaded):
     assert flips <= max(2, near_ties // 2), (flips, near_ties, positions)
 
 
-@pytest.mark.parametrize("t", [10, 11, 20, 23, 35, 39], ids=["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS",
-                                                              "TQ2_0", "MXFP4"])  # fmt: skip
+NEWER = [10, 11, 16, 17, 18, 19, 20, 21, 22, 23, 29, 34, 35, 39]  # (beyond the catalogue's)
+
+
+@pytest.mark.parametrize("t", NEWER, ids=[blocks.EXECUTED[t] for t in NEWER])
 def test_a_file_of_the_type_keeps_its_blocks_at_the_file_s_size(t, tmp_path):
     """Loaded from a GGUF file, every matrix of the type stays its file's blocks (not a
     Q8_0 copy): the bytes held are the file's bytes of that type."""

@@ -172,6 +172,7 @@ def kv_view(
 _i, _f, _i64 = ctypes.c_int, ctypes.c_float, ctypes.c_int64
 SIGNATURES = {
     "tw_blocks_isa": (_i, []),
+    "tw_set_grids": (None, [c_ptr] * 7),
     "tw_paged_attention": (None, [ctypes.POINTER(KV), c_ptr, c_ptr, _i, _i, _i, _i, _f, _i]),
     "tw_llama_decode": (None, [
         ctypes.POINTER(Dims), ctypes.POINTER(Model), ctypes.POINTER(Layer), _i,

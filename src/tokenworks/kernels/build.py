@@ -91,12 +91,30 @@ def load() -> tuple[ctypes.CDLL | None, str]:
 
 
 def opened(path: Path) -> ctypes.CDLL:
-    """A built library, loaded, its functions given their signatures."""
+    """A built library, loaded, its functions given their signatures and the grid formats'
+    tables."""
     lib = ctypes.CDLL(str(path))
     for name, (restype, argtypes) in SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
+    lib.tw_set_grids(*(t.ctypes.data for t in grids()))
     return lib
+
+
+@functools.cache
+def grids() -> tuple:
+    """The lattices of IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S and IQ1_S (IQ1_M's too) as
+    int8 [points, values], and the 128 sign bytes they index: the gguf package's tables of
+    the formats, kept here for as long as the process runs (the C kernels point at them)."""
+    import gguf.quants as q
+    import numpy as np
+
+    out = []
+    for cls in (q.IQ2_XXS, q.IQ2_XS, q.IQ2_S, q.IQ3_XXS, q.IQ3_S, q.IQ1_S):
+        cls.init_grid()
+        out.append(np.ascontiguousarray(cls.grid.reshape(cls.grid_shape), dtype=np.int8))
+    out.append(np.frombuffer(q.IQ2_XXS.ksigns, dtype=np.uint8).copy())
+    return tuple(out)
 
 
 def variant(*extra_flags: str) -> ctypes.CDLL:

@@ -1,5 +1,6 @@
 // Products on a GGUF file's own quantised blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K,
-// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ2_0 and MXFP4, read where they lie (the file's
+// Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, TQ2_0, MXFP4, and the grid formats IQ1_S, IQ1_M,
+// IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S and TQ1_0, read where they lie (the file's
 // bytes, memory-mapped), never widened to a float copy of the matrix.
 // (part of kernels.c, the one translation unit: included there, in order)
 //
@@ -15,8 +16,9 @@
 
 enum { TW_BLOCKS = 16 };  // dtype code TW_BLOCKS + t: a GGUF tensor of ggml type t
 enum { GG_Q4_0 = 2, GG_Q4_1 = 3, GG_Q5_0 = 6, GG_Q5_1 = 7, GG_Q8_0 = 8, GG_Q2_K = 10,
-       GG_Q3_K = 11, GG_Q4_K = 12, GG_Q5_K = 13, GG_Q6_K = 14, GG_IQ4_NL = 20, GG_IQ4_XS = 23,
-       GG_TQ2_0 = 35, GG_MXFP4 = 39 };
+       GG_Q3_K = 11, GG_Q4_K = 12, GG_Q5_K = 13, GG_Q6_K = 14, GG_IQ2_XXS = 16, GG_IQ2_XS = 17,
+       GG_IQ3_XXS = 18, GG_IQ1_S = 19, GG_IQ4_NL = 20, GG_IQ3_S = 21, GG_IQ2_S = 22,
+       GG_IQ4_XS = 23, GG_IQ1_M = 29, GG_TQ1_0 = 34, GG_TQ2_0 = 35, GG_MXFP4 = 39 };
 static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                       1,    13,   25,  38,  53,  69,  89,  113};
 static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
@@ -30,7 +32,16 @@ static inline int is_blocks(int dtype) { return dtype >= TW_BLOCKS; }
 // sums per 16) rather than blocks of 32.
 static inline int is_super(int t) {
   return t == GG_Q2_K || t == GG_Q3_K || t == GG_Q4_K || t == GG_Q5_K || t == GG_Q6_K ||
-         t == GG_IQ4_XS || t == GG_TQ2_0;
+         t == GG_IQ4_XS || t == GG_TQ2_0 || t == GG_IQ2_XXS || t == GG_IQ2_XS ||
+         t == GG_IQ2_S || t == GG_IQ3_XXS || t == GG_IQ3_S || t == GG_IQ1_S || t == GG_IQ1_M ||
+         t == GG_TQ1_0;
+}
+
+// The grid formats: each run of 32 a set of signed small integers (points of a lattice
+// the file indexes, with their signs) and an integer scale for each 16, w = unit * sc * q.
+static inline int is_grid(int t) {
+  return t == GG_IQ2_XXS || t == GG_IQ2_XS || t == GG_IQ2_S || t == GG_IQ3_XXS ||
+         t == GG_IQ3_S || t == GG_IQ1_S || t == GG_IQ1_M || t == GG_TQ1_0;
 }
 
 // elements and bytes of one block of ggml type t (0: a type not executed here)
@@ -51,6 +62,14 @@ static inline int block_bytes(int t) {
     case GG_IQ4_XS: return 136;
     case GG_TQ2_0: return 66;
     case GG_MXFP4: return 17;
+    case GG_IQ2_XXS: return 66;
+    case GG_IQ2_XS: return 74;
+    case GG_IQ2_S: return 82;
+    case GG_IQ3_XXS: return 98;
+    case GG_IQ3_S: return 110;
+    case GG_IQ1_S: return 50;
+    case GG_IQ1_M: return 56;
+    case GG_TQ1_0: return 54;
     default: return 0;
   }
 }
@@ -114,6 +133,128 @@ static inline int scale_iq4xs(const uint8_t* sb, int ib) {
   return ((sb[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) | (((high >> (2 * ib)) & 3) << 4);
 }
 
+// The grid formats' lattices, [points, 8 or 4] signed values, and the table of sign bytes
+// with even parity they index by 7 bits: the gguf package's, handed over by
+// tw_set_grids when the library is opened (kernels/build.py).
+static const int8_t *IQ2XXS_GRID, *IQ2XS_GRID, *IQ2S_GRID, *IQ3XXS_GRID, *IQ3S_GRID, *IQ1S_GRID;
+static const uint8_t* IQ_KSIGNS;
+
+void tw_set_grids(const int8_t* iq2xxs, const int8_t* iq2xs, const int8_t* iq2s,
+                  const int8_t* iq3xxs, const int8_t* iq3s, const int8_t* iq1s,
+                  const uint8_t* ksigns) {
+  IQ2XXS_GRID = iq2xxs, IQ2XS_GRID = iq2xs, IQ2S_GRID = iq2s;
+  IQ3XXS_GRID = iq3xxs, IQ3S_GRID = iq3s, IQ1S_GRID = iq1s, IQ_KSIGNS = ksigns;
+}
+
+static inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+static inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  memcpy(&v, p, 2);
+  return v;
+}
+
+// n values of a lattice point, each negated where its bit of `signs` is set
+static inline void signed_points(const int8_t* point, uint8_t signs, int n, int8_t* q) {
+  for (int k = 0; k < n; ++k) q[k] = (int8_t)((signs >> k) & 1 ? -point[k] : point[k]);
+}
+
+// A grid format's super-block: the float unit its weights are multiples of.
+static inline float grid_unit(int t, const uint8_t* sb) {
+  switch (t) {
+    case GG_IQ2_XXS: case GG_IQ2_XS: case GG_IQ2_S: return half_to_f32(sb) * 0.125f;
+    case GG_IQ3_XXS: return half_to_f32(sb) * 0.25f;
+    case GG_IQ3_S: return half_to_f32(sb);
+    case GG_IQ1_S: return half_to_f32(sb) * 0.125f;  // (q holds 8 x (point + delta))
+    case GG_TQ1_0: return half_to_f32(sb + 52);
+    default: {  // IQ1_M: the float16 spread over the top 4 bits of its four scale words
+      const uint8_t* s = sb + 48;
+      const uint16_t h = (uint16_t)((load_u16(s) >> 12) | ((load_u16(s + 2) >> 8) & 0xF0) |
+                                    ((load_u16(s + 4) >> 4) & 0xF00) | (load_u16(s + 6) & 0xF000));
+      uint8_t b[2] = {(uint8_t)h, (uint8_t)(h >> 8)};
+      return half_to_f32(b) * 0.125f;
+    }
+  }
+}
+
+// Run j (0-7) of a grid format's super-block: its 32 signed values q and the integer
+// scales of its two 16s, w = grid_unit * sc[h] * q (the gguf package's layouts).
+static void grid_run(int t, const uint8_t* sb, int j, int8_t q[32], int sc[2]) {
+  if (t == GG_IQ2_XXS) {  // four 8-point indices, then four 7-bit sign indices and a scale
+    const uint8_t* idx = sb + 2 + 8 * j;
+    const uint32_t aux = load_u32(sb + 2 + 8 * j + 4);
+    for (int l = 0; l < 4; ++l)
+      signed_points(IQ2XXS_GRID + 8 * idx[l], IQ_KSIGNS[(aux >> (7 * l)) & 127], 8, q + 8 * l);
+    sc[0] = sc[1] = 2 * (int)(aux >> 28) + 1;
+  } else if (t == GG_IQ2_XS) {  // four words: a 9-bit index and a 7-bit sign index
+    for (int l = 0; l < 4; ++l) {
+      const uint16_t v = load_u16(sb + 2 + 2 * (4 * j + l));
+      signed_points(IQ2XS_GRID + 8 * (v & 511), IQ_KSIGNS[v >> 9], 8, q + 8 * l);
+    }
+    const uint8_t s = sb[66 + j];
+    sc[0] = 2 * (s & 0xF) + 1, sc[1] = 2 * (s >> 4) + 1;
+  } else if (t == GG_IQ2_S) {  // 10-bit indices (high bits in qh), a sign byte each
+    const uint8_t *qs = sb + 2, *signs = sb + 34, qh = sb[66 + j], s = sb[74 + j];
+    for (int l = 0; l < 4; ++l) {
+      const int i = qs[4 * j + l] | (((qh >> (2 * l)) & 3) << 8);
+      signed_points(IQ2S_GRID + 8 * i, signs[4 * j + l], 8, q + 8 * l);
+    }
+    sc[0] = 2 * (s & 0xF) + 1, sc[1] = 2 * (s >> 4) + 1;
+  } else if (t == GG_IQ3_XXS) {  // eight 4-point indices; sign indices and scale after
+    const uint8_t* idx = sb + 2 + 8 * j;
+    const uint32_t aux = load_u32(sb + 66 + 4 * j);
+    for (int l = 0; l < 4; ++l) {
+      const uint8_t signs = IQ_KSIGNS[(aux >> (7 * l)) & 127];
+      signed_points(IQ3XXS_GRID + 4 * idx[2 * l], signs, 4, q + 8 * l);
+      signed_points(IQ3XXS_GRID + 4 * idx[2 * l + 1], signs >> 4, 4, q + 8 * l + 4);
+    }
+    sc[0] = sc[1] = 2 * (int)(aux >> 28) + 1;
+  } else if (t == GG_IQ3_S) {  // 9-bit indices of 4 points (high bit in qh), sign bytes
+    const uint8_t *qs = sb + 2, qh = sb[66 + j], *signs = sb + 74;
+    for (int e = 0; e < 8; ++e) {
+      const int i = qs[8 * j + e] | (((qh >> e) & 1) << 8);
+      signed_points(IQ3S_GRID + 4 * i, signs[4 * j + e / 2] >> (4 * (e % 2)), 4, q + 4 * e);
+    }
+    sc[0] = sc[1] = 2 * ((sb[106 + j / 2] >> (4 * (j % 2))) & 0xF) + 1;
+  } else if (t == GG_IQ1_S || t == GG_IQ1_M) {  // 11-bit indices of {-1, 0, 1}, +- 1/8
+    const uint8_t* qs = sb + (t == GG_IQ1_S ? 2 : 0);
+    const uint16_t h = t == GG_IQ1_S ? load_u16(sb + 34 + 2 * j) : 0;
+    for (int l = 0; l < 4; ++l) {
+      int hi, neg;  // the index's top 3 bits; whether the 8 points' delta is -1/8
+      if (t == GG_IQ1_S) {
+        hi = (h >> (3 * l)) & 7, neg = h >> 15;
+      } else {
+        const uint8_t nib = sb[32 + 2 * j + l / 2] >> (4 * (l % 2));
+        hi = nib & 7, neg = (nib >> 3) & 1;
+      }
+      const int8_t* point = IQ1S_GRID + 8 * (qs[4 * j + l] | (hi << 8));
+      for (int k = 0; k < 8; ++k) q[8 * l + k] = (int8_t)(8 * point[k] + (neg ? -1 : 1));
+    }
+    if (t == GG_IQ1_S) {
+      sc[0] = sc[1] = 2 * ((h >> 12) & 7) + 1;
+    } else {  // a 3-bit scale a 16, four to a word
+      for (int hh = 0; hh < 2; ++hh) {
+        const int i = 2 * j + hh;
+        sc[hh] = 2 * ((load_u16(sb + 48 + 2 * (i / 4)) >> (3 * (i % 4))) & 7) + 1;
+      }
+    }
+  } else {  // TQ1_0: base-3 digits, five to a byte (four in the last 4 bytes), value - 1
+    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    for (int l = 0; l < 32; ++l) {
+      const int e = 32 * j + l;
+      uint8_t byte, mult;
+      if (e < 160) byte = sb[e % 32], mult = pow3[e / 32];
+      else if (e < 240) byte = sb[32 + (e - 160) % 16], mult = pow3[(e - 160) / 16];
+      else byte = sb[48 + (e - 240) % 4], mult = pow3[(e - 240) / 4];
+      q[l] = (int8_t)((((uint16_t)(uint8_t)(byte * mult)) * 3 >> 8) - 1);
+    }
+    sc[0] = sc[1] = 1;
+  }
+}
+
 // The scales and offsets of 32-element group g of a row: w = sw[h] * q + bw[h] for the
 // half h (0: elements 0-15, 1: 16-31). Also where the group's quantised bytes start.
 static inline void group_params(int t, const uint8_t* row, int g, float sw[2], float bw[2]) {
@@ -129,6 +270,17 @@ static inline void group_params(int t, const uint8_t* row, int g, float sw[2], f
   }
   const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
   const int j = g % 8;
+  if (is_grid(t)) {  // signed values + 128
+    int8_t q[32];
+    int sc[2];
+    grid_run(t, sb, j, q, sc);
+    const float unit = grid_unit(t, sb);
+    for (int h = 0; h < 2; ++h) {
+      sw[h] = unit * sc[h];
+      bw[h] = -128.f * sw[h];
+    }
+    return;
+  }
   if (t == GG_Q2_K) {
     const float d = half_to_f32(sb + 80), dmin = half_to_f32(sb + 82);
     for (int h = 0; h < 2; ++h) {
@@ -203,6 +355,13 @@ static void group_values(int t, const uint8_t* row, int g, uint8_t* q) {
   }
   const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
   const int j = g % 8;
+  if (is_grid(t)) {
+    int8_t v[32];
+    int sc[2];
+    grid_run(t, sb, j, v, sc);
+    for (int l = 0; l < 32; ++l) q[l] = (uint8_t)(v[l] + 128);
+    return;
+  }
   if (t == GG_Q2_K || t == GG_Q3_K || t == GG_TQ2_0) {  // 2 bits a byte; Q3_K: + a mask bit
     const uint8_t* qs = sb + low2_offset(t) + 32 * (j / 4);
     for (int l = 0; l < 32; ++l) q[l] = (qs[l] >> (2 * (j % 4))) & 3;
@@ -510,6 +669,12 @@ static inline __m256i group_any(int t, const uint8_t* row, int g) {
   const __m256i low4 = _mm256_set1_epi8(0xF);
   const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
   const int j = g % 8;
+  if (is_grid(t)) {  // decoded in plain C (grid_run), then + 128
+    int8_t v[32];
+    int sc[2];
+    grid_run(t, sb, j, v, sc);
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)v), _mm256_set1_epi8(-128));
+  }
   if (t == GG_Q2_K || t == GG_Q3_K || t == GG_TQ2_0) return group_low2(t, sb, j);
   if (t == GG_IQ4_XS) return table_lookup(IQ4_VALUES, sb + 8 + 16 * j, 1);
   if (t == GG_Q6_K) {
@@ -930,6 +1095,37 @@ INLINE void dot_table32(const int t, const uint8_t* row, int k, const tw_qact* a
   for (int b = 0; b < B; ++b) out[b] = hsum8(acc[b]);
 }
 
+// The grid formats (grid_run decodes each run of 32 in plain C): signed values with an
+// integer scale a 16 and a float unit a super-block, multiplied as IQ4_XS's are.
+INLINE void dot_grid(const int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
+                     float* out) {
+  const int nsb = k / 256, bb = block_bytes(t);
+  __m256 acc[BLOCK_MAX_ROWS];
+  for (int b = 0; b < B; ++b) acc[b] = _mm256_setzero_ps();
+  for (int i = 0; i < nsb; ++i) {
+    const uint8_t* sb = row + (int64_t)i * bb;
+    const float d = grid_unit(t, sb);
+    __m256i q[8], s16[8];
+    for (int j = 0; j < 8; ++j) {
+      int8_t v[32];
+      int sc[2];
+      grid_run(t, sb, j, v, sc);
+      q[j] = _mm256_loadu_si256((const __m256i*)v);
+      s16[j] = _mm256_set_m128i(_mm_set1_epi16((int16_t)sc[1]), _mm_set1_epi16((int16_t)sc[0]));
+    }
+    for (int b = 0; b < B; ++b) {
+      const int8_t* ab = a->q256 + (int64_t)b * ka + i * 256;
+      __m256i isum = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j)
+        isum = _mm256_add_epi32(
+            isum, scaled32(q[j], _mm256_loadu_si256((const __m256i*)(ab + 32 * j)), s16[j], 1));
+      const float da = a->d256[(int64_t)b * ((ka + 255) / 256) + i];
+      acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * da), acc[b]);
+    }
+  }
+  for (int b = 0; b < B; ++b) out[b] = hsum8(acc[b]);
+}
+
 // Each kernel once for every row count up to BLOCK_MAX_ROWS: with the count a constant,
 // the rows' accumulators live in registers rather than on the stack.
 #define ROWS_SWITCH(call)                                  \
@@ -961,6 +1157,7 @@ INLINE void dot_table32(const int t, const uint8_t* row, int k, const tw_qact* a
 #define CALL_IQ4_NL(n) dot_table32(GG_IQ4_NL, r, k, a, n, ka, o)
 #define CALL_MXFP4(n) dot_table32(GG_MXFP4, r, k, a, n, ka, o)
 #define CALL_TQ2_0(n) dot_lowbit(GG_TQ2_0, r, k, a, n, ka, o)
+#define CALL_GRID(n) dot_grid(t, r, k, a, n, ka, o)
 KERNEL(dot_q4_0, CALL_Q4_0)
 KERNEL(dot_q4_1, CALL_Q4_1)
 KERNEL(dot_q5_0, CALL_Q5_0)
@@ -975,6 +1172,22 @@ KERNEL(dot_iq4xs, CALL_IQ4_XS)
 KERNEL(dot_iq4nl, CALL_IQ4_NL)
 KERNEL(dot_mxfp4, CALL_MXFP4)
 KERNEL(dot_tq2_0, CALL_TQ2_0)
+// (one for every grid format: the format is an argument, not a constant)
+static void dot_grids(int t, const uint8_t* r, int k, const tw_qact* a, int B, int ka, float* o) {
+  ROWS_SWITCH(CALL_GRID)
+}
+#define GRID_KERNEL(name, type) \
+  static void name(const uint8_t* r, int k, const tw_qact* a, int B, int ka, float* o) { \
+    dot_grids(type, r, k, a, B, ka, o); \
+  }
+GRID_KERNEL(dot_iq2xxs, GG_IQ2_XXS)
+GRID_KERNEL(dot_iq2xs, GG_IQ2_XS)
+GRID_KERNEL(dot_iq2s, GG_IQ2_S)
+GRID_KERNEL(dot_iq3xxs, GG_IQ3_XXS)
+GRID_KERNEL(dot_iq3s, GG_IQ3_S)
+GRID_KERNEL(dot_iq1s, GG_IQ1_S)
+GRID_KERNEL(dot_iq1m, GG_IQ1_M)
+GRID_KERNEL(dot_tq1_0, GG_TQ1_0)
 #endif
 
 #if defined(TW_BLOCKS_VECTOR)
@@ -1036,6 +1249,14 @@ static tw_block_dot vector_dot(int t) {
     case GG_IQ4_NL: return dot_iq4nl;
     case GG_MXFP4: return dot_mxfp4;
     case GG_TQ2_0: return dot_tq2_0;
+    case GG_IQ2_XXS: return dot_iq2xxs;
+    case GG_IQ2_XS: return dot_iq2xs;
+    case GG_IQ2_S: return dot_iq2s;
+    case GG_IQ3_XXS: return dot_iq3xxs;
+    case GG_IQ3_S: return dot_iq3s;
+    case GG_IQ1_S: return dot_iq1s;
+    case GG_IQ1_M: return dot_iq1m;
+    case GG_TQ1_0: return dot_tq1_0;
   }
 #endif
   (void)t;
