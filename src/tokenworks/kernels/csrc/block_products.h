@@ -138,12 +138,19 @@ static inline int scale_iq4xs(const uint8_t* sb, int ib) {
 // tw_set_grids when the library is opened (kernels/build.py).
 static const int8_t *IQ2XXS_GRID, *IQ2XS_GRID, *IQ2S_GRID, *IQ3XXS_GRID, *IQ3S_GRID, *IQ1S_GRID;
 static const uint8_t* IQ_KSIGNS;
+static uint64_t SIGN_MASKS[256];  // byte k all ones where bit k of the index is set
 
 void tw_set_grids(const int8_t* iq2xxs, const int8_t* iq2xs, const int8_t* iq2s,
                   const int8_t* iq3xxs, const int8_t* iq3s, const int8_t* iq1s,
                   const uint8_t* ksigns) {
   IQ2XXS_GRID = iq2xxs, IQ2XS_GRID = iq2xs, IQ2S_GRID = iq2s;
   IQ3XXS_GRID = iq3xxs, IQ3S_GRID = iq3s, IQ1S_GRID = iq1s, IQ_KSIGNS = ksigns;
+  for (int b = 0; b < 256; ++b) {
+    uint64_t m = 0;
+    for (int k = 0; k < 8; ++k)
+      if ((b >> k) & 1) m |= (uint64_t)0xFF << (8 * k);
+    SIGN_MASKS[b] = m;
+  }
 }
 
 static inline uint32_t load_u32(const uint8_t* p) {
@@ -157,9 +164,26 @@ static inline uint16_t load_u16(const uint8_t* p) {
   return v;
 }
 
-// n values of a lattice point, each negated where its bit of `signs` is set
-static inline void signed_points(const int8_t* point, uint8_t signs, int n, int8_t* q) {
-  for (int k = 0; k < n; ++k) q[k] = (int8_t)((signs >> k) & 1 ? -point[k] : point[k]);
+// The values of a lattice point (8, or 4 in the low half), each negated where its bit of
+// `signs` is set: all at once in one integer, -x as (x ^ 0xFF) + 1 in each byte (the points'
+// values are never 0, so no byte carries into the next).
+static inline uint64_t signed8(const int8_t* point, uint8_t signs) {
+  uint64_t v;
+  memcpy(&v, point, 8);
+  const uint64_t m = SIGN_MASKS[signs];
+  return (v ^ m) + (m & 0x0101010101010101ULL);
+}
+static inline uint64_t signed4(const int8_t* point, uint8_t signs) {
+  uint32_t v;
+  memcpy(&v, point, 4);
+  const uint32_t m = (uint32_t)SIGN_MASKS[signs & 0xF];
+  return (uint64_t)((v ^ m) + (m & 0x01010101u));
+}
+
+// x + c in each byte of 8, no carry between them
+static inline uint64_t bytes_add(uint64_t x, uint64_t c) {
+  const uint64_t low7 = 0x7F7F7F7F7F7F7F7FULL;
+  return ((x & low7) + (c & low7)) ^ ((x ^ c) & ~low7);
 }
 
 // A grid format's super-block: the float unit its weights are multiples of.
@@ -180,43 +204,46 @@ static inline float grid_unit(int t, const uint8_t* sb) {
   }
 }
 
-// Run j (0-7) of a grid format's super-block: its 32 signed values q and the integer
-// scales of its two 16s, w = grid_unit * sc[h] * q (the gguf package's layouts).
-static void grid_run(int t, const uint8_t* sb, int j, int8_t q[32], int sc[2]) {
+// Run j (0-7) of a grid format's super-block: its 32 signed values, 8 to a word of v
+// (little-endian: value 8i + k is byte k of v[i]), and the integer scales of its two 16s,
+// w = grid_unit * sc[h] * value (the gguf package's layouts).
+static inline __attribute__((always_inline)) void grid_run(int t, const uint8_t* sb, int j,
+                                                           uint64_t v[4], int sc[2]) {
   if (t == GG_IQ2_XXS) {  // four 8-point indices, then four 7-bit sign indices and a scale
     const uint8_t* idx = sb + 2 + 8 * j;
     const uint32_t aux = load_u32(sb + 2 + 8 * j + 4);
     for (int l = 0; l < 4; ++l)
-      signed_points(IQ2XXS_GRID + 8 * idx[l], IQ_KSIGNS[(aux >> (7 * l)) & 127], 8, q + 8 * l);
+      v[l] = signed8(IQ2XXS_GRID + 8 * idx[l], IQ_KSIGNS[(aux >> (7 * l)) & 127]);
     sc[0] = sc[1] = 2 * (int)(aux >> 28) + 1;
   } else if (t == GG_IQ2_XS) {  // four words: a 9-bit index and a 7-bit sign index
     for (int l = 0; l < 4; ++l) {
-      const uint16_t v = load_u16(sb + 2 + 2 * (4 * j + l));
-      signed_points(IQ2XS_GRID + 8 * (v & 511), IQ_KSIGNS[v >> 9], 8, q + 8 * l);
+      const uint16_t w = load_u16(sb + 2 + 2 * (4 * j + l));
+      v[l] = signed8(IQ2XS_GRID + 8 * (w & 511), IQ_KSIGNS[w >> 9]);
     }
     const uint8_t s = sb[66 + j];
     sc[0] = 2 * (s & 0xF) + 1, sc[1] = 2 * (s >> 4) + 1;
   } else if (t == GG_IQ2_S) {  // 10-bit indices (high bits in qh), a sign byte each
     const uint8_t *qs = sb + 2, *signs = sb + 34, qh = sb[66 + j], s = sb[74 + j];
-    for (int l = 0; l < 4; ++l) {
-      const int i = qs[4 * j + l] | (((qh >> (2 * l)) & 3) << 8);
-      signed_points(IQ2S_GRID + 8 * i, signs[4 * j + l], 8, q + 8 * l);
-    }
+    for (int l = 0; l < 4; ++l)
+      v[l] = signed8(IQ2S_GRID + 8 * (qs[4 * j + l] | (((qh >> (2 * l)) & 3) << 8)),
+                     signs[4 * j + l]);
     sc[0] = 2 * (s & 0xF) + 1, sc[1] = 2 * (s >> 4) + 1;
   } else if (t == GG_IQ3_XXS) {  // eight 4-point indices; sign indices and scale after
     const uint8_t* idx = sb + 2 + 8 * j;
     const uint32_t aux = load_u32(sb + 66 + 4 * j);
     for (int l = 0; l < 4; ++l) {
       const uint8_t signs = IQ_KSIGNS[(aux >> (7 * l)) & 127];
-      signed_points(IQ3XXS_GRID + 4 * idx[2 * l], signs, 4, q + 8 * l);
-      signed_points(IQ3XXS_GRID + 4 * idx[2 * l + 1], signs >> 4, 4, q + 8 * l + 4);
+      v[l] = signed4(IQ3XXS_GRID + 4 * idx[2 * l], signs) |
+             signed4(IQ3XXS_GRID + 4 * idx[2 * l + 1], signs >> 4) << 32;
     }
     sc[0] = sc[1] = 2 * (int)(aux >> 28) + 1;
   } else if (t == GG_IQ3_S) {  // 9-bit indices of 4 points (high bit in qh), sign bytes
-    const uint8_t *qs = sb + 2, qh = sb[66 + j], *signs = sb + 74;
-    for (int e = 0; e < 8; ++e) {
-      const int i = qs[8 * j + e] | (((qh >> e) & 1) << 8);
-      signed_points(IQ3S_GRID + 4 * i, signs[4 * j + e / 2] >> (4 * (e % 2)), 4, q + 4 * e);
+    const uint8_t *qs = sb + 2 + 8 * j, qh = sb[66 + j], *signs = sb + 74 + 4 * j;
+    for (int l = 0; l < 4; ++l) {
+      const int i0 = qs[2 * l] | (((qh >> (2 * l)) & 1) << 8);
+      const int i1 = qs[2 * l + 1] | (((qh >> (2 * l + 1)) & 1) << 8);
+      v[l] = signed4(IQ3S_GRID + 4 * i0, signs[l]) | signed4(IQ3S_GRID + 4 * i1, signs[l] >> 4)
+                                                         << 32;
     }
     sc[0] = sc[1] = 2 * ((sb[106 + j / 2] >> (4 * (j % 2))) & 0xF) + 1;
   } else if (t == GG_IQ1_S || t == GG_IQ1_M) {  // 11-bit indices of {-1, 0, 1}, +- 1/8
@@ -230,8 +257,10 @@ static void grid_run(int t, const uint8_t* sb, int j, int8_t q[32], int sc[2]) {
         const uint8_t nib = sb[32 + 2 * j + l / 2] >> (4 * (l % 2));
         hi = nib & 7, neg = (nib >> 3) & 1;
       }
-      const int8_t* point = IQ1S_GRID + 8 * (qs[4 * j + l] | (hi << 8));
-      for (int k = 0; k < 8; ++k) q[8 * l + k] = (int8_t)(8 * point[k] + (neg ? -1 : 1));
+      uint64_t p;
+      memcpy(&p, IQ1S_GRID + 8 * (qs[4 * j + l] | (hi << 8)), 8);
+      const uint64_t eight = (p << 3) & 0xF8F8F8F8F8F8F8F8ULL;  // 8 x (-1, 0 or 1)
+      v[l] = bytes_add(eight, neg ? ~(uint64_t)0 : 0x0101010101010101ULL);
     }
     if (t == GG_IQ1_S) {
       sc[0] = sc[1] = 2 * ((h >> 12) & 7) + 1;
@@ -242,15 +271,20 @@ static void grid_run(int t, const uint8_t* sb, int j, int8_t q[32], int sc[2]) {
       }
     }
   } else {  // TQ1_0: base-3 digits, five to a byte (four in the last 4 bytes), value - 1
+    // element e of 256: bytes 0-31 hold digits 0-4 of elements 0-159 (digit e / 32 of byte
+    // e % 32), bytes 32-47 of 160-239, bytes 48-51 of 240-255
     static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    uint8_t byte[32], mult[32];
     for (int l = 0; l < 32; ++l) {
       const int e = 32 * j + l;
-      uint8_t byte, mult;
-      if (e < 160) byte = sb[e % 32], mult = pow3[e / 32];
-      else if (e < 240) byte = sb[32 + (e - 160) % 16], mult = pow3[(e - 160) / 16];
-      else byte = sb[48 + (e - 240) % 4], mult = pow3[(e - 240) / 4];
-      q[l] = (int8_t)((((uint16_t)(uint8_t)(byte * mult)) * 3 >> 8) - 1);
+      if (j < 5) byte[l] = sb[l], mult[l] = pow3[j];
+      else if (e < 240) byte[l] = sb[32 + (e - 160) % 16], mult[l] = pow3[(e - 160) / 16];
+      else byte[l] = sb[48 + (e - 240) % 4], mult[l] = pow3[(e - 240) / 4];
     }
+    int8_t q[32];
+    for (int l = 0; l < 32; ++l)
+      q[l] = (int8_t)((((uint16_t)(uint8_t)(byte[l] * mult[l])) * 3 >> 8) - 1);
+    memcpy(v, q, 32);
     sc[0] = sc[1] = 1;
   }
 }
@@ -271,7 +305,7 @@ static inline void group_params(int t, const uint8_t* row, int g, float sw[2], f
   const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
   const int j = g % 8;
   if (is_grid(t)) {  // signed values + 128
-    int8_t q[32];
+    uint64_t q[4];
     int sc[2];
     grid_run(t, sb, j, q, sc);
     const float unit = grid_unit(t, sb);
@@ -356,10 +390,11 @@ static void group_values(int t, const uint8_t* row, int g, uint8_t* q) {
   const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
   const int j = g % 8;
   if (is_grid(t)) {
-    int8_t v[32];
+    uint64_t v[4];
     int sc[2];
     grid_run(t, sb, j, v, sc);
-    for (int l = 0; l < 32; ++l) q[l] = (uint8_t)(v[l] + 128);
+    memcpy(q, v, 32);
+    for (int l = 0; l < 32; ++l) q[l] ^= 0x80;  // + 128
     return;
   }
   if (t == GG_Q2_K || t == GG_Q3_K || t == GG_TQ2_0) {  // 2 bits a byte; Q3_K: + a mask bit
@@ -669,11 +704,13 @@ static inline __m256i group_any(int t, const uint8_t* row, int g) {
   const __m256i low4 = _mm256_set1_epi8(0xF);
   const uint8_t* sb = row + (int64_t)(g / 8) * block_bytes(t);
   const int j = g % 8;
-  if (is_grid(t)) {  // decoded in plain C (grid_run), then + 128
-    int8_t v[32];
+  if (is_grid(t)) {  // decoded a word at a time (grid_run), then + 128
+    uint64_t v[4];
     int sc[2];
     grid_run(t, sb, j, v, sc);
-    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)v), _mm256_set1_epi8(-128));
+    return _mm256_xor_si256(_mm256_set_epi64x((long long)v[3], (long long)v[2], (long long)v[1],
+                                              (long long)v[0]),
+                            _mm256_set1_epi8(-128));
   }
   if (t == GG_Q2_K || t == GG_Q3_K || t == GG_TQ2_0) return group_low2(t, sb, j);
   if (t == GG_IQ4_XS) return table_lookup(IQ4_VALUES, sb + 8 + 16 * j, 1);
@@ -1095,7 +1132,7 @@ INLINE void dot_table32(const int t, const uint8_t* row, int k, const tw_qact* a
   for (int b = 0; b < B; ++b) out[b] = hsum8(acc[b]);
 }
 
-// The grid formats (grid_run decodes each run of 32 in plain C): signed values with an
+// The grid formats (grid_run decodes each run of 32 a word at a time): signed values with an
 // integer scale a 16 and a float unit a super-block, multiplied as IQ4_XS's are.
 INLINE void dot_grid(const int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
                      float* out) {
@@ -1107,10 +1144,10 @@ INLINE void dot_grid(const int t, const uint8_t* row, int k, const tw_qact* a, i
     const float d = grid_unit(t, sb);
     __m256i q[8], s16[8];
     for (int j = 0; j < 8; ++j) {
-      int8_t v[32];
+      uint64_t v[4];
       int sc[2];
       grid_run(t, sb, j, v, sc);
-      q[j] = _mm256_loadu_si256((const __m256i*)v);
+      q[j] = _mm256_set_epi64x((long long)v[3], (long long)v[2], (long long)v[1], (long long)v[0]);
       s16[j] = _mm256_set_m128i(_mm_set1_epi16((int16_t)sc[1]), _mm_set1_epi16((int16_t)sc[0]));
     }
     for (int b = 0; b < B; ++b) {
@@ -1173,7 +1210,7 @@ KERNEL(dot_iq4nl, CALL_IQ4_NL)
 KERNEL(dot_mxfp4, CALL_MXFP4)
 KERNEL(dot_tq2_0, CALL_TQ2_0)
 // (one for every grid format: the format is an argument, not a constant)
-static void dot_grids(int t, const uint8_t* r, int k, const tw_qact* a, int B, int ka, float* o) {
+INLINE void dot_grids(int t, const uint8_t* r, int k, const tw_qact* a, int B, int ka, float* o) {
   ROWS_SWITCH(CALL_GRID)
 }
 #define GRID_KERNEL(name, type) \
