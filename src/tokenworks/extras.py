@@ -6,10 +6,8 @@ from __future__ import annotations
 # import name -> the extra that brings it (pyproject.toml's [project.optional-dependencies])
 EXTRAS = {
     "matplotlib": "bench",
-    "yaml": "bench",
     "music21": "bench",
     "ray": "ray",
-    "huggingface_hub": "hub",
     "lm_eval": "eval",
     "transformers": "hf",
     "accelerate": "hf",

@@ -146,14 +146,8 @@ def load_hf_dir(path: Path, model_id: str | None = None, weights: bool = True) -
 
 
 def fetch_from_hub(repo_id: str) -> Path:
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise ModelLoadError(
-            f"{repo_id!r} looks like a hub id, but huggingface_hub is not installed: "
-            "`pip install 'tokenworks[hub]'`, or download the files yourself and pass the "
-            "directory (config.json, *.safetensors, tokenizer.json)"
-        ) from None
+    from huggingface_hub import snapshot_download
+
     try:
         return Path(
             snapshot_download(
