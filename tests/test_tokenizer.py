@@ -152,3 +152,20 @@ def test_a_llama_sentencepiece_gguf_tokenises_as_transformers_reads_it(tmp_path)
         ids = ours.encode(text, add_special_tokens=False).ids
         assert ids == theirs(text, add_special_tokens=False)["input_ids"], text
         assert ours.decode(ids) == theirs.decode(ids), text
+
+
+@pytest.mark.parametrize(
+    ("pre", "pieces"),
+    [
+        # o200k (gpt-oss): a word keeps its contraction and its case runs split
+        ("gpt-4o", ["Hello", " world's", " ", "123", "45", " Camel", "Case"]),
+        # cl100k (OLMo 2's dbrx, SmolLM3's smaug-bpe): Llama 3's splitting
+        ("dbrx", ["Hello", " world", "'s", " ", "123", "45", " CamelCase"]),
+        ("smaug-bpe", ["Hello", " world", "'s", " ", "123", "45", " CamelCase"]),
+    ],
+)
+def test_the_newer_families_pre_tokenisers_split_as_their_models_do(pre, pieces):
+    from tokenworks.tokenizer.tokenizer import _pre_tokenizer
+
+    split = _pre_tokenizer(pre).pre_tokenize_str("Hello world's 12345 CamelCase")
+    assert [s.replace("\u0120", " ") for s, _ in split] == pieces

@@ -24,6 +24,20 @@ _QWEN2_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# o200k (gpt-oss, Phi-4): a word keeps its contraction, its case runs split, digits by 3
+_O200K_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# llama.cpp's pre-tokeniser names -> the splitting regex (dbrx: OLMo 2's cl100k, smaug-bpe:
+# SmolLM3's, both Llama 3's)
+_PATTERNS = {
+    "llama-bpe": _LLAMA3_PATTERN, "llama3": _LLAMA3_PATTERN, "dbrx": _LLAMA3_PATTERN,
+    "smaug-bpe": _LLAMA3_PATTERN, "qwen2": _QWEN2_PATTERN, "gpt-4o": _O200K_PATTERN,
+}  # fmt: skip
 
 _CONTROL = 3  # gguf token_type for control (special) tokens
 _USER_DEFINED = 4
@@ -39,11 +53,10 @@ def _pre_tokenizer(pre: str):
         return bytelevel
     if pre in _DIGITS_THEN_BYTELEVEL:
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), bytelevel])
-    pattern = {"llama-bpe": _LLAMA3_PATTERN, "llama3": _LLAMA3_PATTERN, "qwen2": _QWEN2_PATTERN}
-    if pre in pattern:
+    if pre in _PATTERNS:
         return pre_tokenizers.Sequence(
             [
-                pre_tokenizers.Split(Regex(pattern[pre]), behavior="isolated", invert=False),
+                pre_tokenizers.Split(Regex(_PATTERNS[pre]), behavior="isolated", invert=False),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ]
         )
