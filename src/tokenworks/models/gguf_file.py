@@ -16,8 +16,7 @@ from tqdm import tqdm
 from tokenworks.models import arch as arch_registry
 from tokenworks.models import gguf_keys
 from tokenworks.models.loaded import LoadedModel, ModelLoadError
-from tokenworks.models.spec import ModelSpec, RopeScaling
-from tokenworks.ops.rope_scaling import yarn_mscale
+from tokenworks.models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -200,42 +199,6 @@ def gguf_weights(
     return weights, rope_freqs
 
 
-def gguf_rope_scaling(field, arch: str, context_length: int) -> RopeScaling | None:
-    """The scaling `{arch}.rope.scaling.*` asks for, read as llama.cpp reads it: a factor
-    with no type is linear (as is the older `rope.scale_linear`); YaRN's cos and sin carry
-    its usual 0.1 ln(factor) + 1 times the file's attn_factor. Another type is refused
-    (models/gguf_keys.py refuses the keys with no counterpart here)."""
-    key = f"{arch}.rope.scaling"
-    kind = field(f"{key}.type")
-    factor = field(f"{key}.factor") or field(f"{arch}.rope.scale_linear")
-    if kind is None:
-        kind = "linear" if factor not in (None, 0, 1) else "none"
-    if kind == "none":
-        return None
-    if kind not in ("linear", "yarn"):
-        raise ValueError(f"{key}.type = {kind!r} is not supported (none, linear and yarn are)")
-    if not factor or float(factor) <= 0:
-        raise ValueError(f"{key}.type = {kind!r} needs {key}.factor > 0, got {factor}")
-    factor = float(factor)
-    original = int(field(f"{key}.original_context_length") or context_length)
-    if kind == "linear":
-        return RopeScaling(factor=factor, original_max_position=original, kind="linear")
-    attn = field(f"{key}.attn_factor")
-    # DeepSeek's mscale_all_dim, as 0.1 x it (read where the family reads the key; its cos
-    # and sin then stay unscaled, and its attention scale takes mscale squared)
-    log_mul = float(field(f"{key}.yarn_log_multiplier") or 0.0)
-    return RopeScaling(
-        factor=factor,
-        original_max_position=original,
-        kind="yarn",
-        beta_fast=float(field(f"{key}.yarn_beta_fast") or 32.0),
-        beta_slow=float(field(f"{key}.yarn_beta_slow") or 1.0),
-        attention_factor=None if attn is None else yarn_mscale(factor) * float(attn),
-        mscale=log_mul / 0.1 if log_mul else None,
-        mscale_all_dim=log_mul / 0.1 if log_mul else None,
-    )
-
-
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -378,7 +341,7 @@ def _load_read(reader, path: Path, model_id: str | None, weights: bool) -> Loade
     names, rope_freqs = gguf_weights(path, stored, arch, n_heads, n_kv, names_only=True)
     context = need("context_length")
     try:
-        scaling = gguf_rope_scaling(lambda k: _field(reader, k), arch, context)
+        scaling = gguf_keys.rope_scaling(lambda k: _field(reader, k), arch, context)
     except ValueError as e:
         raise ModelLoadError(f"{path}: {e}") from None
     if scaling is not None and scaling.extends_context:

@@ -3,12 +3,17 @@ with it: read (into the spec, the tokenizer or the chat template), informational
 licences, counts of the file itself), or refused, with the reason. A key under the file's
 architecture that is neither read nor known to be harmless is refused: a hyperparameter
 left unread would run the model wrong without a word. `tokenworks inspect FILE` prints
-this judgement for every key; the loader raises the first refusal."""
+this judgement for every key; the loader raises the first refusal. rope_scaling reads the
+scaling keys it judges read into a RopeScaling, for the loader and for the families that
+adjust it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from tokenworks.models.spec import RopeScaling
+from tokenworks.ops.rope_scaling import yarn_mscale
 
 READ, INFO, REFUSED = "read", "informational", "refused"
 
@@ -148,3 +153,39 @@ def first_refusal(get: Callable[[str], object], keys, arch: str, family) -> KeyV
         if verdict.action == REFUSED:
             return verdict
     return None
+
+
+def rope_scaling(field, arch: str, context_length: int) -> RopeScaling | None:
+    """The scaling `{arch}.rope.scaling.*` asks for, read as llama.cpp reads it: a factor
+    with no type is linear (as is the older `rope.scale_linear`); YaRN's cos and sin carry
+    its usual 0.1 ln(factor) + 1 times the file's attn_factor. Another type is refused
+    (judge refuses the keys with no counterpart here)."""
+    key = f"{arch}.rope.scaling"
+    kind = field(f"{key}.type")
+    factor = field(f"{key}.factor") or field(f"{arch}.rope.scale_linear")
+    if kind is None:
+        kind = "linear" if factor not in (None, 0, 1) else "none"
+    if kind == "none":
+        return None
+    if kind not in ("linear", "yarn"):
+        raise ValueError(f"{key}.type = {kind!r} is not supported (none, linear and yarn are)")
+    if not factor or float(factor) <= 0:
+        raise ValueError(f"{key}.type = {kind!r} needs {key}.factor > 0, got {factor}")
+    factor = float(factor)
+    original = int(field(f"{key}.original_context_length") or context_length)
+    if kind == "linear":
+        return RopeScaling(factor=factor, original_max_position=original, kind="linear")
+    attn = field(f"{key}.attn_factor")
+    # DeepSeek's mscale_all_dim, as 0.1 x it (read where the family reads the key; its cos
+    # and sin then stay unscaled, and its attention scale takes mscale squared)
+    log_mul = float(field(f"{key}.yarn_log_multiplier") or 0.0)
+    return RopeScaling(
+        factor=factor,
+        original_max_position=original,
+        kind="yarn",
+        beta_fast=float(field(f"{key}.yarn_beta_fast") or 32.0),
+        beta_slow=float(field(f"{key}.yarn_beta_slow") or 1.0),
+        attention_factor=None if attn is None else yarn_mscale(factor) * float(attn),
+        mscale=log_mul / 0.1 if log_mul else None,
+        mscale_all_dim=log_mul / 0.1 if log_mul else None,
+    )

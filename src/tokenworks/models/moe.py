@@ -253,7 +253,8 @@ class MoE(nn.Module):
 
     @staticmethod
     def _biased(y: torch.Tensor, bias, e) -> torch.Tensor:
-        """y plus expert e's row of bias (e: an int, or a tensor of each row's expert)."""
+        """y plus expert e's row of bias (e: an int, or a tensor of each row's expert, shaped
+        to broadcast against y's leading dimensions)."""
         return y if bias is None else y + bias[e].to(y.dtype)
 
     def _pairs_by_expert(self, weights, ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -313,12 +314,10 @@ class MoE(nn.Module):
         padded = xs.new_zeros(len(hit) * width, xs.shape[1])
         padded[slot] = xs
         padded = padded.view(len(hit), width, -1)
-        gu = torch.bmm(padded, self.gate_up[hit].transpose(1, 2))
-        if self.gate_up_bias is not None:
-            gu = gu + self.gate_up_bias[hit][:, None].to(gu.dtype)
-        ys = torch.bmm(gated(gu, self.m), self.down[hit].transpose(1, 2))
-        if self.down_bias is not None:
-            ys = ys + self.down_bias[hit][:, None].to(ys.dtype)
+        gu = self._biased(torch.bmm(padded, self.gate_up[hit].transpose(1, 2)),
+                          self.gate_up_bias, hit[:, None])  # fmt: skip
+        ys = self._biased(torch.bmm(gated(gu, self.m), self.down[hit].transpose(1, 2)),
+                          self.down_bias, hit[:, None])  # fmt: skip
         return ys.view(len(hit) * width, -1)[slot]
 
     def _dense(self, x, weights, ids) -> torch.Tensor:
@@ -326,12 +325,11 @@ class MoE(nn.Module):
         expert = torch.repeat_interleave(torch.arange(self.local, device=x.device), counts)
         dense = torch.zeros(x.shape[0], self.local, dtype=x.dtype, device=x.device)
         dense.index_put_((token, expert), w.to(x.dtype), accumulate=True)  # 0: unchosen
+        every = torch.arange(self.local, device=x.device)[:, None]  # each expert's rows
         gu = torch.matmul(x, self.gate_up.transpose(1, 2))  # [E, T, 2I]
-        if self.gate_up_bias is not None:
-            gu = gu + self.gate_up_bias[:, None].to(gu.dtype)
+        gu = self._biased(gu, self.gate_up_bias, every)
         ys = torch.matmul(gated(gu, self.m), self.down.transpose(1, 2))  # [E, T, h]
-        if self.down_bias is not None:
-            ys = ys + self.down_bias[:, None].to(ys.dtype)
+        ys = self._biased(ys, self.down_bias, every)
         return torch.einsum("eth,te->th", ys, dense)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, h] -> [T, h]

@@ -9,6 +9,7 @@ for either router."""
 
 from __future__ import annotations
 
+from tokenworks.models import gguf_keys
 from tokenworks.models.arch.deepseek import deinterleave_rope, latent_spec, softmax_scale
 from tokenworks.models.arch.family import Family
 from tokenworks.models.spec import MLASpec, MoESpec
@@ -122,10 +123,10 @@ def _gguf_fields(get, arch: str) -> dict:
         q_lora_rank=int(key("attention.q_lora_rank") or 0) or None,
         rope_interleave=True,  # llama.cpp keeps the checkpoint's interleaved pairs
     )
-    scale = qk**-0.5
-    log_mul = float(key("rope.scaling.yarn_log_multiplier") or 0.0)
-    if key("rope.scaling.type") == "yarn" and log_mul:
-        scale *= yarn_mscale(float(key("rope.scaling.factor")), log_mul / 0.1) ** 2
+    scale = qk**-0.5  # with YaRN, times mscale(mscale_all_dim) squared, as softmax_scale
+    rs = gguf_keys.rope_scaling(get, arch, int(key("context_length")))
+    if rs is not None and rs.kind == "yarn" and rs.mscale_all_dim:
+        scale *= yarn_mscale(rs.factor, rs.mscale_all_dim) ** 2
     n_heads = int(key("attention.head_count"))
     return {"moe": moe, "mla": mla, "head_dim": qk, "n_kv_heads": n_heads, "attn_scale": scale}
 

@@ -11,9 +11,12 @@ and down tensors of every expert, as the engine names them."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from tokenworks.models import gguf_keys
 from tokenworks.models.arch.family import Family
 from tokenworks.models.arch.gemma import window_layers
-from tokenworks.models.spec import MoESpec, RopeScaling
+from tokenworks.models.spec import MoESpec
 
 RENAMES = ((r"\.mlp\.router\.", ".mlp.gate."),)
 GGUF_BLOCK = (
@@ -57,7 +60,8 @@ def _fields(cfg: dict) -> dict:
 
 def _gguf_fields(get, arch: str) -> dict:
     """llama.cpp's gpt-oss file: the window on alternate layers, the first windowed (as
-    llama.cpp and transformers run it), its YaRN without the ramp rounded."""
+    llama.cpp and transformers run it), its YaRN (read as every file's) without the ramp
+    rounded."""
 
     def key(suffix: str, default=None):
         return get(f"{arch}.{suffix}", default)
@@ -70,12 +74,9 @@ def _gguf_fields(get, arch: str) -> dict:
         sliding_window=int(key("attention.sliding_window") or 128),
         window_layers=window_layers(None, n, 2), intermediate_size=moe.intermediate,
     )  # fmt: skip
-    if key("rope.scaling.type") == "yarn":
-        out["rope_scaling"] = RopeScaling(
-            factor=float(key("rope.scaling.factor")),
-            original_max_position=int(key("rope.scaling.original_context_length")),
-            kind="yarn", truncate=False,
-        )  # fmt: skip
+    scaling = gguf_keys.rope_scaling(get, arch, int(key("context_length")))
+    if scaling is not None and scaling.kind == "yarn":
+        out["rope_scaling"] = dataclasses.replace(scaling, truncate=False)
     return out
 
 
