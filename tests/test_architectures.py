@@ -954,12 +954,33 @@ def test_a_gguf_of_the_family_gives_the_modules_tokens_on_the_c_kernels(
     activations round to 8 bits, where a last-bit difference between the two can flip a
     rounding: there a sequence may part only at a near-tie (torch scores C's token within
     0.5 of its own)."""
-    from tokenworks import LLM, SamplingParams
-
     monkeypatch.setenv("TOKENWORKS_HOME", str(tmp_path / "home"))
     hf, directory = new_family_dirs[name]
     path = tmp_path / f"{name}.gguf"
     _write_gguf(hf, directory, path, q8_0=q8_0)
+    _c_kernels_give_the_modules_tokens(path, exact=not q8_0)
+
+
+@pytest.mark.parametrize("q8_0", [False, True], ids=["f32", "q8_0"])
+@pytest.mark.parametrize("name", ["deepseek-v2-lite", "deepseek-v3"])
+def test_a_deepseek2_gguf_gives_the_modules_tokens_on_the_c_kernels(
+    name, q8_0, new_family_dirs, tmp_path, monkeypatch
+):
+    """Latent attention on the C forward: decode rows absorbed in C over the cached rows,
+    prompt chunks expanded, the routed experts between the C calls (V2's softmax router
+    with a dense first layer, V3's sigmoid one with a compressed query)."""
+    monkeypatch.setenv("TOKENWORKS_HOME", str(tmp_path / "home"))
+    hf, directory = new_family_dirs[name]
+    path = tmp_path / f"{name}.gguf"
+    _write_deepseek2_gguf(hf, directory, path, split_kv_b=True, q8_0=q8_0)
+    _c_kernels_give_the_modules_tokens(path, exact=not q8_0)
+
+
+def _c_kernels_give_the_modules_tokens(path, exact: bool) -> None:
+    """The file's greedy tokens from the C forward equal the torch modules' (exact: float32
+    weights) or part from them only at a near-tie (_part_only_at_near_ties)."""
+    from tokenworks import LLM, SamplingParams
+
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=5)
     outs = {}
     for kernels in ("c", "torch"):
@@ -967,7 +988,7 @@ def test_a_gguf_of_the_family_gives_the_modules_tokens_on_the_c_kernels(
                   kernels=kernels, warmup=False, block_size=4)  # fmt: skip
         assert (llm.engine.c_kernels is not None) == (kernels == "c")
         outs[kernels] = [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
-    if not q8_0:
+    if exact:
         assert [c.token_ids for c in outs["c"]] == [r.token_ids for r in outs["torch"]]
     _part_only_at_near_ties(outs["c"], outs["torch"])
 

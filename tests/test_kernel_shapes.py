@@ -107,6 +107,51 @@ def test_paged_decode_attention_takes_any_contexts(lens, block_size, dtype, d, w
         assert (outs[0].float() - outs[1].float()).abs().max().item() <= tol
 
 
+@SHAPES
+@given(
+    lens=st.lists(st.integers(0, 90), min_size=0, max_size=6),
+    block_size=st.sampled_from([1, 4, 16]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+)
+def test_latent_decode_attention_takes_any_contexts(lens, block_size, dtype):
+    """Latent attention's absorbed decode in C (rows of latent + RoPE key, read once for
+    keys and values, in tiles of 32) against the module's torch form over the same pool,
+    for any number of sequences and any context lengths."""
+    from tokenworks.models.mla import LatentAttention
+    from tokenworks.models.spec import MLASpec
+
+    torch.manual_seed(len(lens) * 100 + block_size)
+    mla = MLASpec(kv_lora_rank=32, q_lora_rank=0, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                  v_head_dim=16)  # fmt: skip
+    spec = dataclasses.replace(toy_spec(), n_heads=4, n_kv_heads=4, head_dim=24, mla=mla)
+    module = LatentAttention(spec, 0)
+    module.kv_b.normal_()
+    module = module.to(dtype)
+    blocks_each = [-(-(n + 1) // block_size) for n in lens]
+    num_blocks = max(1, sum(blocks_each))
+    pool = KVPool.for_spec(spec, num_blocks, block_size, dtype)
+    pool.k[0].normal_()
+    perm = torch.randperm(num_blocks).tolist()
+    tables, used = [], 0
+    for need in blocks_each:
+        tables.append(perm[used : used + need])
+        used += need
+    b = len(lens)
+    q = torch.randn(b, 4, module.dq, dtype=dtype)
+    meta = AttentionMetadata.paged([1] * b, lens, tables, block_size)
+    batch = KernelBatch.build([1] * b, lens, tables, block_size)
+    got = kattention.latent_decode_attention(
+        module.latent_query(q), pool.k[0], batch.block_tables, batch.context_lens, block_size,
+        module.scale, 32,
+    )  # fmt: skip
+    assert got.shape == (b, 4, 32)
+    if b:
+        want = module._absorbed(q, pool.k[0], meta.decode)
+        tol = 1e-4 if dtype == torch.float32 else 5e-2
+        diff = module.latent_output(got.to(dtype)).float() - want.float()
+        assert diff.abs().max().item() <= tol * want.abs().max().item()
+
+
 @pytest.fixture(params=["amx", "vector"])
 def prefill_path(request) -> bool:
     if not kattention.prefill_available():
@@ -151,6 +196,7 @@ def test_empty_calls_into_every_entry_point_return_at_once():
     tables, lens = torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, dtype=torch.long)
     kv = abi.kv_view(tables, lens, 16, None, abi.F32, nothing, nothing)
     lib.tw_paged_attention(kv, p, p, 0, 6, 2, 64, 0.125, 2)
+    lib.tw_latent_attention(kv, p, p, 0, 16, 576, 512, 0.125, 2)
     lib.tw_argmax_rows(p, abi.F32, 0, 10, p, 2)
     lib.tw_swiglu(p, p, abi.F32, 0, 64, 2)
     lib.tw_residual_norm(p, None, abi.F32, p, 1e-5, p, abi.F32, 0, 64, 2)

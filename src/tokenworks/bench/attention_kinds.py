@@ -4,8 +4,8 @@ How many keys and values a model keeps decides its cache, and a decode step read
 whole cache: bytes per token set memory per request and (memory-bound) attention time.
 For each kind this measures the cache bytes per token from the engine's own pool, the
 time of one layer's decode attention over the paged pool (torch's path, which gathers the
-context out of its blocks first, and for MHA/GQA/MQA the C kernel that reads the blocks in
-place, as Llama-family models decode), and sets beside them the plan's
+context out of its blocks first, and the C kernel that reads the blocks in place, as the
+C forward pass decodes), and sets beside them the plan's
 figures: `shapes.kv_bytes_per_token` and a roofline time, max(bytes read / bandwidth,
 FLOPs / peak) with this machine's probed rates. MLA is timed in both forms
 (models/mla.py): absorbed, what the engine runs, and expanded, which rebuilds every
@@ -24,7 +24,7 @@ from tqdm import tqdm
 from tokenworks.bench.record import make_record, write_record
 from tokenworks.engine.host_memory import keep_freed_memory
 from tokenworks.engine.kv_cache import KVPool
-from tokenworks.kernels.attention import paged_decode_attention
+from tokenworks.kernels.attention import latent_decode_attention, paged_decode_attention
 from tokenworks.models.mla import LatentAttention
 from tokenworks.models.spec import MLASpec, ModelSpec
 from tokenworks.ops.attention import AttentionMetadata, attention_over_pool
@@ -102,11 +102,23 @@ def measure(kind: str, batch: int, context: int, dtype, repeats: int, block_size
         q = torch.randn(batch, HEADS, attn.dq, generator=g).to(dtype)
         dec = meta.decode
         out["seconds"] = median_time(lambda: attn._absorbed(q, pool.k[0], dec), repeats)
+        tabs = torch.tensor(tables, dtype=torch.long)
+        lens = torch.full((batch,), context + 1, dtype=torch.long)
+
+        def c_kernel():  # the same absorbed form, its attention in C (csrc/latent_attention.h)
+            o = latent_decode_attention(
+                attn.latent_query(q), pool.k[0], tabs, lens, block_size, attn.scale,
+                MLA.kv_lora_rank,
+            )  # fmt: skip
+            return None if o is None else attn.latent_output(o.to(dtype))
+
+        if c_kernel() is not None:
+            out["c_kernel_seconds"] = median_time(c_kernel, repeats)
 
         def expanded():
             for j in range(batch):
                 index = dec.kv_index[j, : int(dec.context_lens[j])]
-                attn._expanded(q[j : j + 1], pool.k[0][index, 0])
+                attn.expanded(q[j : j + 1], pool.k[0][index, 0])
 
         out["expanded_seconds"] = median_time(expanded, max(1, repeats // 2))
     return out

@@ -174,6 +174,7 @@ SIGNATURES = {
     "tw_blocks_isa": (_i, []),
     "tw_set_grids": (None, [c_ptr] * 7),
     "tw_paged_attention": (None, [ctypes.POINTER(KV), c_ptr, c_ptr, _i, _i, _i, _i, _f, _i]),
+    "tw_latent_attention": (None, [ctypes.POINTER(KV), c_ptr, c_ptr, _i, _i, _i, _i, _f, _i]),
     "tw_llama_decode": (None, [
         ctypes.POINTER(Dims), ctypes.POINTER(Model), ctypes.POINTER(Layer), _i,
         ctypes.POINTER(KV), c_ptr, c_ptr, c_ptr, _i, c_ptr, ctypes.POINTER(Scratch), c_ptr,

@@ -1,5 +1,6 @@
 """Attention in C over the paged pool: decode tokens through their block tables, prompt
-chunks in one call for the whole batch (csrc/paged_attention.h, prefill_attention.h).
+chunks in one call for the whole batch (csrc/paged_attention.h, prefill_attention.h), and
+latent attention's decode (csrc/latent_attention.h).
 
 Where a C path cannot take the inputs it says so (None or False, nothing written) and the
 caller runs torch's attention (ops/attention.py) for those rows instead.
@@ -60,6 +61,27 @@ def paged_decode_attention(
         traffic.read += int(counted[0])
         traffic.written += int(counted[1])
     return out.to(q.dtype)
+
+
+def latent_decode_attention(
+    q, pool, block_tables, context_lens, block_size, scale, v_dim
+) -> torch.Tensor | None:
+    """Latent attention's absorbed decode (models/mla.py): q [B, H, r + rope] (the no-RoPE
+    part already through W_UK) against the cached rows pool [slots, 1, r + rope], whose
+    first v_dim numbers are the values -> [B, H, v_dim] float32; None where the kernel
+    cannot take these inputs."""
+    lib = library()
+    if lib is None or q.device.type != "cpu" or DTYPE_CODES.get(pool.dtype) not in KV_CODES:
+        return None
+    b, n_heads, d = q.shape
+    qf = q.float().contiguous()
+    out = qf.new_empty(b, n_heads, v_dim)
+    tables, lens = block_tables.contiguous(), context_lens.contiguous()
+    kv = kv_view(tables, lens, block_size, None, DTYPE_CODES[pool.dtype], pool)
+    lib.tw_latent_attention(
+        ctypes.byref(kv), ptr(qf), ptr(out), b, n_heads, d, v_dim, scale, torch.get_num_threads()
+    )
+    return out
 
 
 @functools.cache

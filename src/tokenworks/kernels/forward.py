@@ -18,8 +18,10 @@ Then `run` takes a batch of the paged engine (kernels/batch.py) and returns its 
   kernels/products.product, and C for what lies between them, three calls a layer.
 
 Int4/int8 models without a dense copy take the first way only; MoE models (Mixtral,
-Qwen2-MoE, Qwen3-MoE) the second only, their experts routed and run by models/moe.py
-between the C calls (a GGUF's quantised experts on the file's own blocks).
+Qwen2-MoE, Qwen3-MoE, gpt-oss, DeepSeek) the second only, their experts routed and run by
+models/moe.py between the C calls (a GGUF's quantised experts on the file's own blocks).
+So do models with latent attention (DeepSeek's MLA): its projections through the module,
+then decode rows absorbed in C (`tw_latent_attention`), prompt chunks expanded in torch.
 What the pass has no code for, `declines` names in words.
 
 One file past 400 lines: reading a model into the C structs, and the two ways of running
@@ -35,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenworks.kernels import abi as ck
-from tokenworks.kernels.attention import attend
+from tokenworks.kernels.attention import attend, latent_decode_attention
 from tokenworks.kernels.batch import KernelBatch, decode_only
 from tokenworks.kernels.block_linear import BlockEmbedding, BlockLinear
 from tokenworks.kernels.build import library
@@ -98,6 +100,14 @@ def _linear(
     return ck.Linear(ck.ptr(w), _f32(scale, keep), _f32(layer.bias, keep), code, n, k)
 
 
+def _names(layer: nn.Module) -> tuple[str | None, ...]:
+    """A layer's four products (_MODULES), None for each the C pass leaves to a module: an
+    MoE layer's experts (models/moe.py), a latent-attention layer's qkv and o (models/mla.py)."""
+    attn = (None, None) if layer.mla is not None else _MODULES[:2]
+    mlp = (None, None) if layer.moe is not None else _MODULES[2:]
+    return (*attn, *mlp)
+
+
 def _dense(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """(weight, bias) of a layer torch can multiply densely, or None."""
     if isinstance(layer, DenseForLargeBatches):
@@ -142,7 +152,7 @@ def _geglu(gu: torch.Tensor) -> torch.Tensor:
 
 # families the C forward pass runs (the MoE ones through run_batched, experts in torch)
 ARCHS = ("llama", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "mixtral",
-         "qwen2_moe", "qwen3_moe", "gpt_oss")  # fmt: skip
+         "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3")  # fmt: skip
 
 
 def group_windows(spec, layout) -> list[int | None] | None:
@@ -155,6 +165,11 @@ def group_windows(spec, layout) -> list[int | None] | None:
             return None
         windows.append(found.pop())
     return windows
+
+
+def _v_pools(pool) -> list:
+    """Each layer's V pool (None for latent attention, which caches one row in K alone)."""
+    return pool.v or [None] * len(pool.k)
 
 
 class LlamaForward:
@@ -177,7 +192,7 @@ class LlamaForward:
         # (pool.k and pool.v are by layer: each a view of the pool tensor the layer uses)
         self.pool_ptrs = [
             tuple(zip(ck.pool_ptrs(k), ck.pool_ptrs(v), strict=True))
-            for k, v in zip(pool.k, pool.v, strict=True)
+            for k, v in zip(pool.k, _v_pools(pool), strict=True)
         ]
         self.layers = model.layers  # for what run_batched does in torch (Q/K and output norms)
         self.geglu = spec.mlp_act == "gelu_tanh"
@@ -186,20 +201,22 @@ class LlamaForward:
         # Bigger batches: torch's products on dense weights (or a BlockLinear's own: blocks
         # for a few rows, a dequantised tile for more), the rest in C (run_batched)
         # an MoE layer's MLP is its module (models/moe.py), called between the C calls
+        # a latent-attention layer's attention is its module too (_latent)
         self.moes = [layer.moe for layer in model.layers]
-        mlps = [(None, None) if m is not None else ("gate_up", "down") for m in self.moes]
+        names = [_names(layer) for layer in model.layers]
         dense = [
-            [_batched(getattr(layer, n)) if n else None for n in ("qkv", "o_proj", *mlp)]
-            for layer, mlp in zip(model.layers, mlps, strict=True)
+            [_batched(getattr(layer, n)) if n else None for n in row]
+            for layer, row in zip(model.layers, names, strict=True)
         ]
         head = _batched(model.lm_head)
-        kept = [row if m is None else row[:2] for row, m in zip(dense, self.moes, strict=True)]
-        found = [head] + [d for row in kept for d in row]
+        pairs = [p for row, ns in zip(dense, names, strict=True) for p in zip(row, ns, strict=True)]
+        found = [head] + [d for d, n in pairs if n]
         act = model.norm.dtype  # the model's float dtype: the products' inputs and outputs
         ok = all(d is not None and (isinstance(d, BlockLinear) or d[0].dtype == act) for d in found)
         self.dense, self.dense_head = (dense, head) if ok else (None, None)
         self.act_dtype = act if ok else None
         self.embed = model.embed  # rows of the table, as the model looks them up
+        self.rope_tables = (model.cos, model.sin)  # float32 [positions, rope dims]
         self._packed = self._head = None  # run_batched's products, made on first use
 
     @staticmethod
@@ -209,8 +226,6 @@ class LlamaForward:
         if spec is None or spec.arch not in ARCHS:
             name = spec.arch if spec is not None else type(model).__name__
             return f"it has no code for the {name} family (it runs {', '.join(ARCHS)})"
-        if spec.mla:
-            return "it has no code for latent attention (MLA)"
         if spec.mlp_act not in ck.ACTS:
             return f"it has no code for the {spec.mlp_act} activation"
         if group_windows(spec, pool.layout) is None:
@@ -219,7 +234,9 @@ class LlamaForward:
             return f"it runs on the CPU, not {model.norm.device.type}"
         if ck.DTYPE_CODES.get(pool.k[0].dtype) not in ck.KV_CODES:
             return f"it reads the KV cache in float32, bfloat16, int8 or fp8, not {pool.k[0].dtype}"
-        if spec.head_dim > 256 or spec.n_heads // spec.n_kv_heads * spec.head_dim > 2048:
+        if spec.mla:  # (latent attention's buffers are its own: the width checks are not its)
+            pass
+        elif spec.head_dim > 256 or spec.n_heads // spec.n_kv_heads * spec.head_dim > 2048:
             return "its per-group buffers take head_dim up to 256, 2048 values a KV group"
         embed = model.embed
         floats = (torch.float32, torch.bfloat16)
@@ -268,21 +285,22 @@ class LlamaForward:
             for x in model.layers
         ]  # (None: OLMo 2 norms no sublayer's input)
         final_norm = _f32(model.norm, keep)
+        v_pools = _v_pools(pool)
 
         def view(packs: dict | None):
             """The C structs of every layer and of the model (packs: packed where it can)."""
             layers = (ck.Layer * spec.n_layers)()
             for i, layer in enumerate(model.layers):
                 parts = [
-                    ck.Linear()  # an MoE layer's experts: run_batched runs them in torch
-                    if layer.moe is not None and n in ("gate_up", "down")
+                    ck.Linear()  # a module's own (_names): run_batched calls the module
+                    if n is None
                     else _linear(getattr(layer, n), keep, packs, silu and n == "gate_up")
-                    for n in _MODULES
+                    for n in _names(layer)
                 ]
                 if any(p is None for p in parts):
                     return None
                 local_rope = local is not None and layer.rope_table
-                (k, k_scale), (v, v_scale) = ck.pool_ptrs(pool.k[i]), ck.pool_ptrs(pool.v[i])
+                (k, k_scale), (v, v_scale) = ck.pool_ptrs(pool.k[i]), ck.pool_ptrs(v_pools[i])
                 layers[i] = ck.Layer(
                     *norms[i], *parts, k, v,
                     q_norm=_f32(getattr(layer, "q_norm", None), keep),
@@ -312,7 +330,8 @@ class LlamaForward:
         if dot is None:
             return None
         packs: dict = {}
-        invariant = invariant and not spec.moe
+        modules = spec.moe or spec.mla  # a sublayer run by its torch module between C calls
+        invariant = invariant and not modules
         packed = packed and not invariant
         amx = view(packs) if packed and not spec.moe else None
         if amx is not None:
@@ -329,16 +348,16 @@ class LlamaForward:
             spec.norm_eps,
             spec.attn_scale or spec.head_dim**-0.5,
         )
-        if spec.moe:
-            max_rows = 0  # the whole step in C has no router: every batch runs run_batched
+        if modules:
+            max_rows = 0  # the whole step in C has neither: every batch runs run_batched
         elif max_rows is None:
             max_rows = PACK_MAX if amx is not None else MAX_ROWS
         forward = cls(
             lib, dims, dot, amx, keep, spec, max_rows, model, pool, packs, tiles, windows,
             invariant,
         )  # fmt: skip
-        if spec.moe and forward.dense is None:
-            return None  # run_batched is an MoE model's only way, and it needs every product
+        if modules and forward.dense is None:
+            return None  # run_batched is these models' only way, and it needs every product
         return forward
 
     def accepts(self, query_lens: list[int]) -> bool:
@@ -471,6 +490,26 @@ class LlamaForward:
         )  # fmt: skip
         return out.contiguous()
 
+    def _latent(self, layer: int, h, batch: KernelBatch, pos, slots) -> torch.Tensor:
+        """Latent attention (models/mla.py) of h [T, hidden] -> its output projection: the
+        module's products (C's where it holds a GGUF's blocks), the cache rows written,
+        decode rows absorbed in C, prompt chunks expanded (their keys rebuilt once a chunk)."""
+        mla = self.layers[layer].mla
+        cos, sin = (t[pos].to(h.dtype).unsqueeze(1) for t in self.rope_tables)
+        q, rows = mla.project(h, cos, sin)
+        pool = self.pool.k[layer]  # [slots, 1, r + rope]
+        pool.index_copy_(0, slots, rows[:, None].to(pool.dtype))
+        out = q.new_empty(q.shape[0], self.spec.n_heads * mla.m.v_head_dim)
+        if batch.decode_rows.numel():
+            o = latent_decode_attention(
+                mla.latent_query(q.index_select(0, batch.decode_rows)), pool, batch.block_tables,
+                batch.context_lens, batch.block_size, mla.scale, mla.m.kv_lora_rank,
+            )  # fmt: skip
+            out[batch.decode_rows] = mla.latent_output(o.to(q.dtype))
+        for start, n, index in batch.chunks:
+            out[start : start + n] = mla.expanded(q[start : start + n], pool[index, 0])
+        return mla.o_proj(out)
+
     def _rope(self, layer: int) -> tuple:
         """The RoPE table (cos, sin addresses) a layer rotates with; (None, None) for one
         that does not rotate."""
@@ -508,14 +547,15 @@ class LlamaForward:
             packs = self.packs
             act = "gelu_tanh" if self.geglu else "silu"
             self._packed = [
-                [_product(row[0], packs), _product(row[1], packs), moe, lambda x: x]
-                if moe is not None  # the experts, routed and summed, in one call
-                else [
-                    _product(d, packs, act if name == "gate_up" else None)
+                [
+                    _product(d, packs, act if name == "gate_up" else None) if d else None
                     for name, d in zip(_MODULES, row, strict=True)
                 ]
-                for row, moe in zip(self.dense, self.moes, strict=True)
+                for row in self.dense
             ]
+            for row, moe in zip(self._packed, self.moes, strict=True):
+                if moe is not None:  # the experts, routed and summed, in one call
+                    row[2:] = [moe, lambda x: x]
             self._head = _product(self.dense_head, packs)
         return self._packed
 
@@ -552,21 +592,24 @@ class LlamaForward:
             lib.tw_residual_norm(
                 px, p_delta, code, layer.input_norm, eps, ph, code, b, hid, threads
             )
-            qkv = f_qkv(h)
-            if layer.q_norm:
-                self._head_norms(qkv, i)
-            if decode_only:
-                kv = kvs[g]
-                (kv.k_pool, kv.v_pool), (kv.k_scale, kv.v_scale) = self.pool_ptrs[i]
-                kv.sinks = layer.sinks
-                lib.tw_rope_attend(
-                    dims, ctypes.byref(kv), qkv.data_ptr(), pattn, code, pos.data_ptr(),
-                    slots[g].data_ptr(), *self._rope(i), b, threads,
-                )  # fmt: skip
-                out = attn
+            if m.mla is not None:
+                proj = self._latent(i, h, batches[g], pos, slots[g])
             else:
-                out = self._attend_chunks(qkv, batches[g], i, pos, slots[g], code, threads)
-            proj = f_o(out)
+                qkv = f_qkv(h)
+                if layer.q_norm:
+                    self._head_norms(qkv, i)
+                if decode_only:
+                    kv = kvs[g]
+                    (kv.k_pool, kv.v_pool), (kv.k_scale, kv.v_scale) = self.pool_ptrs[i]
+                    kv.sinks = layer.sinks
+                    lib.tw_rope_attend(
+                        dims, ctypes.byref(kv), qkv.data_ptr(), pattn, code, pos.data_ptr(),
+                        slots[g].data_ptr(), *self._rope(i), b, threads,
+                    )  # fmt: skip
+                    out = attn
+                else:
+                    out = self._attend_chunks(qkv, batches[g], i, pos, slots[g], code, threads)
+                proj = f_o(out)
             if layer.attn_out_norm:
                 proj = F.rms_norm(proj, (hid,), m.attn_output_norm, eps)
             lib.tw_residual_norm(

@@ -73,23 +73,29 @@ class LatentAttention(nn.Module):
         w = self.kv_b.view(self.spec.n_heads, m.qk_nope_head_dim + m.v_head_dim, -1)
         return w[:, : m.qk_nope_head_dim], w[:, m.qk_nope_head_dim :]
 
-    def forward(self, x, cos, sin, meta: AttentionMetadata, cache) -> torch.Tensor:
-        m, t, heads = self.m, x.shape[0], self.spec.n_heads
+    def project(self, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, hidden] -> (queries [T, H, dq] with RoPE applied, the rows to cache
+        [T, r + rope]: each token's normed latent and its RoPE key)."""
+        m, t = self.m, x.shape[0]
         q = self.q_b(self._norm(self.q_a(x), self.q_a_norm)) if m.q_lora_rank else self.q_proj(x)
-        q = q.view(t, heads, self.dq)
+        q = q.view(t, self.spec.n_heads, self.dq)
         kv = self.kv_a(x)
         latent = self._norm(kv[:, : m.kv_lora_rank], self.kv_a_norm)
         k_rope = apply_rope(kv[:, None, m.kv_lora_rank :], cos, sin)  # [T, 1, rope]
         q = torch.cat(
             [q[..., : m.qk_nope_head_dim], apply_rope(q[..., m.qk_nope_head_dim :], cos, sin)], -1
         )
-        rows = torch.cat([latent, k_rope[:, 0]], dim=-1)  # [T, r + rope]: what is cached
+        return q, torch.cat([latent, k_rope[:, 0]], dim=-1)
+
+    def forward(self, x, cos, sin, meta: AttentionMetadata, cache) -> torch.Tensor:
+        m, t, heads = self.m, x.shape[0], self.spec.n_heads
+        q, rows = self.project(x, cos, sin)
         if cache is None:
             if any(meta.context_lens):
                 raise ValueError("context_lens must be 0 when running without a KV cache")
             out, start = [], 0
             for n in meta.query_lens:
-                out.append(self._expanded(q[start : start + n], rows[start : start + n]))
+                out.append(self.expanded(q[start : start + n], rows[start : start + n]))
                 start += n
             return self.o_proj(torch.cat(out))
         pool = cache.k[self.layer]  # [slots, 1, r + rope]
@@ -102,15 +108,15 @@ class LatentAttention(nn.Module):
             else:
                 for j, row in enumerate(dec.token_rows.tolist()):
                     index = dec.kv_index[j, : int(dec.context_lens[j])]
-                    out[row : row + 1] = self._expanded(q[row : row + 1], pool[index, 0])
+                    out[row : row + 1] = self.expanded(q[row : row + 1], pool[index, 0])
         start = 0
         for n, index in zip(meta.query_lens, meta.kv_index, strict=True):
             if index is not None:
-                out[start : start + n] = self._expanded(q[start : start + n], pool[index, 0])
+                out[start : start + n] = self.expanded(q[start : start + n], pool[index, 0])
             start += n
         return self.o_proj(out)
 
-    def _expanded(self, q: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    def expanded(self, q: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """q [n, H, dq] against context rows [L, r + rope] (q's own last) -> [n, H * v]."""
         m, heads = self.m, self.spec.n_heads
         kv = rows_product(rows[:, : m.kv_lora_rank], self.kv_b, self.tile).view(
@@ -121,14 +127,23 @@ class LatentAttention(nn.Module):
         values = kv[..., m.qk_nope_head_dim :].transpose(0, 1)  # [H, L, v]
         return sequence_attention(q, keys, values, self.scale, None)
 
+    def latent_query(self, q: torch.Tensor) -> torch.Tensor:
+        """Queries [B, H, dq] -> [B, H, r + rope]: the no-RoPE part through W_UK into the
+        latent space, beside the RoPE part: queries against the cached rows themselves."""
+        nope = self.m.qk_nope_head_dim
+        q_latent = torch.einsum("bhn,hnr->bhr", q[..., :nope], self._w_b()[0])
+        return torch.cat([q_latent, q[..., nope:]], dim=-1)
+
+    def latent_output(self, o: torch.Tensor) -> torch.Tensor:
+        """Attention outputs still in the latent space [B, H, r] -> values through W_UV,
+        [B, H * v]."""
+        return torch.einsum("bhr,hvr->bhv", o, self._w_b()[1]).reshape(o.shape[0], -1)
+
     def _absorbed(self, q: torch.Tensor, pool: torch.Tensor, dec) -> torch.Tensor:
         """Decode queries q [B, H, dq] against the cached rows themselves -> [B, H * v].
         Two batched products rather than SDPA: with one shared 576-wide "head" and values
         narrower than keys, SDPA's CPU kernels take a path several times slower."""
-        m = self.m
-        w_uk, w_uv = self._w_b()
-        q_latent = torch.einsum("bhn,hnr->bhr", q[..., : m.qk_nope_head_dim], w_uk)
-        query = torch.cat([q_latent, q[..., m.qk_nope_head_dim :]], dim=-1)  # [B, H, r + rope]
+        query = self.latent_query(q)  # [B, H, r + rope]
         b, length = dec.kv_index.shape
         rows = pool.index_select(0, dec.kv_index.reshape(-1)).view(b, length, -1)  # [B, L, r+rope]
         scores = torch.bmm(query, rows.transpose(1, 2)).float() * self.scale  # [B, H, L]
@@ -136,5 +151,5 @@ class LatentAttention(nn.Module):
             pad = torch.arange(length, device=rows.device)[None, :] >= dec.context_lens[:, None]
             scores.masked_fill_(pad[:, None, :], -torch.inf)
         probs = scores.softmax(dim=-1).to(rows.dtype)
-        o = torch.bmm(probs, rows[..., : m.kv_lora_rank])  # [B, H, r]: still in latent space
-        return torch.einsum("bhr,hvr->bhv", o, w_uv).reshape(b, -1)
+        latent = rows[..., : self.m.kv_lora_rank]  # each row's values: its latent
+        return self.latent_output(torch.bmm(probs, latent))

@@ -16,10 +16,11 @@
 // activations quantised to 8 bits (block_products.h: `tw_block_linear`, and the same
 // products inside the decode step); `tw_stream_read` measures the memory they stream from.
 //
-// `tw_paged_attention` is decode attention alone; `tw_packed_linear` multiplies by packed
-// bfloat16 weights (AMX tiles or AVX-512 BF16 dot products); `tw_residual_norm`,
-// `tw_swiglu`, `tw_rope_attend` and `tw_rope_store` are what lies between torch's
-// products for bigger batches; `tw_prefill_attention` attends prompt chunks.
+// `tw_paged_attention` is decode attention alone, `tw_latent_attention` that of latent
+// attention (DeepSeek's MLA); `tw_packed_linear` multiplies by packed bfloat16 weights (AMX
+// tiles or AVX-512 BF16 dot products); `tw_residual_norm`, `tw_swiglu`, `tw_rope_attend`
+// and `tw_rope_store` are what lies between torch's products for bigger batches;
+// `tw_prefill_attention` attends prompt chunks.
 //
 // Vector paths use AVX-512 (BF16 dot products where the CPU has them); every loop has a
 // plain C fallback, so the file builds for any CPU the compiler targets.
@@ -29,6 +30,7 @@
 #include "block_products.h"
 #include "dot_products.h"
 #include "paged_attention.h"
+#include "latent_attention.h"
 #include "packed_products.h"
 #include "decode_step.h"
 #include "between_products.h"
