@@ -19,7 +19,8 @@ from tokenworks.models import tensor_parallel as tp
 # the families' random configs of tests/test_architectures.py, with a vocabulary of 322
 # rows (4 ranks split it with padding)
 FAMILIES = {"llama": "llama-gqa", "qwen3": "qwen3", "qwen3-moe": "qwen3-moe",
-            "qwen2-moe": "qwen2-moe", "gemma3": "gemma3", "gpt2": "gpt2"}  # fmt: skip
+            "qwen2-moe": "qwen2-moe", "gemma3": "gemma3", "gpt2": "gpt2", "gpt-oss": "gpt-oss",
+            "olmo2": "olmo2"}  # fmt: skip
 
 
 def _config(name: str):
@@ -100,8 +101,10 @@ def saved(tmp_path_factory):
             cfg._attn_implementation = "eager"
             model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
             with torch.no_grad():  # sharper than the initial weights: fewer near-ties
-                for p in model.parameters():
+                for n, p in model.named_parameters():
                     p.mul_(5.0 if p.dim() >= 2 else 1.0)
+                    if n.endswith("bias"):  # (initialised to zeros: a bias split wrong or
+                        p.normal_(0.0, 0.5)  # added on every rank would go unseen)
             dirs[name] = tmp_path_factory.mktemp(name)
             model.save_pretrained(dirs[name])
         return dirs[name]
@@ -111,7 +114,7 @@ def saved(tmp_path_factory):
 
 # 4 ranks over 2 KV heads: each KV head held twice
 @pytest.mark.parametrize(
-    ("name", "size"), [("qwen3", 2), ("gemma3", 2), ("gemma3", 4), ("gpt2", 2)]
+    ("name", "size"), [("qwen3", 2), ("gemma3", 2), ("gemma3", 4), ("gpt2", 2), ("gpt-oss", 2)]
 )
 def test_split_logits_equal_one_process(saved, name, size, tmp_path):
     from tokenworks.models.build import build_model
@@ -143,6 +146,9 @@ def test_sizes_that_do_not_divide_the_heads_are_refused_with_the_ones_that_do(sa
         tp.shard_spec(spec, 3)
     assert tp.kv_heads(spec, tp.Shard(3, 4)) == range(1, 2)
     assert tp.kv_heads(spec, tp.Shard(1, 2)) == range(1, 2)
+    olmo2 = load(str(saved("olmo2")), weights=False).spec
+    with pytest.raises(ValueError, match="Q/K norms span all heads.*--tensor-parallel-size 1"):
+        tp.shard_spec(olmo2, 2)
 
 
 # --------------------------------------------------------------------------- the engine

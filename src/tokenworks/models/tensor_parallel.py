@@ -88,6 +88,11 @@ def check_divisible(spec: ModelSpec, size: int) -> None:
             f"{spec.name or spec.arch}'s latent attention is not split (run it with "
             "--tensor-parallel-size 1)"
         )
+    if spec.qk_norm_whole and size > 1:
+        raise ValueError(
+            f"{spec.name or spec.arch}'s Q/K norms span all heads at once, which tensor "
+            "parallelism would split across ranks (run it with --tensor-parallel-size 1)"
+        )
     kv = spec.n_kv_heads
     problems = []
     if spec.moe is not None and spec.moe.n_experts % size:
@@ -192,8 +197,12 @@ def shard_weights(weights: Mapping, spec: ModelSpec, shard: Shard) -> dict:
             continue  # another rank's expert
         if product in rows:
             out[name] = _rows(weights[name], rows[product])
+        elif product == "self_attn" and kind == "sinks":  # gpt-oss: a logit per query head
+            out[name] = _rows(weights[name], _share(spec.n_heads, shard))
         elif product in cols and kind == "weight":
             out[name] = _columns(weights[name], cols[product])
+        elif product in cols and r:  # a bias of a split sum: added once, on rank 0
+            out[name] = torch.zeros_like(dense(weights[name]))
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
             # the last rank's rows past the vocabulary: zeros
             out[name] = _rows(weights[name], slice(r * vr, (r + 1) * vr), pad_to=vr)
