@@ -1,0 +1,150 @@
+"""Lab: what the first request pays that the second does not.
+
+A fresh process is stamped at each boundary as it starts serving: Python and tokenworks
+imported; the model loaded and the engine built (the file's index read, the weights
+mapped, the KV pool laid out, the C kernels built or found in their cache, and by default
+a warm-up pass); the first request (a prompt of about 50 tokens and 8 generated); then a
+second request, a different prompt of the same length. With the warm-up on (the default), the
+engine pays its first pass before it says it is ready, so the first request costs about
+what the second does; with it off, the first request pays it. Each model runs in R fresh
+processes, both ways; the figures are medians.
+
+    python labs/cold_start.py [--models smollm2-135m,gemma3-270m,...] [--runs 3]
+
+Writes an evidence record and a PNG (seconds per stage, per model, warm-up on and off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from tokenworks.bench.labs import parse_lab_args, save_figure  # noqa: E402
+from tokenworks.bench.record import make_record, write_record  # noqa: E402
+
+# two different prompts of about the same length (no prefix is shared), each answered with
+# GENERATE tokens: the first request runs prefill and decode for the first time
+PROMPTS = (
+    "Once upon a time, there was a little robot who lived in a workshop full of old clocks. "
+    "Every morning it wound each clock, listened to the ticking, and wrote down which ones "
+    "ran fast and which ran slow. One day a clock stopped, and the robot",
+    "In a small town by the sea, there lived a baker who woke before the gulls. She mixed "
+    "flour and water by lamplight, shaped the loaves with floury hands, and watched the "
+    "harbour through the window while the oven warmed. That morning a ship",
+)
+GENERATE = 8
+
+# the child: stamps at each boundary, then its peak resident set
+_CHILD = """
+import json, sys, time
+spawned = float(sys.argv[1])
+t = {"spawned": spawned}
+import torch
+t["python"] = time.time()
+from tokenworks import LLM, SamplingParams
+t["imported"] = time.time()
+llm = LLM(sys.argv[2], warmup=sys.argv[3] == "on", threads=int(sys.argv[4]))
+t["loaded"] = time.time()
+one = SamplingParams(max_tokens=int(sys.argv[6]), temperature=0, ignore_eos=True)
+for i, prompt in enumerate(json.loads(sys.argv[5])):
+    llm.generate([prompt], one, use_tqdm=False)
+    t[f"request_{i + 1}"] = time.time()
+hwm = next(int(x.split()[1]) * 1024 for x in open("/proc/self/status") if x.startswith("VmHWM"))
+print("RESULT " + json.dumps({"stamps": t, "peak_rss_bytes": hwm,
+                              "kernels": llm.engine.kernels()}))
+"""
+
+STAGES = ("start Python + torch", "import tokenworks", "load + build", "first request",
+          "second request")  # fmt: skip
+
+
+def one_process(model: str, warmup: str, threads: int) -> dict:
+    """A fresh process's stage seconds (STAGES), its peak RSS and kernels."""
+    spawned = time.time()
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(spawned), model, warmup, str(threads),
+         json.dumps(PROMPTS), str(GENERATE)],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"{model}: the child failed:\n{done.stderr[-2000:]}")
+    got = json.loads(line[len("RESULT ") :])
+    s = got["stamps"]
+    marks = [s["spawned"], s["python"], s["imported"], s["loaded"], s["request_1"], s["request_2"]]
+    seconds = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    return {
+        "seconds": dict(zip(STAGES, seconds, strict=True)),
+        "peak_rss_bytes": got["peak_rss_bytes"],
+        "kernels": got["kernels"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--models", default="smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b,"
+                    "qwen2.5-coder-1.5b")  # fmt: skip
+    ap.add_argument("--runs", type=int, default=3, help="fresh processes per model and way")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="benchmarks/results")
+    args = parse_lab_args(ap, fast=dict(models="smollm2-135m", runs=1))
+    models = args.models.split(",")
+
+    rows = {}
+    jobs = [(m, w) for m in models for w in ("on", "off")]
+    for model, warmup in tqdm(jobs, desc="fresh processes", unit="model"):
+        runs = [one_process(model, warmup, args.threads) for _ in range(args.runs)]
+        median = {k: statistics.median(r["seconds"][k] for r in runs) for k in STAGES}
+        rows[f"{model}/warmup-{warmup}"] = {
+            "model": model,
+            "warmup": warmup,
+            "median_seconds": median,
+            "first_over_second": median["first request"] / median["second request"],
+            "to_first_answer_s": sum(median[k] for k in STAGES[:4]),
+            "peak_rss_bytes": max(r["peak_rss_bytes"] for r in runs),
+            "kernels": runs[0]["kernels"],
+            "runs": runs,
+        }
+        r = rows[f"{model}/warmup-{warmup}"]
+        print(f"{model:20s} warm-up {warmup:3s}: "
+              + ", ".join(f"{k} {v:.2f} s" for k, v in median.items())
+              + f"; first/second {r['first_over_second']:.1f}x")  # fmt: skip
+
+    record = make_record(
+        kind="lab.cold_start",
+        engine={"threads": args.threads, "warmup": ["on", "off"], "defaults": "LLM(model)"},
+        model={"ids": models},
+        workload={"prompts": PROMPTS, "max_tokens": GENERATE, "runs": args.runs},
+        results={"rows": rows, "stages": STAGES},
+        seeds=[],
+    )
+    path = write_record(record, args.out)
+
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 1.5))
+    names = list(rows)[::-1]
+    left = [0.0] * len(names)
+    colours = ("#bbbbbb", "#88ccee", "#4477aa", "#cc6677", "#ddcc77")
+    for stage, colour in zip(STAGES, colours, strict=True):
+        widths = [rows[n]["median_seconds"][stage] for n in names]
+        ax.barh(names, widths, left=left, color=colour, label=stage)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.set(xlabel="seconds from spawning the process (medians)",
+           title="a fresh process: where the time to the first and second answer goes")  # fmt: skip
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    save_figure(fig, args.out, path.with_suffix(".png").name)
+    print(f"record: {path}")
+
+
+if __name__ == "__main__":
+    main()
