@@ -64,8 +64,13 @@ print("RESULT " + json.dumps({"stamps": t, "peak_rss_bytes": hwm,
                               "kernels": llm.engine.kernels()}))
 """
 
-STAGES = ("start Python + torch", "import tokenworks", "load + build", "first request",
-          "second request")  # fmt: skip
+STAGES = {  # key -> what it holds
+    "python_torch": "start Python + torch",
+    "import": "import tokenworks",
+    "load_build": "load + build",
+    "first_request": "first request",
+    "second_request": "second request",
+}
 
 
 def one_process(model: str, warmup: str, threads: int) -> dict:
@@ -100,24 +105,21 @@ def main() -> None:
     args = parse_lab_args(ap, fast=dict(models="smollm2-135m", runs=1))
     models = args.models.split(",")
 
-    rows = {}
+    rows: dict = {m: {} for m in models}  # model -> "warmup_on" / "warmup_off" -> figures
     jobs = [(m, w) for m in models for w in ("on", "off")]
     for model, warmup in tqdm(jobs, desc="fresh processes", unit="model"):
         runs = [one_process(model, warmup, args.threads) for _ in range(args.runs)]
         median = {k: statistics.median(r["seconds"][k] for r in runs) for k in STAGES}
-        rows[f"{model}/warmup-{warmup}"] = {
-            "model": model,
-            "warmup": warmup,
+        r = rows[model][f"warmup_{warmup}"] = {
             "median_seconds": median,
-            "first_over_second": median["first request"] / median["second request"],
-            "to_first_answer_s": sum(median[k] for k in STAGES[:4]),
+            "first_over_second": median["first_request"] / median["second_request"],
+            "to_first_answer_s": sum(median[k] for k in list(STAGES)[:4]),
             "peak_rss_bytes": max(r["peak_rss_bytes"] for r in runs),
             "kernels": runs[0]["kernels"],
             "runs": runs,
         }
-        r = rows[f"{model}/warmup-{warmup}"]
         print(f"{model:20s} warm-up {warmup:3s}: "
-              + ", ".join(f"{k} {v:.2f} s" for k, v in median.items())
+              + ", ".join(f"{STAGES[k]} {v:.2f} s" for k, v in median.items())
               + f"; first/second {r['first_over_second']:.1f}x")  # fmt: skip
 
     record = make_record(
@@ -130,13 +132,14 @@ def main() -> None:
     )
     path = write_record(record, args.out)
 
-    fig, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 1.5))
-    names = list(rows)[::-1]
-    left = [0.0] * len(names)
+    bars = [(f"{m}, warm-up {w[7:]}", r) for m, ways in rows.items() for w, r in ways.items()]
+    bars.reverse()
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(bars) + 1.5))
+    left = [0.0] * len(bars)
     colours = ("#bbbbbb", "#88ccee", "#4477aa", "#cc6677", "#ddcc77")
-    for stage, colour in zip(STAGES, colours, strict=True):
-        widths = [rows[n]["median_seconds"][stage] for n in names]
-        ax.barh(names, widths, left=left, color=colour, label=stage)
+    for (stage, label), colour in zip(STAGES.items(), colours, strict=True):
+        widths = [r["median_seconds"][stage] for _, r in bars]
+        ax.barh([n for n, _ in bars], widths, left=left, color=colour, label=label)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.set(xlabel="seconds from spawning the process (medians)",
            title="a fresh process: where the time to the first and second answer goes")  # fmt: skip

@@ -133,10 +133,10 @@ def main() -> None:
     sampled = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=0)
     gen = torch.Generator().manual_seed(0)
     ms, choice = median_ms(lambda: sample_one(logits, greedy, ids_t, empty, None), args.repeats)
-    stages["choose (greedy)"] = ms
+    stages["choose_greedy"] = ms
     checks["greedy takes the argmax"] = choice.token_id == int(logits.argmax())
     ms, _ = median_ms(lambda: sample_one(logits, sampled, ids_t, empty, gen), args.repeats)
-    stages["choose (sampled)"] = ms
+    stages["choose_sampled"] = ms
     target = distribution(logits, sampled)
     counts = torch.zeros_like(target)
     for _ in range(args.draws):
