@@ -2,16 +2,21 @@
 
 A fresh process is stamped at each boundary as it starts serving: Python and tokenworks
 imported; the model loaded and the engine built (the file's index read, the weights
-mapped, the KV pool laid out, the C kernels built or found in their cache, and by default
-a warm-up pass); the first request (a prompt of about 50 tokens and 8 generated); then a
-second request, a different prompt of the same length. With the warm-up on (the default), the
-engine pays its first pass before it says it is ready, so the first request costs about
-what the second does; with it off, the first request pays it. Each model runs in R fresh
-processes, both ways; the figures are medians.
+mapped, the KV pool laid out, the C kernels built or found in their cache, and where it
+runs, a warm-up pass); the first request (a prompt of about 50 tokens and 8 generated);
+then a second request, a different prompt of the same length. Three ways:
+
+- default: the engine as `LLM(model)` builds it (batch-invariant on the C kernels, where
+  every batch runs as whole-step rows, which the warm-up has nothing to build for);
+- fastest: `batch_invariant=False`, each batch size on its fastest products, with the
+  warm-up pass those products' first big step is spared by;
+- fastest, no warm-up: the same without it, so the first request pays whatever is left.
+
+Each model runs in R fresh processes each way; the figures are medians.
 
     python labs/cold_start.py [--models smollm2-135m,gemma3-270m,...] [--runs 3]
 
-Writes an evidence record and a PNG (seconds per stage, per model, warm-up on and off).
+Writes an evidence record and a PNG (seconds per stage, per model and way).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ import torch
 t["python"] = time.time()
 from tokenworks import LLM, SamplingParams
 t["imported"] = time.time()
-llm = LLM(sys.argv[2], warmup=sys.argv[3] == "on", threads=int(sys.argv[4]))
+llm = LLM(sys.argv[2], threads=int(sys.argv[4]), **json.loads(sys.argv[3]))
 t["loaded"] = time.time()
 one = SamplingParams(max_tokens=int(sys.argv[6]), temperature=0, ignore_eos=True)
 for i, prompt in enumerate(json.loads(sys.argv[5])):
@@ -73,11 +78,18 @@ STAGES = {  # key -> what it holds
 }
 
 
-def one_process(model: str, warmup: str, threads: int) -> dict:
+WAYS = {  # name -> the LLM options that make it
+    "default": {},
+    "fastest": {"batch_invariant": False},
+    "fastest_no_warmup": {"batch_invariant": False, "warmup": False},
+}
+
+
+def one_process(model: str, options: dict, threads: int) -> dict:
     """A fresh process's stage seconds (STAGES), its peak RSS and kernels."""
     spawned = time.time()
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(spawned), model, warmup, str(threads),
+        [sys.executable, "-c", _CHILD, str(spawned), model, json.dumps(options), str(threads),
          json.dumps(PROMPTS), str(GENERATE)],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
@@ -105,12 +117,12 @@ def main() -> None:
     args = parse_lab_args(ap, fast=dict(models="smollm2-135m", runs=1))
     models = args.models.split(",")
 
-    rows: dict = {m: {} for m in models}  # model -> "warmup_on" / "warmup_off" -> figures
-    jobs = [(m, w) for m in models for w in ("on", "off")]
-    for model, warmup in tqdm(jobs, desc="fresh processes", unit="model"):
-        runs = [one_process(model, warmup, args.threads) for _ in range(args.runs)]
+    rows: dict = {m: {} for m in models}  # model -> way -> figures
+    jobs = [(m, w) for m in models for w in WAYS]
+    for model, way in tqdm(jobs, desc="fresh processes", unit="model"):
+        runs = [one_process(model, WAYS[way], args.threads) for _ in range(args.runs)]
         median = {k: statistics.median(r["seconds"][k] for r in runs) for k in STAGES}
-        r = rows[model][f"warmup_{warmup}"] = {
+        r = rows[model][way] = {
             "median_seconds": median,
             "first_over_second": median["first_request"] / median["second_request"],
             "to_first_answer_s": sum(median[k] for k in list(STAGES)[:4]),
@@ -118,13 +130,13 @@ def main() -> None:
             "kernels": runs[0]["kernels"],
             "runs": runs,
         }
-        print(f"{model:20s} warm-up {warmup:3s}: "
+        print(f"{model:20s} {way:17s}: "
               + ", ".join(f"{STAGES[k]} {v:.2f} s" for k, v in median.items())
               + f"; first/second {r['first_over_second']:.1f}x")  # fmt: skip
 
     record = make_record(
         kind="lab.cold_start",
-        engine={"threads": args.threads, "warmup": ["on", "off"], "defaults": "LLM(model)"},
+        engine={"threads": args.threads, "ways": WAYS},
         model={"ids": models},
         workload={"prompts": PROMPTS, "max_tokens": GENERATE, "runs": args.runs},
         results={"rows": rows, "stages": STAGES},
@@ -132,7 +144,7 @@ def main() -> None:
     )
     path = write_record(record, args.out)
 
-    bars = [(f"{m}, warm-up {w[7:]}", r) for m, ways in rows.items() for w, r in ways.items()]
+    bars = [(f"{m}, {w.replace('_', ' ')}", r) for m, ways in rows.items() for w, r in ways.items()]
     bars.reverse()
     fig, ax = plt.subplots(figsize=(9, 0.6 * len(bars) + 1.5))
     left = [0.0] * len(bars)

@@ -283,6 +283,27 @@ def test_a_failed_forward_pass_aborts_its_requests_and_the_engine_carries_on(toy
     assert len(out[0].outputs[0].token_ids) == GREEDY.max_tokens
 
 
+def test_no_warm_up_where_the_c_kernels_run_every_batch_as_whole_step_rows(toy_llm, monkeypatch):
+    """Batch-invariant on the C kernels, a big step builds nothing the first request would
+    pay for, and the warm-up pass would be a whole step of decode rows: it is skipped.
+    Off that path (each batch size on its fastest products) the warm-up runs."""
+    from tokenworks.engine.step_log import StepLog
+    from tokenworks.kernels.build import library
+
+    assert library() is not None, "the C kernels build wherever the tests run"
+    steps = []
+    record = StepLog.record
+    monkeypatch.setattr(
+        StepLog, "record", lambda self, out, *a: (steps.append(out), record(self, out, *a))
+    )
+    loaded = toy_llm.engine.loaded
+    rows = LLM("toy", dtype="bfloat16", loaded=loaded, max_num_batched_tokens=256)
+    assert rows.engine.c_kernels.invariant and steps == []
+    fastest = LLM("toy", dtype="bfloat16", loaded=loaded, max_num_batched_tokens=256,
+                  batch_invariant=False)  # fmt: skip
+    assert not fastest.engine.c_kernels.invariant and len(steps) == 1
+
+
 def test_the_warm_up_fills_a_step_and_leaves_no_trace(toy_llm, monkeypatch, caplog):
     from tokenworks.engine.prefix_cache import WARN_AFTER
     from tokenworks.engine.step_log import StepLog

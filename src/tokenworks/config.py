@@ -413,7 +413,9 @@ class EngineConfig:
         default=True,
         metadata=option(
             "one forward pass at the token budget when the engine starts, so the first big "
-            "step of the first requests does not pay for growing the heap",
+            "step of the first requests does not pay for growing the heap and building "
+            "torch's kernels (skipped where the C kernels run every batch as whole-step "
+            "rows, which build nothing for it)",
             group=MEMORY,
         ),
     )
