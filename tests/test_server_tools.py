@@ -279,6 +279,9 @@ def test_tool_call_parser_streams_like_one_piece():
     assert kinds.count("call_args") > 10 and kinds.index("call_start") < kinds.index("call_args")
     broken, _ = run("<tool_call>{not json</tool_call>", ["<tool_call>{not json</tool_call>"])
     assert broken == [("text", "<tool_call>{not json</tool_call>")]
+    # cut short (max_tokens) inside the closing tag: the call before it is whole
+    cut = '<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool'
+    assert run(cut, [cut])[0] == run(cut, list(cut))[0] == [("call", "f", {"x": 1})]
 
 
 @pytest.mark.parametrize("parallel", [None, False])

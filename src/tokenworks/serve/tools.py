@@ -302,6 +302,9 @@ class ToolCallParser:
 
     def _end_call(self, body: str, unclosed: bool = False) -> list[tuple[str, object]]:
         events: list[tuple[str, object]] = []
+        if unclosed:  # cut short: inside the closing tag, the call itself may be whole
+            body = body[: len(body) - partial_suffix(body, CLOSE)]
+            unclosed = not _is_json(body)
         if self._current is None:
             self._buf, rest = body, self._buf
             events += self._stream_args()  # the head may only now be complete
@@ -328,6 +331,14 @@ class ToolCallParser:
         self.calls.append(call)
         self._after_call = True
         return events + [("call_end", call)]
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:
+        return False
+    return True
 
 
 def partial_suffix(text: str, tag: str) -> int:
