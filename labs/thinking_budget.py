@@ -9,7 +9,10 @@ word problems with one integer answer (made from a seed), so an answer is checke
 last integer it holds. For each budget the whole set runs as one offline batch, greedy:
 
 - thinking tokens per question (the markers included), and answer tokens;
-- accuracy: answers whose last integer is the right one;
+- answered: replies with an answer after the thinking at all;
+- accuracy: answers whose last integer is the right one (and the same over the thinking
+  and the answer together, since a model never taught to think may do all its working,
+  and stop, inside it);
 - seconds for the set, and tokens a second.
 
     python labs/thinking_budget.py [--model qwen2.5-coder-0.5b] [--budgets 0,32,128,512]
@@ -111,10 +114,16 @@ def main() -> None:
         seconds = time.perf_counter() - t
         answers = [tok.decode(o.token_ids[o.reasoning_tokens :]) for o in outs]
         right = [last_integer(a) == want for a, (_, want) in zip(answers, qs, strict=True)]
+        # the same judge over thinking and answer together: a model never taught to think
+        # may do its working, and end, inside the thinking
+        whole = [tok.decode(o.token_ids) for o in outs]
+        anywhere = [last_integer(w) == want for w, (_, want) in zip(whole, qs, strict=True)]
         tokens = sum(len(o.token_ids) for o in outs)
         rows[f"budget_{budget}"] = {
             "budget": budget,
             "accuracy": sum(right) / len(qs),
+            "accuracy_thinking_included": sum(anywhere) / len(qs),
+            "answered": sum(bool(a.strip()) for a in answers) / len(qs),
             "thinking_tokens": statistics.mean(o.reasoning_tokens for o in outs),
             "answer_tokens": statistics.mean(len(o.token_ids) - o.reasoning_tokens for o in outs),
             "seconds": seconds,
@@ -123,8 +132,10 @@ def main() -> None:
             "right": right,
         }
         r = rows[f"budget_{budget}"]
-        print(f"budget {budget:4d}: {r['thinking_tokens']:6.1f} thinking tokens, accuracy "
-              f"{r['accuracy']:.0%}, {seconds:.1f} s for {len(qs)} questions")  # fmt: skip
+        print(f"budget {budget:4d}: {r['thinking_tokens']:6.1f} thinking tokens, "
+              f"{r['answered']:.0%} answered, accuracy {r['accuracy']:.0%} (thinking "
+              f"included {r['accuracy_thinking_included']:.0%}), {seconds:.1f} s for "
+              f"{len(qs)} questions")  # fmt: skip
     record = make_record(
         kind="lab.thinking_budget",
         engine=llm.config.to_dict(),
@@ -143,7 +154,13 @@ def main() -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
     xs = [str(x) for x in budgets]
-    a.bar(xs, [100 * rows[f"budget_{x}"]["accuracy"] for x in budgets], color="#4477aa")
+    w = [i - 0.2 for i in range(len(xs))], [i + 0.2 for i in range(len(xs))]
+    a.bar(w[0], [100 * rows[f"budget_{x}"]["accuracy"] for x in budgets], 0.4,
+          color="#4477aa", label="the answer")  # fmt: skip
+    a.bar(w[1], [100 * rows[f"budget_{x}"]["accuracy_thinking_included"] for x in budgets], 0.4,
+          color="#88ccee", label="thinking and answer")  # fmt: skip
+    a.set_xticks(range(len(xs)), xs)
+    a.legend(fontsize=8)
     a.set(xlabel="thinking budget (tokens)", ylabel="% right", ylim=(0, 100),
           title=f"{args.model}: {len(qs)} word problems")  # fmt: skip
     b.bar(xs, [rows[f"budget_{x}"]["seconds"] for x in budgets], color="#cc6677")
