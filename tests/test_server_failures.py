@@ -383,5 +383,5 @@ def test_the_default_server_idles_under_1_2_gb_and_says_what_it_runs(smol_loaded
         proc.terminate()
         log = proc.communicate(timeout=30)[0]
     for said in ("model smollm2-135m", "dtype bfloat16", "kernels:", "KV ", "context 8192",
-                 "threads", "warming up", "ready"):  # fmt: skip
+                 "threads", "warm-up", "ready"):  # fmt: skip
         assert said in log, (said, log)

@@ -201,7 +201,7 @@ class LLMEngine:
         if config.warmup and self.c_kernels is not None and self.c_kernels.invariant:
             # every batch runs as whole-step rows in C: nothing is built for a big step, and
             # the warm-up pass would cost a full step of decode rows (labs/cold_start.py)
-            log.info("no warm-up: the C kernels' whole step builds nothing for a big step")
+            log.info("ready (no warm-up: the C kernels' whole step builds nothing for a big step)")
         elif config.warmup:
             t0 = time.perf_counter()
             log.info("warming up: one forward pass at the step budget, before any request")
