@@ -234,9 +234,8 @@ class LlamaForward:
             return f"it runs on the CPU, not {model.norm.device.type}"
         if ck.DTYPE_CODES.get(pool.k[0].dtype) not in ck.KV_CODES:
             return f"it reads the KV cache in float32, bfloat16, int8 or fp8, not {pool.k[0].dtype}"
-        if spec.mla:  # (latent attention's buffers are its own: the width checks are not its)
-            pass
-        elif spec.head_dim > 256 or spec.n_heads // spec.n_kv_heads * spec.head_dim > 2048:
+        wide = spec.head_dim > 256 or spec.n_heads // spec.n_kv_heads * spec.head_dim > 2048
+        if wide and not spec.mla:  # (latent attention's buffers are its own)
             return "its per-group buffers take head_dim up to 256, 2048 values a KV group"
         embed = model.embed
         floats = (torch.float32, torch.bfloat16)
