@@ -72,6 +72,19 @@ def test_packed_products_take_any_number_of_rows(packed_products, rows, n, k, wi
         assert ours_err <= 1.5 * theirs_err + 1e-6, (ours_err, theirs_err)
 
 
+def _scattered_tables(lens: list[int], block_size: int) -> tuple[list[list[int]], int]:
+    """Block tables for sequences of these context lengths (each with room for its next
+    token), their blocks drawn in a random order from one pool; and the pool's blocks."""
+    blocks_each = [-(-(n + 1) // block_size) for n in lens]
+    num_blocks = max(1, sum(blocks_each))
+    perm = torch.randperm(num_blocks).tolist()
+    tables, used = [], 0
+    for need in blocks_each:
+        tables.append(perm[used : used + need])
+        used += need
+    return tables, num_blocks
+
+
 @SHAPES
 @given(
     lens=st.lists(st.integers(0, 90), min_size=0, max_size=12),
@@ -85,16 +98,10 @@ def test_paged_decode_attention_takes_any_contexts(lens, block_size, dtype, d, w
     any number of sequences (none included) and any context lengths."""
     torch.manual_seed(len(lens) * 100 + block_size)
     n_heads, n_kv = 6, 2
-    blocks_each = [-(-(n + 1) // block_size) for n in lens]
-    num_blocks = max(1, sum(blocks_each))
+    tables, num_blocks = _scattered_tables(lens, block_size)
     pool = KVPool(1, num_blocks, block_size, n_kv, d, dtype)
     pool.k[0].normal_()
     pool.v[0].normal_()
-    perm = torch.randperm(num_blocks).tolist()
-    tables, used = [], 0
-    for need in blocks_each:
-        tables.append(perm[used : used + need])
-        used += need
     b = len(lens)
     q, k, v = (torch.randn(b, h, d, dtype=dtype) for h in (n_heads, n_kv, n_kv))
     meta = AttentionMetadata.paged([1] * b, lens, tables, block_size)
@@ -127,15 +134,9 @@ def test_latent_decode_attention_takes_any_contexts(lens, block_size, dtype):
     module = LatentAttention(spec, 0)
     module.kv_b.normal_()
     module = module.to(dtype)
-    blocks_each = [-(-(n + 1) // block_size) for n in lens]
-    num_blocks = max(1, sum(blocks_each))
+    tables, num_blocks = _scattered_tables(lens, block_size)
     pool = KVPool.for_spec(spec, num_blocks, block_size, dtype)
     pool.k[0].normal_()
-    perm = torch.randperm(num_blocks).tolist()
-    tables, used = [], 0
-    for need in blocks_each:
-        tables.append(perm[used : used + need])
-        used += need
     b = len(lens)
     q = torch.randn(b, 4, module.dq, dtype=dtype)
     meta = AttentionMetadata.paged([1] * b, lens, tables, block_size)

@@ -62,16 +62,7 @@ static void latent_attend(const tw_kv* kv, int b, int nh, int Dk, int Dv, float 
     latent_scores(qs, rows, nh, cnt, Dk, s);
     for (int g = 0; g < nh; ++g) {
       float* sg = s + g * T;
-      float mx = m[g];
-      for (int j = 0; j < cnt; ++j) mx = sg[j] > mx ? sg[j] : mx;
-      const float decay = expf(m[g] - mx);  // 0 on the first tile (m = -inf)
-      float sum = 0.f;
-      for (int j = 0; j < cnt; ++j) {
-        sg[j] = expf(sg[j] - mx);
-        sum += sg[j];
-      }
-      l[g] = l[g] * decay + sum;
-      m[g] = mx;
+      const float decay = online_tile(sg, cnt, m + g, l + g);
       float* o = out + (int64_t)g * Dv;
 #pragma omp simd
       for (int d = 0; d < Dv; ++d) o[d] *= decay;

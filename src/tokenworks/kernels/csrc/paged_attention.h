@@ -312,6 +312,23 @@ static int64_t* window_slots(const tw_kv* kv, int b, int64_t* n) {
   return context_slots(kv, b, first, L);
 }
 
+// One tile of an online softmax, for one query head: its cnt scores sg become
+// e^(score - max), the running maximum *m and sum *l take the tile in, and the factor the
+// output so far is to be multiplied by comes back (0 on the first tile, where *m = -inf).
+static inline float online_tile(float* sg, int cnt, float* m, float* l) {
+  float mx = *m;
+  for (int j = 0; j < cnt; ++j) mx = sg[j] > mx ? sg[j] : mx;
+  const float decay = expf(*m - mx);
+  float sum = 0.f;
+  for (int j = 0; j < cnt; ++j) {
+    sg[j] = expf(sg[j] - mx);
+    sum += sg[j];
+  }
+  *l = *l * decay + sum;
+  *m = mx;
+  return decay;
+}
+
 // One KV head's G query heads (qs [G, D], scaled) over n keys with an online softmax,
 // T = kv->tile keys at a time: each tile's K rows give its scores, then its V rows are
 // added in at once, while each head keeps its running maximum m, its sum l of
@@ -347,16 +364,7 @@ static void attend_online(const tw_kv* kv, const int64_t* slots, int64_t n, int 
                   rows + j * D);
     for (int g = 0; g < G; ++g) {
       float* sg = s + g * T;
-      float mx = m[g];
-      for (int j = 0; j < cnt; ++j) mx = sg[j] > mx ? sg[j] : mx;
-      const float decay = expf(m[g] - mx);  // 0 on the first tile (m = -inf)
-      float sum = 0.f;
-      for (int j = 0; j < cnt; ++j) {
-        sg[j] = expf(sg[j] - mx);
-        sum += sg[j];
-      }
-      l[g] = l[g] * decay + sum;
-      m[g] = mx;
+      const float decay = online_tile(sg, cnt, m + g, l + g);
       float* o = out + g * D;
 #pragma omp simd
       for (int d = 0; d < D; ++d) o[d] *= decay;
