@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
-import time
 from pathlib import Path
 
 import matplotlib
@@ -34,6 +32,7 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from tokenworks import LLM  # noqa: E402
+from tokenworks.bench.attention_kinds import median_time  # noqa: E402
 from tokenworks.bench.labs import parse_lab_args, save_figure  # noqa: E402
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 from tokenworks.eval.perplexity import perplexity  # noqa: E402
@@ -45,16 +44,6 @@ from tokenworks.shapes import kv_bytes_per_token  # noqa: E402
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 64  # the kernels' layer (Llama 3.2 1B's attention)
 # the text the perplexities are taken on: English prose that ships with the checkout
 TEXT = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
-
-
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(1000 * (time.perf_counter() - t))
-    return statistics.median(times)
 
 
 def caches() -> dict:
@@ -107,14 +96,14 @@ def kernels(batch: int, context: int, repeats: int) -> dict:
         return paged_decode_attention(q, pool_k, pool_v, tables, lens, block, scale, None)
 
     kv_bytes = 2 * batch * context * HEAD_DIM * 2  # K and V of one head, bfloat16
+    timed = {"mha": (mha, HEADS), "naive_gqa": (naive, HEADS), "grouped_gqa": (grouped, KV_HEADS)}
     out = {
-        "mha": {"ms": median_ms(mha, repeats), "kv_bytes_read": kv_bytes * HEADS},
-        "naive_gqa": {"ms": median_ms(naive, repeats), "kv_bytes_read": kv_bytes * HEADS},
-        "grouped_gqa": {"ms": median_ms(grouped, repeats), "kv_bytes_read": kv_bytes * KV_HEADS},
+        way: {"ms": 1000 * median_time(fn, repeats), "kv_bytes_read": kv_bytes * heads}
+        for way, (fn, heads) in timed.items()
     }
     if tables is not None and c_kernel() is not None:
         out["c_kernel_gqa"] = {
-            "ms": median_ms(c_kernel, repeats),
+            "ms": 1000 * median_time(c_kernel, repeats),
             "kv_bytes_read": kv_bytes * KV_HEADS,
         }
     torch.testing.assert_close(naive().float(), grouped().float(), atol=2e-2, rtol=2e-2)
