@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from pathlib import Path
 
 import matplotlib
@@ -201,7 +202,7 @@ def main() -> None:
             "repeats": args.repeats,
             "ppl_tokens": args.ppl_tokens,
             "ppl_context": args.ppl_context,
-            "text": "music21 languageExcerpts/trainingData/en.txt (Lady Susan)",
+            "text": os.path.relpath(args.text),
         },  # fmt: skip
         results={"caches": cache, "kernels": timed, "converting": converted},
         seeds=[0],
