@@ -4,9 +4,9 @@ a batched decode it gets wrong.
 The ceilings come from this machine, measured here:
 
 - compute: float32 square products (`plan.probe`), FLOP/s;
-- memory: a weight-streaming float32 matrix-vector product on a 128 MiB matrix, bytes/s;
-- cache: the same product on matrices of 0.25 to 16 MiB, the best rate; the largest of
-  those sizes still read at over twice the memory rate is where the cache ceiling ends.
+- memory: summing a 512 MiB float32 vector, bytes read a second;
+- cache: the same sum over vectors of 0.25 to 16 MiB, the best rate; the largest of those
+  sizes still read at over twice the memory rate is where the cache ceiling ends.
 
 Each operation (matrix-vector and matrix products of many shapes, elementwise adds and
 multiply-adds, softmax, decode-shaped and prompt-shaped attention, all float32 in torch)
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import statistics
 
 import matplotlib
@@ -53,25 +52,25 @@ from tokenworks.units import MiB  # noqa: E402
 F32 = 4  # bytes
 
 
-def matvec_rate(mib: float, repeats: int) -> float:
-    """Bytes/s of torch.mv over a float32 matrix of `mib` MiB (hot: timed back to back)."""
-    n = int(math.sqrt(mib * MiB / F32))
-    w, x = torch.randn(n, n), torch.randn(n)
-    return n * n * F32 / median_time(lambda: torch.mv(w, x), repeats)
+def read_rate(mib: float, repeats: int) -> float:
+    """Bytes/s of summing a float32 vector of `mib` MiB: one add an element, so it streams
+    as fast as the level holding the vector delivers (timed back to back: a vector that
+    fits stays in the cache)."""
+    x = torch.randn(int(mib * MiB / F32))
+    return x.numel() * F32 / median_time(lambda: x.sum(), repeats)
 
 
-def ceilings(hw, sizes_mib: list[float], repeats: int) -> dict:
-    rates = {str(s): matvec_rate(s, repeats) for s in sizes_mib}
-    memory = hw.measured["matvec_bandwidth_fp32"]
-    cache = max(rates.values())
+def ceilings(hw, sizes_mib: list[float], memory_mib: float, repeats: int) -> dict:
+    rates = {str(s): read_rate(s, repeats) for s in sizes_mib}
+    memory = read_rate(memory_mib, repeats)
     reach = max((s for s in sizes_mib if rates[str(s)] > 2 * memory), default=min(sizes_mib))
     return {
         "compute_flops": hw.measured["matmul_flops_fp32"],
         "memory_bandwidth": memory,
-        "cache_bandwidth": cache,
+        "cache_bandwidth": max(rates.values()),
         "cache_reach_bytes": reach * MiB,
-        "matvec_rates_by_mib": rates,
-        "probe": hw.measured,
+        "read_rates_by_mib": rates,
+        "probe": hw.measured,  # the planner's: its bandwidth is a matrix-vector product's
     }
 
 
@@ -181,6 +180,10 @@ def batched_decode(hw, model: str, scheme: str, batches: list[int], prompt: int,
             ),
             "measured_over_predicted": measured / by_peak["bf16"].step_time_s,
         }
+    for small, big in zip(batches, batches[1:], strict=False):  # what one more row costs
+        row = (out[str(big)]["measured_s"] - out[str(small)]["measured_s"]) / (big - small)
+        out[str(big)]["marginal_row_s"] = row
+        out[str(big)]["marginal_flops_per_s"] = out[str(big)]["flops"] / big / row
     return out, {"llm": model_record(llm), "engine": llm.config.to_dict(), "scheme": scheme.name}
 
 
@@ -196,18 +199,25 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128, help="tokens of each decoding sequence")
     ap.add_argument("--steps", type=int, default=8, help="decode steps timed per batch")
     ap.add_argument("--cache-sizes", default="0.25,0.5,1,2,4,8,16", help="MiB")
+    ap.add_argument("--memory-size", type=float, default=512, help="MiB: well past any cache")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results")
     args = parse_lab_args(
         ap,
         fast=dict(
-            batches=f"1,{BLOCK_ROWS + 1}", prompt=16, steps=2, cache_sizes="0.25,1,16", repeats=1
+            batches=f"1,{BLOCK_ROWS + 1}",
+            prompt=16,
+            steps=2,
+            cache_sizes="0.25,1,16",
+            memory_size=256,
+            repeats=1,
         ),
     )
     torch.set_num_threads(args.threads)
     hw = probe()
-    ceil = ceilings(hw, [float(s) for s in args.cache_sizes.split(",")], args.repeats)
+    sizes = [float(s) for s in args.cache_sizes.split(",")]
+    ceil = ceilings(hw, sizes, args.memory_size, args.repeats)
     print(f"ceilings: compute {ceil['compute_flops'] / 1e9:.0f} GFLOP/s, cache "
           f"{ceil['cache_bandwidth'] / 1e9:.0f} GB/s up to {ceil['cache_reach_bytes'] / MiB:g} "
           f"MiB, memory {ceil['memory_bandwidth'] / 1e9:.0f} GB/s")  # fmt: skip
@@ -225,8 +235,8 @@ def main() -> None:
         "median_attained_by_kind": by_kind,
     }
     batches = [int(b) for b in args.batches.split(",")]
-    # the planner's machine with the memory ceiling measured here (its own probe's bandwidth
-    # is a bfloat16 product's, which torch streams slower than float32 on this CPU)
+    # the planner's machine with the memory ceiling measured here (its probe's bandwidth is
+    # a bfloat16 matrix-vector product's, which is torch's kernel's rate, not the memory's)
     hw = dataclasses.replace(hw, bandwidth=ceil["memory_bandwidth"])
     steps, about = batched_decode(
         hw, args.model, args.scheme, batches, args.prompt, args.steps, args.threads, args.repeats
