@@ -17,7 +17,7 @@ from tokenworks.plan.hardware import Hardware
 from tokenworks.units import MiB
 
 
-def _best(fn, repeats: int, budget: float = 2.0) -> float:
+def best_time(fn, repeats: int, budget: float = 2.0) -> float:
     """The fastest of `repeats` calls after a warm-up, stopping early once `budget`
     seconds are spent (a slow call is timed fewer times)."""
     fn()  # warm-up
@@ -65,17 +65,17 @@ def probe(
                 n = int((matrix_mib * MiB / elem) ** 0.5)
                 w = torch.randn(n, n).to(dtype)
                 x = torch.randn(n).to(dtype)
-                t = _best(lambda w=w, x=x: torch.mv(w, x), repeats)
+                t = best_time(lambda w=w, x=x: torch.mv(w, x), repeats)
                 out[f"matvec_bandwidth_{name}"] = w.numel() * elem / t
                 k = _matmul_size(dtype, matmul_size)
                 a = torch.randn(k, k).to(dtype)
                 b = torch.randn(k, k).to(dtype)
-                t = _best(lambda a=a, b=b: a @ b, repeats)
+                t = best_time(lambda a=a, b=b: a @ b, repeats)
                 out[f"matmul_flops_{name}"] = 2 * k**3 / t
                 del w, x, a, b
             src = torch.empty(64 * MiB, dtype=torch.uint8)
             dst = torch.empty_like(src)
-            t = _best(lambda: dst.copy_(src), repeats)
+            t = best_time(lambda: dst.copy_(src), repeats)
             out["copy_bandwidth"] = 2 * src.numel() / t  # read + write
     finally:
         torch.set_num_threads(old)
