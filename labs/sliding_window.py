@@ -138,7 +138,9 @@ def main() -> None:
     ap.add_argument("--windows", default="32,64,128,256,512", help="windows of the perplexity")
     ap.add_argument("--ppl-tokens", type=int, default=4096)
     ap.add_argument("--ppl-context", type=int, default=1024)
-    ap.add_argument("--contexts", default="1024,2048,4096", help="decode contexts of the speed test")
+    ap.add_argument(
+        "--contexts", default="1024,2048,4096", help="decode contexts of the speed test"
+    )
     ap.add_argument("--steps", type=int, default=8, help="decode steps timed per context")
     ap.add_argument("--text", default=str(TEXT), help="the text perplexity is taken on")
     ap.add_argument("--threads", type=int, default=2)
