@@ -62,3 +62,16 @@ def test_the_engine_names_where_its_context_comes_from(toy_llm):
     with pytest.raises(PromptTooLongError, match="max_model_len 32 set for this engine"):
         short.engine.add_request(prompt_token_ids=[5] * 40)
     assert not short.engine.has_unfinished()  # nothing was queued
+
+
+def test_a_context_past_the_models_is_refused_not_cut(toy_llm):
+    """Asked for more context than the model's positions reach, the engine says so and
+    names the flag, rather than quietly serving less."""
+    from tokenworks import LLM
+
+    loaded = toy_llm.engine.loaded
+    longest = loaded.spec.max_position
+    with pytest.raises(ValueError, match=f"--max-model-len {longest + 1} is past the {longest}"):
+        LLM("toy", dtype="float32", loaded=loaded, max_model_len=longest + 1, warmup=False)
+    exact = LLM("toy", dtype="float32", loaded=loaded, max_model_len=longest, warmup=False)
+    assert exact.engine.max_model_len == longest

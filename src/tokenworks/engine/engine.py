@@ -114,9 +114,13 @@ class LLMEngine:
                     f"{self.quantization} blocks: add --quantization none"
                 )
             self.compile_stats = CompileStats(layers=compile_layers_(self.model))
-        self.max_model_len = min(
-            config.max_model_len or self.spec.max_position, self.spec.max_position
-        )
+        if config.max_model_len and config.max_model_len > self.spec.max_position:
+            raise ValueError(
+                f"--max-model-len {config.max_model_len} is past the {self.spec.max_position} "
+                f"tokens {self.spec.name} is made for (its positions, and any RoPE scaling "
+                "its config gives, stop there): leave it unset or lower it"
+            )
+        self.max_model_len = config.max_model_len or self.spec.max_position
         bs = config.block_size
         # a rank's pool holds its own KV heads: the budget is each rank's
         if config.kv_cache_dtype != "auto":
