@@ -4,10 +4,10 @@ One real model (SmolLM2-135M) and one workload (a few prompts, greedy), run once
 engine's defaults and then with exactly one thing changed. Each change is one of three
 kinds:
 
-- runtime: how the same function is computed or scheduled (kernels, block size, batch
-  size, prompt chunks, prefix caching, batch invariance);
-- numerics: a runtime choice that rounds differently (the KV cache's type, the weights
-  dequantised, float32);
+- schedule: how the work is cut up and stored, the arithmetic left as it is (block size,
+  one sequence at a time, prompt chunks, prefix caching);
+- arithmetic: a runtime choice that orders or rounds the same arithmetic differently (the
+  kernels, batch invariance off, the KV cache's type, the weights dequantised, float32);
 - model: what is computed (RoPE's base, a window on every layer).
 
 For each: whether the greedy tokens are the baseline's, where they first part, how far the
@@ -42,15 +42,15 @@ from tokenworks.models import load  # noqa: E402
 TEXT = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
 CHANGES = {  # name -> (kind, engine options, spec change)
-    "kernels torch": ("runtime", {"kernels": "torch"}, None),
-    "block size 64": ("runtime", {"block_size": 64}, None),
-    "one sequence at a time": ("runtime", {"max_num_seqs": 1}, None),
-    "prompts in 16-token chunks": ("runtime", {"max_num_batched_tokens": 16}, None),
-    "prefix caching off": ("runtime", {"enable_prefix_caching": False}, None),
-    "batch invariance off": ("runtime", {"batch_invariant": False}, None),
-    "KV cache int8": ("numerics", {"kv_cache_dtype": "int8"}, None),
-    "weights dequantised": ("numerics", {"quantization": "none"}, None),
-    "float32": ("numerics", {"dtype": "float32"}, None),
+    "kernels torch": ("arithmetic", {"kernels": "torch"}, None),
+    "block size 64": ("schedule", {"block_size": 64}, None),
+    "one sequence at a time": ("schedule", {"max_num_seqs": 1}, None),
+    "prompts in 16-token chunks": ("schedule", {"max_num_batched_tokens": 16}, None),
+    "prefix caching off": ("schedule", {"enable_prefix_caching": False}, None),
+    "batch invariance off": ("arithmetic", {"batch_invariant": False}, None),
+    "KV cache int8": ("arithmetic", {"kv_cache_dtype": "int8"}, None),
+    "weights dequantised": ("arithmetic", {"quantization": "none"}, None),
+    "float32": ("arithmetic", {"dtype": "float32"}, None),
     "RoPE base doubled": ("model", {}, lambda s: {"rope_theta": 2 * s.rope_theta}),
     "window of 16 tokens": ("model", {}, lambda s: {"sliding_window": 16, "window_layers": None}),
 }
@@ -188,12 +188,12 @@ def main() -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
     names = list(changes)
-    colours = {"runtime": "#4477aa", "numerics": "#ccbb44", "model": "#ee6677"}
+    colours = {"schedule": "#4477aa", "arithmetic": "#ccbb44", "model": "#ee6677"}
     ys = range(len(names))
     a.barh(ys, [changes[n]["same_tokens"] / len(prompts) for n in names],
            color=[colours[changes[n]["kind"]] for n in names])  # fmt: skip
     a.set(yticks=list(ys), yticklabels=names, xlabel="share of prompts with the baseline's tokens",
-          title="tokens kept (blue: runtime, yellow: numerics, red: model)")  # fmt: skip
+          title="tokens kept (blue: schedule, yellow: arithmetic, red: model)")  # fmt: skip
     a.invert_yaxis()
     b.barh(ys, [changes[n]["time_ratio"] for n in names],
            color=[colours[changes[n]["kind"]] for n in names])  # fmt: skip
