@@ -42,17 +42,17 @@ from tokenworks.models import load  # noqa: E402
 TEXT = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
 CHANGES = {  # name -> (kind, engine options, spec change)
-    "kernels torch": ("arithmetic", {"kernels": "torch"}, None),
-    "block size 64": ("schedule", {"block_size": 64}, None),
-    "one sequence at a time": ("schedule", {"max_num_seqs": 1}, None),
-    "prompts in 16-token chunks": ("schedule", {"max_num_batched_tokens": 16}, None),
-    "prefix caching off": ("schedule", {"enable_prefix_caching": False}, None),
-    "batch invariance off": ("arithmetic", {"batch_invariant": False}, None),
-    "KV cache int8": ("arithmetic", {"kv_cache_dtype": "int8"}, None),
-    "weights dequantised": ("arithmetic", {"quantization": "none"}, None),
+    "kernels_torch": ("arithmetic", {"kernels": "torch"}, None),
+    "block_size_64": ("schedule", {"block_size": 64}, None),
+    "one_sequence_at_a_time": ("schedule", {"max_num_seqs": 1}, None),
+    "prompt_chunks_of_16": ("schedule", {"max_num_batched_tokens": 16}, None),
+    "prefix_caching_off": ("schedule", {"enable_prefix_caching": False}, None),
+    "batch_invariance_off": ("arithmetic", {"batch_invariant": False}, None),
+    "kv_cache_int8": ("arithmetic", {"kv_cache_dtype": "int8"}, None),
+    "weights_dequantised": ("arithmetic", {"quantization": "none"}, None),
     "float32": ("arithmetic", {"dtype": "float32"}, None),
-    "RoPE base doubled": ("model", {}, lambda s: {"rope_theta": 2 * s.rope_theta}),
-    "window of 16 tokens": ("model", {}, lambda s: {"sliding_window": 16, "window_layers": None}),
+    "rope_base_doubled": ("model", {}, lambda s: {"rope_theta": 2 * s.rope_theta}),
+    "window_of_16": ("model", {}, lambda s: {"sliding_window": 16, "window_layers": None}),
 }
 
 
@@ -83,11 +83,11 @@ def impossible(model: str, loaded, threads: int) -> dict:
     """Each ask the stack cannot honour: refused or not, how fast, the message, the work."""
     spec = loaded.spec
     asks = {
-        "a context past the model's": {"max_model_len": spec.max_position * 2},
-        "an unknown KV cache type": {"kv_cache_dtype": "fp4"},
-        "tensor parallelism that splits no head evenly": {"tensor_parallel_size": 4},
-        "more pipeline stages than layers": {"pipeline_parallel_size": spec.n_layers + 1},
-        "a GPU that is not there": {"device": "cuda:7"},
+        "context_past_the_model": {"max_model_len": spec.max_position * 2},
+        "unknown_kv_cache_type": {"kv_cache_dtype": "fp4"},
+        "tensor_parallel_splitting_no_head": {"tensor_parallel_size": 4},
+        "more_stages_than_layers": {"pipeline_parallel_size": spec.n_layers + 1},
+        "absent_gpu": {"device": "cuda:7"},
     }
     out = {}
     for name, options in asks.items():
@@ -101,9 +101,9 @@ def impossible(model: str, loaded, threads: int) -> dict:
     llm = LLM(model, loaded=loaded, threads=threads, warmup=False)
     engine = llm.engine
     requests = {
-        "a prompt past the context": ([5] * (engine.max_model_len + 1), 4),
-        "a token outside the vocabulary": ([spec.vocab_size + 5], 4),
-        "an empty prompt": ([], 4),
+        "prompt_past_the_context": ([5] * (engine.max_model_len + 1), 4),
+        "token_outside_the_vocabulary": ([spec.vocab_size + 5], 4),
+        "empty_prompt": ([], 4),
     }
     for name, (ids, max_tokens) in requests.items():
         steps = len(engine.stats)
@@ -187,12 +187,13 @@ def main() -> None:
     path = write_record(record, args.out)
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    names = list(changes)
+    names = list(changes)  # snake_case: record keys carry no spaces
     colours = {"schedule": "#4477aa", "arithmetic": "#ccbb44", "model": "#ee6677"}
     ys = range(len(names))
     a.barh(ys, [changes[n]["same_tokens"] / len(prompts) for n in names],
            color=[colours[changes[n]["kind"]] for n in names])  # fmt: skip
-    a.set(yticks=list(ys), yticklabels=names, xlabel="share of prompts with the baseline's tokens",
+    a.set(yticks=list(ys), yticklabels=[n.replace("_", " ") for n in names],
+          xlabel="share of prompts with the baseline's tokens",
           title="tokens kept (blue: schedule, yellow: arithmetic, red: model)")  # fmt: skip
     a.invert_yaxis()
     b.barh(ys, [changes[n]["time_ratio"] for n in names],
