@@ -233,6 +233,35 @@ def test_queue_simulation_agrees_with_mm1_and_pollaczek_khinchine():
     assert abs(sim["mean_wait_s"] - pk["mean_wait_s"]) < 4 * sim["wait_batch_means_stderr"]
 
 
+def test_a_bounded_queue_turns_away_what_mm1k_says():
+    def exponential(r):
+        return r.expovariate(1.0)
+
+    for rho in (0.5, 1.5):
+        for k in (1, 4):  # at most k in the system: k - 1 waiting
+            sim = queueing.admit(rho, [("all", 1.0, exponential)], "bounded_queue",
+                                 deadline=1e9, n=100_000, queue=k - 1, seed=k)  # fmt: skip
+            assert sim["turned_away"] == pytest.approx(queueing.mm1k_blocking(rho, 1.0, k),
+                                                       abs=0.01)  # fmt: skip
+
+
+def test_each_admission_policy_accounts_for_every_arrival():
+    jobs = [("short", 0.8, 0.1), ("long", 0.2, 0.6)]
+    lam = 1.5 / (0.8 * 0.1 + 0.2 * 0.6)  # 1.5 times what the server can do
+    got = {p: queueing.admit(lam, jobs, p, deadline=1.0, n=5_000) for p in queueing.POLICIES}
+    for r in got.values():
+        assert r["goodput"] + r["turned_away"] + r["late"] == pytest.approx(1)
+    assert got["admit_all"]["goodput"] < 0.05  # overloaded, every answer comes too late
+    assert got["predicted_wait"]["late"] == 0  # exact estimates: nothing admitted is late
+    assert got["predicted_wait"]["goodput"] > got["bounded_queue"]["goodput"]
+    by = got["predicted_wait"]["by_class"]  # who is turned away: the long jobs first
+    assert by["long"]["turned_away"] > 3 * by["short"]["turned_away"]
+    stale = queueing.admit(lam, jobs, "predicted_wait", deadline=1.0, n=5_000, estimate=0.5)
+    assert stale["late"] > 0.1  # hopeful estimates admit answers that come too late
+    with pytest.raises(ValueError, match="admit_all, bounded_queue"):
+        queueing.admit(lam, jobs, "lifo", deadline=1.0)
+
+
 def test_speculative_closed_form_agrees_with_monte_carlo():
     for alpha in (0.5, 0.8, 0.95):
         for k in (1, 4, 8):
