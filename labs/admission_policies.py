@@ -79,6 +79,22 @@ def request(kind: str, vocab: int, seed: int) -> tuple[list[int], SamplingParams
     return latency_prompt(prompt, vocab, seed=seed), params
 
 
+async def front_service_times(front, vocab: int, repeats: int) -> dict[str, float]:
+    """Each kind's seconds through the engine's front, one request at a time: what a
+    request costs the live service, as its operator would measure it."""
+    out = {}
+    for kind in KINDS:
+        times = []
+        for i in range(repeats + 1):  # the first, untimed
+            ids, params = request(kind, vocab, seed=200 + i)
+            t0 = time.monotonic()
+            async for _ in front.generate(params, ids):
+                pass
+            times.append(time.monotonic() - t0)
+        out[kind] = statistics.median(times[1:])
+    return out
+
+
 def service_times(llm: LLM, repeats: int) -> dict[str, float]:
     """Each kind's seconds alone on the engine (the median of `repeats`)."""
     vocab = llm.engine.spec.vocab_size
@@ -175,9 +191,24 @@ def main() -> None:
         for q, size in (("bounded", args.queue), ("open", 100_000))
     }  # fmt: skip
     llm = engines["open"]
-    service = service_times(llm, args.repeats)
+    alone = service_times(llm, args.repeats)
+    front = CoreClient(engine=llm.engine)
+    front.start()
+    try:
+        service = asyncio.run(front_service_times(front, llm.engine.spec.vocab_size,
+                                                  args.repeats))  # fmt: skip
+    finally:
+        front.shutdown()
     mean = sum(service[k] * KINDS[k][2] for k in KINDS)
-    print("service alone: " + ", ".join(f"{k} {s * 1e3:.0f} ms" for k, s in service.items()))
+    print(
+        "service: "
+        + ", ".join(
+            f"{k} {s * 1e3:.0f} ms through the front, {alone[k] * 1e3:.0f} alone"
+            for k, s in service.items()
+        )
+    )
+    # the estimates an operator would have from the engine alone: stale for the service
+    alone_scale = sum(alone[k] * KINDS[k][2] for k in KINDS) / mean
     jobs = [(k, KINDS[k][2], service[k]) for k in KINDS]
 
     simulated = {}
@@ -195,17 +226,13 @@ def main() -> None:
             for p in queueing.POLICIES
         }
     stale = {
-        str(e): queueing.admit(
-            args.load / mean,
-            jobs,
-            "predicted_wait",
-            args.deadline,
-            n=args.sim_requests,
-            estimate=float(e),
-            seed=args.seed,
-        )  # fmt: skip
+        f"{float(e):g}": queueing.admit(args.load / mean, jobs, "predicted_wait", args.deadline,
+                                        n=args.sim_requests, estimate=float(e), seed=args.seed)
         for e in args.estimates.split(",")
-    }
+    }  # fmt: skip
+    stale["from_the_engine_alone"] = queueing.admit(
+        args.load / mean, jobs, "predicted_wait", args.deadline, n=args.sim_requests,
+        estimate=alone_scale, seed=args.seed)  # fmt: skip
     # the live runs' own length: `requests` arrivals from an empty queue, over many seeds
     at_load = {p: runs_of(args.load / mean, jobs, p, args) for p in queueing.POLICIES}
 
