@@ -66,10 +66,10 @@ def theory(n: int) -> dict:
     return out
 
 
-def runs_of(lam: float, jobs, policy: str, args, seeds: int = 200) -> dict:
+def runs_of(lam: float, jobs, policy: str, args, seeds: int = 200, estimate: float = 1.0) -> dict:
     """The simulator's mean over `seeds` runs of `args.requests` arrivals each."""
     runs = [queueing.admit(lam, jobs, policy, args.deadline, n=args.requests, queue=args.queue,
-                           seed=s) for s in range(seeds)]  # fmt: skip
+                           estimate=estimate, seed=s) for s in range(seeds)]  # fmt: skip
     return {k: statistics.mean(r[k] for r in runs) for k in ("goodput", "turned_away", "late")}
 
 
@@ -111,9 +111,10 @@ def service_times(llm: LLM, repeats: int) -> dict[str, float]:
 
 
 async def live(front, policy: str, lam: float, n: int, deadline: float, service: dict,
-               vocab: int, seed: int) -> dict:  # fmt: skip
+               vocab: int, seed: int, estimate: float = 1.0) -> dict:  # fmt: skip
     """One policy on the live engine: n Poisson arrivals at lam, each judged by the
-    deadline. predicted_wait keeps the lab's own clock of when the engine will be free."""
+    deadline. predicted_wait keeps the lab's own clock of when the engine will be free,
+    each request taken as `estimate` x its measured service."""
     rng = random.Random(seed)
     plan, t = [], 0.0
     for i in range(n):
@@ -130,7 +131,7 @@ async def live(front, policy: str, lam: float, n: int, deadline: float, service:
         arrived = time.monotonic()
         outcomes[kind]["arrived"] += 1
         if policy == "predicted_wait":  # the engine may run ahead of the clock: never behind
-            end = max(arrived, free_at) + service[kind]
+            end = max(arrived, free_at) + estimate * service[kind]
             if end - arrived > deadline:
                 outcomes[kind]["turned_away"] += 1
                 return
@@ -173,6 +174,8 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=2.0, help="seconds an answer is worth")
     ap.add_argument("--queue", type=int, default=4, help="the bounded queue's waiting room")
     ap.add_argument("--estimates", default="0.5,0.75,1,1.5,2", help="scales of stale estimates")
+    ap.add_argument("--cautious", type=float, default=1.5,
+                    help="the estimates' scale of the live cautious run")  # fmt: skip
     ap.add_argument("--sim-requests", type=int, default=50_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
@@ -237,14 +240,19 @@ def main() -> None:
     at_load = {p: runs_of(args.load / mean, jobs, p, args) for p in queueing.POLICIES}
 
     measured = {}
-    for p in tqdm(queueing.POLICIES, desc="live policies", unit="policy"):
+    # the four policies, and the predicting one again with cautious estimates
+    ways = [(p, p, 1.0) for p in queueing.POLICIES]
+    ways.append(("predicted_wait_cautious", "predicted_wait", args.cautious))
+    at_load["predicted_wait_cautious"] = runs_of(args.load / mean, jobs, "predicted_wait", args,
+                                                 estimate=args.cautious)  # fmt: skip
+    for p, policy, estimate in tqdm(ways, desc="live policies", unit="policy"):
         engine = engines["bounded" if p == "bounded_queue" else "open"].engine
         front = CoreClient(engine=engine)
         front.start()
         try:
-            measured[p] = asyncio.run(live(front, p, args.load / mean, args.requests,
+            measured[p] = asyncio.run(live(front, policy, args.load / mean, args.requests,
                                            args.deadline, service, engine.spec.vocab_size,
-                                           args.seed))  # fmt: skip
+                                           args.seed, estimate))  # fmt: skip
         finally:
             front.shutdown()
         sim = at_load[p]
@@ -271,6 +279,8 @@ def main() -> None:
             "theory": checked,
             "service_s": service,
             "mean_service_s": mean,
+            "service_alone_s": alone,
+            "alone_over_front": alone_scale,
             "simulated": simulated,
             "simulated_at_load": at_load,
             "live": measured,
@@ -288,12 +298,12 @@ def main() -> None:
     a.set(xlabel="offered load (1: the engine's capacity)", ylabel="goodput",
           title=f"simulated, deadline {args.deadline} s")  # fmt: skip
     a.legend(fontsize=7)
-    xs = range(len(queueing.POLICIES))
-    b.bar([x - 0.2 for x in xs], [at_load[p]["goodput"] for p in queueing.POLICIES], 0.4,
+    xs = range(len(measured))
+    b.bar([x - 0.2 for x in xs], [at_load[p]["goodput"] for p in measured], 0.4,
           label="simulated")  # fmt: skip
-    b.bar([x + 0.2 for x in xs], [measured[p]["goodput"] for p in queueing.POLICIES], 0.4,
+    b.bar([x + 0.2 for x in xs], [measured[p]["goodput"] for p in measured], 0.4,
           label="live engine")  # fmt: skip
-    b.set(xticks=list(xs), xticklabels=[p.replace("_", "\n") for p in queueing.POLICIES],
+    b.set(xticks=list(xs), xticklabels=[p.replace("_", "\n") for p in measured],
           ylabel="goodput",
           title=f"at {args.load}x capacity, {args.requests} requests")  # fmt: skip
     b.legend(fontsize=7)
