@@ -83,6 +83,18 @@ def reader(url: str, tokens: int, out: list, start: threading.Event) -> None:
     )
 
 
+def server_queue(server_port: int, client_port: int) -> int:
+    """Bytes the kernel holds unsent in the server's socket of this connection
+    (/proc/net/tcp's tx_queue): output the server has written that the reader has not
+    taken."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        local, remote = int(f[1].split(":")[1], 16), int(f[2].split(":")[1], 16)
+        if (local, remote) == (server_port, client_port):
+            return int(f[4].split(":")[0], 16)
+    return 0
+
+
 def slow_reader(url: str, tokens: int, seconds: float, out: dict, start: threading.Event) -> None:
     """A raw socket with a small receive buffer, taking 256 bytes every 0.25 s, hanging up
     after `seconds`."""
@@ -100,9 +112,10 @@ def slow_reader(url: str, tokens: int, seconds: float, out: dict, start: threadi
         + b"\r\nConnection: close\r\n\r\n"
         + payload
     )
-    t0, got, cut_at = time.perf_counter(), b"", None
+    t0, got, cut_at, held = time.perf_counter(), b"", None, 0
     s.settimeout(1.0)
     while time.perf_counter() - t0 < seconds:
+        held = max(held, server_queue(int(port), s.getsockname()[1]))
         try:
             chunk = s.recv(256)
         except TimeoutError:
@@ -120,6 +133,8 @@ def slow_reader(url: str, tokens: int, seconds: float, out: dict, start: threadi
             "cancelled": cut_at is not None,
             "cancelled_after_s": cut_at,
             "hung_up_after_s": time.perf_counter() - t0,
+            "kernel_held_bytes": held,  # the most the server's socket held unsent
+            "bytes_read": len(got),
         }
     )
 
@@ -240,7 +255,7 @@ def main() -> None:
             print(
                 f"{name:12s} slow reader read {slow['chunks_read']} tokens, cancelled "
                 f"{slow['cancelled']} after {slow['cancelled_after_s']}, the engine ran it "
-                f"{slow['engine_ran_s']:.1f} s; the others {slow['others_gap_ms']:.1f} ms "
+                f"{slow['engine_ran_s']:.1f} s, the kernel held {slow['kernel_held_bytes']:,} bytes of it; the others {slow['others_gap_ms']:.1f} ms "
                 f"a token"
             )
     print(
