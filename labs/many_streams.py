@@ -255,8 +255,9 @@ def main() -> None:
             print(
                 f"{name:12s} slow reader read {slow['chunks_read']} tokens, cancelled "
                 f"{slow['cancelled']} after {slow['cancelled_after_s']}, the engine ran it "
-                f"{slow['engine_ran_s']:.1f} s, the kernel held {slow['kernel_held_bytes']:,} bytes of it; the others {slow['others_gap_ms']:.1f} ms "
-                f"a token"
+                f"{slow['engine_ran_s']:.1f} s, the kernel held "
+                f"{slow['kernel_held_bytes']:,} bytes; the others {slow['others_gap_ms']:.1f} ms "
+                "a token"
             )
     print(
         f"{args.streams} together: {overlap['speedup']:.1f}x the tokens/s of one alone; first "
