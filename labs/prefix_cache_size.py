@@ -1,10 +1,15 @@
-"""Lab: prefix-cache hit rate versus cache size on the real model.
+"""Lab: prefix-cache hit rate versus cache size and tenant isolation on the real model.
 
 G groups of requests each share a system prompt of L tokens (different per group); each
 request adds its own short question. Requests arrive in a random order, a few at a time.
 With room for every group's prefix the cache serves almost every prompt token after the
 first request of each group; as the pool shrinks below G x L tokens, LRU eviction throws
 prefixes out before their group comes back and the hit rate falls.
+
+Isolation: each request also belongs to one of T tenants, and with a salt per tenant (what
+the server does per API key) a tenant finds only the blocks its own requests left. The
+same requests run isolated at some of the pool sizes: each group's prefix must now be
+computed, and kept, once per tenant.
 
     python labs/prefix_cache_size.py [--groups 8] [--prefix-tokens 256]
 
@@ -31,13 +36,15 @@ from tokenworks.models import load  # noqa: E402
 from tokenworks.shapes import kv_bytes_per_token  # noqa: E402
 
 
-def run(llm: LLM, prompts: list[list[int]], concurrency: int) -> dict:
+def run(llm: LLM, prompts: list[list[int]], concurrency: int, salts=None) -> dict:
+    """salts: each request's cache salt (None: one cache shared by all)."""
     engine = llm.engine
     params = SamplingParams(max_tokens=1, temperature=0)
+    salts = salts or [None] * len(prompts)
     t = time.perf_counter()
     for i in range(0, len(prompts), concurrency):
-        for p in prompts[i : i + concurrency]:
-            engine.add_request(prompt_token_ids=p, params=params)
+        for p, salt in zip(prompts[i : i + concurrency], salts[i : i + concurrency], strict=True):
+            engine.add_request(prompt_token_ids=p, params=params, cache_salt=salt)
         while engine.has_unfinished():
             engine.step()
     prefix = engine.blocks.prefix
@@ -60,10 +67,13 @@ def main() -> None:
     ap.add_argument("--suffix-tokens", type=int, default=16)
     ap.add_argument("--requests", type=int, default=96)
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--tenants", type=int, default=4, help="tenants of the isolated runs")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results")
-    args = parse_lab_args(ap, fast=dict(groups=2, prefix_tokens=32, requests=8, concurrency=2))
+    args = parse_lab_args(
+        ap, fast=dict(groups=2, prefix_tokens=32, requests=8, concurrency=2, tenants=2)
+    )
 
     loaded = load(args.model)
     vocab = loaded.spec.vocab_size
@@ -82,24 +92,33 @@ def main() -> None:
     sizes = sorted({max(floor, int(need_all * f)) for f in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5)})
     spec = loaded.spec
     block_bytes = bs * int(kv_bytes_per_token(spec.shape, "bfloat16"))
-    results = []
+    salts = [f"tenant-{rng.randrange(args.tenants)}" for _ in prompts]
+    results, isolated = [], []
     for n_blocks in tqdm(sizes, desc="pool sizes"):
-        llm = LLM(
-            args.model,
-            dtype="bfloat16",
-            loaded=loaded,
-            threads=args.threads,
-            block_size=bs,
-            kv_cache_memory=n_blocks * block_bytes / 1024**3,
-        )
-        r = run(llm, prompts, args.concurrency)
-        r.update(num_blocks=llm.engine.blocks.num_blocks, pool_mib=n_blocks * block_bytes / 2**20)
-        results.append(r)
+        # the shared cache at every size; isolated tenants at the sizes that hold all
+        # prefixes once or more (below that the shared cache already thrashes)
+        for salted in (False, True) if n_blocks >= need_all else (False,):
+            llm = LLM(
+                args.model,
+                dtype="bfloat16",
+                loaded=loaded,
+                threads=args.threads,
+                block_size=bs,
+                kv_cache_memory=n_blocks * block_bytes / 1024**3,
+            )
+            r = run(llm, prompts, args.concurrency, salts if salted else None)
+            r.update(num_blocks=llm.engine.blocks.num_blocks,
+                     pool_mib=n_blocks * block_bytes / 2**20)  # fmt: skip
+            (isolated if salted else results).append(r)
     no_cache_prefill = sum(len(p) for p in prompts)
 
     fig, ax1 = plt.subplots(figsize=(7, 4))
     xs = [r["num_blocks"] for r in results]
-    ax1.plot(xs, [100 * r["hit_rate"] for r in results], "o-", color="tab:blue")
+    ax1.plot(xs, [100 * r["hit_rate"] for r in results], "o-", color="tab:blue",
+             label="one cache shared")  # fmt: skip
+    ax1.plot([r["num_blocks"] for r in isolated], [100 * r["hit_rate"] for r in isolated], "^:",
+             color="tab:blue", label=f"a salt per tenant ({args.tenants} tenants)")  # fmt: skip
+    ax1.legend(fontsize=7, loc="lower right")
     ax1.set_xlabel(f"KV pool size (blocks of {bs} tokens)")
     ax1.set_ylabel("prefix-cache hit rate (% of prompt tokens)", color="tab:blue")
     ax1.axvline(need_all, color="gray", ls="--", lw=1)
@@ -124,10 +143,13 @@ def main() -> None:
             "requests": args.requests,
             "concurrency": args.concurrency,
             "request_groups": groups,
+            "tenants": args.tenants,
+            "request_salts": salts,
             "max_tokens": 1,
         },
         results={
             "by_pool_size": results,
+            "isolated_by_pool_size": isolated,
             "prefill_tokens_without_cache": no_cache_prefill,
             "blocks_for_all_prefixes": need_all,
             "figure": str(png),
@@ -135,12 +157,13 @@ def main() -> None:
         seeds=[0],
     )
     path = write_record(record, args.out)
-    for r in results:
-        print(
-            f"{r['num_blocks']:5d} blocks: hit rate {100 * r['hit_rate']:5.1f}%, "
-            f"prefill {r['prefill_tokens']} tokens, evictions {r['evictions']}, misses "
-            + ", ".join(f"{why} {n}" for why, n in r["misses"].items() if n)
-        )
+    for way, rows in (("shared", results), ("isolated", isolated)):
+        for r in rows:
+            print(
+                f"{way:8s} {r['num_blocks']:5d} blocks: hit rate {100 * r['hit_rate']:5.1f}%, "
+                f"prefill {r['prefill_tokens']} tokens, evictions {r['evictions']}, misses "
+                + ", ".join(f"{why} {n}" for why, n in r["misses"].items() if n)
+            )
     print(f"record {path}, figure {png}")
 
 
