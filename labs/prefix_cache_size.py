@@ -112,26 +112,6 @@ def main() -> None:
             (isolated if salted else results).append(r)
     no_cache_prefill = sum(len(p) for p in prompts)
 
-    fig, ax1 = plt.subplots(figsize=(7, 4))
-    xs = [r["num_blocks"] for r in results]
-    ax1.plot(xs, [100 * r["hit_rate"] for r in results], "o-", color="tab:blue",
-             label="one cache shared")  # fmt: skip
-    ax1.plot([r["num_blocks"] for r in isolated], [100 * r["hit_rate"] for r in isolated], "^:",
-             color="tab:blue", label=f"a salt per tenant ({args.tenants} tenants)")  # fmt: skip
-    ax1.legend(fontsize=7, loc="lower right")
-    ax1.set_xlabel(f"KV pool size (blocks of {bs} tokens)")
-    ax1.set_ylabel("prefix-cache hit rate (% of prompt tokens)", color="tab:blue")
-    ax1.axvline(need_all, color="gray", ls="--", lw=1)
-    ax1.text(need_all, 5, " all prefixes fit", color="gray")
-    ax2 = ax1.twinx()
-    ax2.plot(xs, [r["prefill_tokens"] / no_cache_prefill for r in results], "s--", color="tab:red")
-    ax2.set_ylabel("prefill tokens computed / without cache", color="tab:red")
-    ax1.set_title(
-        f"{args.groups} system prompts of {args.prefix_tokens} tokens, {args.requests} requests"
-    )
-    fig.tight_layout()
-    png = save_figure(fig, args.out, "lab-prefix-cache-size.png")
-
     record = make_record(
         kind="lab.prefix_cache_size",
         engine={"dtype": "bfloat16", "block_size": bs, "threads": args.threads},
@@ -152,11 +132,30 @@ def main() -> None:
             "isolated_by_pool_size": isolated,
             "prefill_tokens_without_cache": no_cache_prefill,
             "blocks_for_all_prefixes": need_all,
-            "figure": str(png),
         },
         seeds=[0],
     )
     path = write_record(record, args.out)
+    fig, ax1 = plt.subplots(figsize=(7, 4))
+    xs = [r["num_blocks"] for r in results]
+    ax1.plot(xs, [100 * r["hit_rate"] for r in results], "o-", color="tab:blue",
+             label="one cache shared")  # fmt: skip
+    ax1.plot([r["num_blocks"] for r in isolated], [100 * r["hit_rate"] for r in isolated], "^:",
+             color="tab:blue", label=f"a salt per tenant ({args.tenants} tenants)")  # fmt: skip
+    ax1.legend(fontsize=7, loc="lower right")
+    ax1.set_xlabel(f"KV pool size (blocks of {bs} tokens)")
+    ax1.set_ylabel("prefix-cache hit rate (% of prompt tokens)", color="tab:blue")
+    ax1.axvline(need_all, color="gray", ls="--", lw=1)
+    ax1.text(need_all, 5, " all prefixes fit", color="gray")
+    ax2 = ax1.twinx()
+    ax2.plot(xs, [r["prefill_tokens"] / no_cache_prefill for r in results], "s--", color="tab:red")
+    ax2.set_ylabel("prefill tokens computed / without cache", color="tab:red")
+    ax1.set_title(
+        f"{args.groups} system prompts of {args.prefix_tokens} tokens, {args.requests} requests"
+    )
+    fig.tight_layout()
+    png = save_figure(fig, args.out, path.with_suffix(".png").name)
+
     for way, rows in (("shared", results), ("isolated", isolated)):
         for r in rows:
             print(
