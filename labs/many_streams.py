@@ -7,12 +7,14 @@ connection:
   each gets, and how long each waits for its first token (it waits for its neighbours'
   prompts: the first to start and the last differ by the whole batch's prefill);
 - one slow reader among them, under four server policies: buffer whatever it has not
-  read (no bound), cancel it once 256 or 64 tokens wait for it (`--max-stream-backlog`),
-  or once it has read nothing for 2 s (`--max-stream-stall`). The slow reader is a raw
-  socket with a small receive buffer that takes 256 bytes every 0.25 s and hangs up after
-  its time is out; the others read at full speed. For each: the others' time per token,
-  what the slow reader got, whether and when it was cancelled, and how long the engine
-  kept a slot running for it;
+  read (no bound); cancel it once 64 tokens wait for it in the server
+  (`--max-stream-backlog`); the same with the kernel's send buffer for each connection
+  bounded to 8 KiB (`--max-stream-socket-kb`); and with that bound, cancel it once it has
+  taken nothing for 2 s (`--max-stream-stall`). The slow reader is a raw socket with a
+  small receive buffer that takes 256 bytes every 0.25 s and hangs up after its time is
+  out; the others read at full speed. For each: the others' time per token, what the slow
+  reader got, the bytes the kernel held for it, and how long the engine ran it (a stream
+  cancelled stops early; its error event waits behind the unread output);
 - a client that has gone: a stream whose connection closes after its first few tokens,
   and the seconds the engine goes on running it (`/metrics`' running requests, polled).
 
@@ -44,12 +46,15 @@ from tokenworks.bench.peer_engines import running_server, tokenworks_server  # n
 from tokenworks.bench.record import make_record, write_record  # noqa: E402
 
 PROMPT = "Tell me, at length, the history of the lighthouse at the end of the harbour wall."
+UNBOUNDED = ["--max-stream-backlog", "100000000", "--max-stream-stall", "100000"]
 POLICIES = {  # name -> server flags
-    "buffer_all": ["--max-stream-backlog", "100000000", "--max-stream-stall", "100000"],
-    "backlog_256": ["--max-stream-backlog", "256", "--max-stream-stall", "100000"],
+    "buffer_all": UNBOUNDED,
     "backlog_64": ["--max-stream-backlog", "64", "--max-stream-stall", "100000"],
-    "stall_2s": ["--max-stream-backlog", "100000000", "--max-stream-stall", "2"],
-}
+    "socket_8k_backlog_64": ["--max-stream-socket-kb", "8", "--max-stream-backlog", "64",
+                             "--max-stream-stall", "100000"],
+    "socket_8k_stall_2s": ["--max-stream-socket-kb", "8", "--max-stream-backlog", "100000000",
+                           "--max-stream-stall", "2"],
+}  # fmt: skip
 
 
 def body(tokens: int) -> dict:
@@ -166,18 +171,32 @@ def many(
         threads.append(
             threading.Thread(target=slow_reader, args=(url, slow_tokens, slow_seconds, slow, start))
         )
+    samples: list[tuple[float, float]] = []  # (seconds, requests running in the engine)
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            samples.append((time.perf_counter() - t0, running(url)))
+            time.sleep(0.05)
+
     for t in threads:
         t.start()
     t0 = time.perf_counter()
     start.set()
+    poller = threading.Thread(target=sample)
+    poller.start()
     for t in threads[:streams]:
         t.join()
     took = time.perf_counter() - t0
-    if slow is not None:  # the slow one alone now: how long the engine keeps it running
-        while running(url) > 0 and time.perf_counter() - t0 < took + slow_seconds:
-            time.sleep(0.05)
-        slow["engine_ran_s"] = time.perf_counter() - t0
+    if slow is not None:
         threads[-1].join()
+        # the slow one runs while the engine runs more than the fast readers still reading
+        ends = [r["end_s"] for r in out]
+        slow["engine_ran_s"] = max(
+            (t for t, n in samples if n > sum(e > t for e in ends) + 0.5), default=0.0
+        )
+    sampling.set()
+    poller.join()
     return out, took
 
 

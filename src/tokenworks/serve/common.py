@@ -300,8 +300,10 @@ async def abort_on_disconnect(state: ServerState, request: Request, request_ids:
 
 async def merge(streams: list) -> object:
     """Interleave several update streams (one per prompt) as their updates arrive:
-    yields (stream number, update)."""
-    queue: asyncio.Queue = asyncio.Queue()
+    yields (stream number, update). The queue holds one update a stream: a pump takes the
+    next only when its last was taken, so a client that reads slowly leaves its output in
+    the request streams, where --max-stream-backlog and --max-stream-stall see it."""
+    queue: asyncio.Queue = asyncio.Queue(maxsize=len(streams))
 
     async def pump(i, stream):
         try:

@@ -82,10 +82,22 @@ class ServerLimits:
         ),
     )  # fmt: skip
 
+    max_stream_socket_kb: float = field(
+        default=0.0,
+        metadata=option(
+            "KiB the kernel may hold unsent for one connection (its socket's send buffer, "
+            "which the kernel doubles, at most net.core.wmem_max); a slow reader's output "
+            "past it waits in the server, where --max-stream-backlog and --max-stream-stall "
+            "see it. 0: the kernel's own, grown as it sees fit (to megabytes a connection)",
+            group=LIMITS, metavar="KIB",
+        ),
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if value < 0 or (value == 0 and name != "max_stop"):
-                least = "0 or more" if name == "max_stop" else "more than 0"
+            zero_ok = name in ("max_stop", "max_stream_socket_kb")
+            if value < 0 or (value == 0 and not zero_ok):
+                least = "0 or more" if zero_ok else "more than 0"
                 raise ValueError(f"{name} is {value}: give {least}")
 
     @property

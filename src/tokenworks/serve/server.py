@@ -202,7 +202,11 @@ def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits)
         state, options.shutdown_timeout,
     )  # fmt: skip
     if not _died(engine):  # (a core that died before now stops us here)
-        server.run()
+        sock = server.config.bind_socket()
+        if limits.max_stream_socket_kb:  # accepted connections inherit it
+            sndbuf = int(limits.max_stream_socket_kb * 1024)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+        server.run(sockets=[sock])
     for front in state.fronts:  # (the app's lifespan did, unless a second signal cut it short)
         front.shutdown()
     return 1 if _died(engine) and not server.signalled else 0
