@@ -15,6 +15,7 @@ PACKED = 4  # a bfloat16 weight in products.pack_weight's layout
 PACKED_GLU = 5  # a gate_up weight packed with glu=True: its product ends in SwiGLU
 PARTS = 6  # a product of row ranges in different dtypes: Linear.parts, n_parts of them
 BLOCKS = 16  # BLOCKS + t: a GGUF tensor of ggml type t, as stored (kernels/blocks.py)
+R8 = 64  # R8 + t: the same, repacked eight rows at a time (csrc/repacked_products.h)
 GLU = 101  # tw_packed_linear's y_dtype for PACKED_GLU weights: y is silu(gate) * up
 E4M3 = 7  # a KV pool of float8 e4m3 bytes (csrc/kv_rows.h)
 DTYPE_CODES = {torch.float32: F32, torch.bfloat16: BF16, torch.int8: I8}
@@ -194,6 +195,9 @@ SIGNATURES = {
     "tw_block_linear": (None, [c_ptr, _i, _i, ctypes.POINTER(Linear), c_ptr, _i, _i]),
     "tw_block_dequantize": (None, [c_ptr, _i, _i64, _i, c_ptr, _i, _i]),
     "tw_blocks_use_portable": (_i, [_i]),
+    "tw_r8_packs": (_i, [_i]),
+    "tw_r8_bytes": (_i64, [_i, _i64, _i]),
+    "tw_r8_pack": (None, [_i, c_ptr, _i64, _i, c_ptr, _i]),
     "tw_qact_bytes": (ctypes.c_size_t, [_i, _i]),
     "tw_stream_read": (_i64, [c_ptr, _i64, _i]),
     "tw_amx_init": (_i, []),

@@ -6,6 +6,11 @@ multiply by it without widening it: the activations are quantised 32 at a time t
 and each block pair multiplies in integers: AVX-512 VNNI where the CPU has it, else AVX2
 (maddubs sums the products in pairs in int16, madd those in int32), else plain C. Types the
 kernels do not execute are re-quantised to Q8_0 once, at load.
+
+Where the kernels repack a type (csrc/repacked_products.h: eight rows' blocks together, so
+one load of activations feeds eight rows), a product's weights are repacked once, when the
+product is first viewed from C, into memory the process owns; the file's pages they came
+from are then dropped from the resident set, so a model costs about its file's size once.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-from dataclasses import dataclass
+import mmap
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -73,6 +79,8 @@ class BlockTensor:
     ggml_type: int
     shape: tuple[int, int]
     data: torch.Tensor
+    mapped: bool = False  # data is a view of a memory-mapped file (its pages can be dropped)
+    packed: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     def numel(self) -> int:
         return self.shape[0] * self.shape[1]
@@ -80,7 +88,8 @@ class BlockTensor:
     def rows(self, index) -> BlockTensor:
         """The rows `index` selects (a slice stays a view of the file; a list copies)."""
         data = self.data[index]
-        return BlockTensor(self.ggml_type, (data.shape[0], self.shape[1]), data)
+        view = self.mapped and isinstance(index, slice)
+        return BlockTensor(self.ggml_type, (data.shape[0], self.shape[1]), data, view)
 
     def columns(self, index: slice) -> BlockTensor | None:
         """The columns `index` selects, copied out of every row: whole blocks only (None
@@ -102,12 +111,27 @@ class BlockTensor:
         """The weights the blocks hold, [rows, cols] in dtype."""
         return dequantize(self, dtype)
 
+    def repacked(self, lib) -> torch.Tensor | None:
+        """The blocks repacked eight rows at a time (made once, then kept), or None for a
+        type the kernels do not repack. A view of a mapped file gives its pages back."""
+        if self.packed is None and lib.tw_r8_packs(self.ggml_type):
+            rows, cols = self.shape
+            data = self.data if self.data.is_contiguous() else self.data.contiguous()
+            out = torch.empty(lib.tw_r8_bytes(self.ggml_type, rows, cols), dtype=torch.uint8)
+            lib.tw_r8_pack(
+                self.ggml_type, ck.ptr(data), rows, cols, ck.ptr(out), torch.get_num_threads()
+            )
+            self.packed = out
+            if self.mapped and data is self.data:
+                release_pages(data)
+        return self.packed
+
 
 def from_array(ggml_type: int, shape: tuple[int, int], data: np.ndarray) -> BlockTensor:
     """A BlockTensor over raw bytes (a memory map's view is kept, not copied)."""
     rows = shape[0]
     raw = torch.from_numpy(np.asarray(data).view(np.uint8).reshape(rows, -1))
-    return BlockTensor(ggml_type, shape, raw)
+    return BlockTensor(ggml_type, shape, raw, isinstance(data, np.memmap))
 
 
 def executable(ggml_type: int, shape: tuple[int, int], data: np.ndarray) -> BlockTensor:
@@ -162,23 +186,44 @@ def use_portable(on: bool) -> bool:
     return lib is not None and bool(lib.tw_blocks_use_portable(int(on)))
 
 
-def c_linear(parts: list[BlockTensor], bias: torch.Tensor | None, keep: list) -> ck.Linear:
+def release_pages(data: torch.Tensor) -> None:
+    """Drop the whole pages of a view of a memory-mapped file from this process's resident
+    set (clean file pages, read again from the file should they be touched)."""
+    page = mmap.PAGESIZE
+    start = -(-data.data_ptr() // page) * page
+    stop = (data.data_ptr() + data.numel() * data.element_size()) // page * page
+    if stop > start:
+        _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(stop - start), mmap.MADV_DONTNEED)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
+def c_linear(
+    parts: list[BlockTensor], bias: torch.Tensor | None, keep: list, repack: bool = True
+) -> ck.Linear:
     """The C view of a product whose output rows are parts' rows in order (each part its
     own block type); bias (float32 [rows]) is split among them. keep holds what the view
-    points at."""
+    points at. repack: multiply the types the kernels repack on their repacked rows."""
     k = parts[0].shape[1]
     n = sum(p.shape[0] for p in parts)
     if bias is not None:
         bias = bias.detach().float().contiguous()
         keep.append(bias)
     views, row = [], 0
+    lib = library()
     for p in parts:
-        data = p.data if p.data.is_contiguous() else p.data.contiguous()
+        data, code = (p.repacked(lib) if repack else None), ck.R8 + p.ggml_type
+        if data is None:
+            data = p.data if p.data.is_contiguous() else p.data.contiguous()
+            code = ck.BLOCKS + p.ggml_type
         keep.append(data)
         b = None if bias is None else bias[row : row + p.shape[0]]
-        views.append(
-            ck.Linear(ck.ptr(data), None, ck.ptr(b), ck.BLOCKS + p.ggml_type, p.shape[0], k)
-        )
+        views.append(ck.Linear(ck.ptr(data), None, ck.ptr(b), code, p.shape[0], k))
         row += p.shape[0]
     if len(views) == 1:
         return views[0]

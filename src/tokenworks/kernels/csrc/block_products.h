@@ -27,6 +27,11 @@ enum { TW_PARTS = 6 };  // a product made of row ranges of different dtypes (tw_
 #define BLOCK_MAX_ROWS 8  // activation rows that share one decode of a weight block
 
 static inline int is_blocks(int dtype) { return dtype >= TW_BLOCKS; }
+// dtype code TW_R8 + t: a GGUF tensor of ggml type t repacked eight rows at a time
+// (repacked_products.h)
+enum { TW_R8 = 64 };
+// The ggml type a product's dtype code names (a file's blocks, as stored or repacked).
+static inline int block_type(int dtype) { return dtype >= TW_R8 ? dtype - TW_R8 : dtype - TW_BLOCKS; }
 
 // Whether type t comes in super-blocks of 256 (its activations quantised per 256, with
 // sums per 16) rather than blocks of 32.
@@ -1315,8 +1320,14 @@ static void quantize_rows(const float* x, int B, int k, const tw_qact* a, int ne
 // The rows of one block weight (or one part of a product) against quantised activation
 // rows [0, B): y[b * ldy + j] (+)= W[j] . x[b] (+ bias[j]), the output rows shared among
 // the threads. With nowait the threads move on without waiting for each other.
+static void r8_rows_part(const tw_linear* L, const tw_qact* a, float* y, int64_t ldy, int B,
+                         int accumulate, int nowait);
 static void block_rows_part(const tw_linear* L, const tw_qact* a, float* y, int64_t ldy, int B,
                             int accumulate, int nowait) {
+  if (L->dtype >= TW_R8) {
+    r8_rows_part(L, a, y, ldy, B, accumulate, nowait);
+    return;
+  }
   const int t = L->dtype - TW_BLOCKS, k = L->k;
   const int64_t rb = block_row_bytes(t, k);
   const int ahead = (int)((PREFETCH_BYTES + rb - 1) / rb);
@@ -1360,7 +1371,7 @@ static int has_blocks(const tw_linear* L) {
 }
 
 static int formats_needed(const tw_linear* L) {
-  if (L->dtype != TW_PARTS) return is_super(L->dtype - TW_BLOCKS) ? 2 : 1;
+  if (L->dtype != TW_PARTS) return is_super(block_type(L->dtype)) ? 2 : 1;
   int need = 0;
   for (int i = 0; i < L->n_parts; ++i) need |= formats_needed(&L->parts[i]);
   return need;

@@ -28,6 +28,7 @@
 #include "common.h"
 #include "kv_rows.h"
 #include "block_products.h"
+#include "repacked_products.h"
 #include "dot_products.h"
 #include "paged_attention.h"
 #include "latent_attention.h"
