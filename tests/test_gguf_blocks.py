@@ -149,18 +149,22 @@ def test_parts_of_different_types_write_their_own_columns(monkeypatch):
     y = fused(x)
     parts = [BlockLinear([p])(x) for p in (q, k, v)]
     assert torch.allclose(y, torch.cat(parts, dim=1) + bias, atol=1e-5)
-    # more rows than BLOCK_ROWS: a dequantised tile and torch's product where bfloat16 is
-    # native, else the blocks again
+    # more rows than BLOCK_ROWS: types the kernels repack stay on the blocks at any batch;
+    # another (IQ4_XS) takes a dequantised tile and torch's product where bfloat16 is native
     big = torch.randn(60, 256)
     w64 = fused.dequantized(torch.float32).double().numpy()
     dense = big @ fused.dequantized(torch.float32).T + bias
+    bound = activation_bound(big.double().numpy(), w64, 256)
+    iq = BlockLinear([blocks.from_array(23, (8, 256), random_blocks(23, 8, 256, 4))])
+    iq_dense = big @ iq.dequantized(torch.float32).T
+    iq_bound = activation_bound(big.double().numpy(), iq.dequantized(torch.float64).numpy(), 256)
     for native in (True, False):
         monkeypatch.setattr(block_linear, "packed_built", lambda native=native: native)
+        assert (np.abs((fused(big) - dense).double().numpy()) <= bound).all()
         if native:
-            assert torch.allclose(fused(big), dense, atol=1e-4)
+            assert torch.allclose(iq(big), iq_dense, atol=1e-4)
         else:
-            bound = activation_bound(big.double().numpy(), w64, 256)
-            assert (np.abs((fused(big) - dense).double().numpy()) <= bound).all()
+            assert (np.abs((iq(big) - iq_dense).double().numpy()) <= iq_bound).all()
 
 
 def test_a_type_not_executed_is_requantised_to_q8_0():

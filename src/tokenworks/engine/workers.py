@@ -154,6 +154,7 @@ def build_rank_model(config, loaded, quantization, topology: Topology | None = N
         config.moe_capacity_factor,
         config.attention_tile,
         layers,
+        config.repack,
     )
     if top.tp > 1:
         tp.parallelize_(model, loaded.spec, shard)

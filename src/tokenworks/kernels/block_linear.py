@@ -2,13 +2,13 @@
 
 A `BlockLinear` holds its weight as the file stores it (kernels/blocks.BlockTensor), in one
 or more parts (a fused QKV whose V is Q6_K while Q and K are Q4_K: each part keeps its
-type). A few rows (decode) multiply on the blocks in C, activations quantised to 8 bits;
-more rows (prompts) dequantise the weight to the activations' dtype for that one product
-and multiply with torch, where the product is compute-bound and a float tile pays for
-itself, on a CPU that multiplies bfloat16 natively (AVX-512 BF16). Elsewhere every product
-runs on the blocks: on an AVX2 EPYC a 512 x 1,536 x 8,960 Q4_K product takes 148 ms in
-integers against 181 dequantised to a float32 tile (bfloat16 products there are slower
-still). Without the C kernels (another device, no compiler) every product dequantises.
+type). Products multiply on the blocks in C, activations quantised to 8 bits. The types the
+kernels repack (kernels/blocks.py) do so at every batch size: on a 2-core Zen 5 EPYC a
+512 x 1,536 x 8,960 Q4_K product takes about 15 ms on the repacked rows, against about
+15 ms for torch's bfloat16 product alone, before any dequantising. The other types take
+more rows (prompts) through a weight dequantised to the activations' dtype for that one
+product and torch's product, where the CPU multiplies bfloat16 natively (AVX-512 BF16).
+Without the C kernels (another device, no compiler) every product dequantises.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from tokenworks.kernels.blocks import BlockTensor, block_linear, c_linear
 from tokenworks.kernels.build import library
 from tokenworks.kernels.products import packed_built
 
-# Up to this many rows multiply on the blocks where bfloat16 products are native; more
-# dequantise for torch's product. On a 2-core EPYC with AVX-512 BF16 the integer products
+# Up to this many rows multiply on blocks not repacked where bfloat16 products are native;
+# more dequantise for torch's product. On a 2-core EPYC with AVX-512 BF16 the integer products
 # win to about 48 rows for 0.5B-1.5B shapes (a 1536 x 8960 Q4_K product: 3.6 ms against 7.5
 # at 16 rows, 13.6 against 11.0 at 64).
 BLOCK_ROWS = 48
@@ -42,13 +42,20 @@ class BlockLinear(nn.Module):
         self.in_features = parts[0].shape[1]
         self.out_features = sum(p.shape[0] for p in parts)
         self._c = None  # (ck.Linear, what it points at), made on first use
+        self.repack = True  # multiply the types the kernels repack on their repacked rows
 
     def c_view(self):
         """The C kernels' view of the product (kernels/abi.Linear)."""
         if self._c is None:
             keep: list = []
-            self._c = (c_linear(self.parts, self.bias, keep), keep)
+            view = c_linear(self.parts, self.bias, keep, self.repack)
+            repacked = self.repack and all(p.packed is not None for p in self.parts)
+            self._c = (view, keep, repacked)
         return self._c[0]
+
+    def all_repacked(self) -> bool:
+        """Whether every part multiplies on repacked rows (after c_view)."""
+        return self._c is not None and self._c[2]
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight [out, in] in dtype (a new tensor each call)."""
@@ -59,7 +66,7 @@ class BlockLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         flat = x.reshape(-1, self.in_features)
         if (
-            (flat.shape[0] <= BLOCK_ROWS or not packed_built())
+            (flat.shape[0] <= BLOCK_ROWS or not packed_built() or self.all_repacked())
             and flat.device.type == "cpu"
             and flat.dtype in (torch.float32, torch.bfloat16)
             and library() is not None

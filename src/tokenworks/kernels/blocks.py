@@ -55,6 +55,7 @@ EXECUTED = {
     39: "MXFP4",
 }
 Q8_0 = 8
+REPACK_STRETCH = 8 << 20  # bytes of the file repacked (then given back) at a time
 DENSE = {0: torch.float32, 1: torch.float16, 30: torch.bfloat16}  # ggml types read as floats
 
 
@@ -113,17 +114,26 @@ class BlockTensor:
 
     def repacked(self, lib) -> torch.Tensor | None:
         """The blocks repacked eight rows at a time (made once, then kept), or None for a
-        type the kernels do not repack. A view of a mapped file gives its pages back."""
+        type the kernels do not repack. A view of a mapped file gives its pages back as
+        each stretch of rows is repacked, so the two copies never coexist whole."""
         if self.packed is None and lib.tw_r8_packs(self.ggml_type):
             rows, cols = self.shape
             data = self.data if self.data.is_contiguous() else self.data.contiguous()
             out = torch.empty(lib.tw_r8_bytes(self.ggml_type, rows, cols), dtype=torch.uint8)
-            lib.tw_r8_pack(
-                self.ggml_type, ck.ptr(data), rows, cols, ck.ptr(out), torch.get_num_threads()
-            )
-            self.packed = out
-            if self.mapped and data is self.data:
+            release = self.mapped and data is self.data
+            step = max(8, (REPACK_STRETCH // max(data.shape[1], 1)) // 8 * 8)
+            for row in range(0, rows, step):
+                part = data[row : row + step]
+                at = lib.tw_r8_bytes(self.ggml_type, row, cols)
+                lib.tw_r8_pack(
+                    self.ggml_type, ck.ptr(part), part.shape[0], cols, ck.ptr(out) + at,
+                    torch.get_num_threads(),
+                )  # fmt: skip
+                if release:
+                    release_pages(part)
+            if release:  # (the pages that straddled two stretches)
                 release_pages(data)
+            self.packed = out
         return self.packed
 
 

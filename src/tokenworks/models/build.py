@@ -7,7 +7,8 @@ import logging
 
 import torch
 
-from tokenworks.kernels.block_linear import DenseView
+from tokenworks.kernels.block_linear import BlockLinear, DenseView
+from tokenworks.kernels.build import library
 from tokenworks.models.arch import family
 from tokenworks.models.gpt2 import GPT2Model
 from tokenworks.models.llama import LlamaModel
@@ -51,6 +52,7 @@ def build_model(
     moe_capacity_factor: float | None = None,
     attention_tile: int | None = None,
     layers: range | None = None,  # a pipeline stage's layers (None: all)
+    repack: bool = True,
 ) -> torch.nn.Module:
     with _without_random_init():  # (nor does a layer that will hold blocks touch its pages)
         module = MODULES[family(spec.arch).module]
@@ -77,11 +79,23 @@ def build_model(
     for layer in model.modules():  # (latent attention keeps SDPA)
         if hasattr(layer, "attention_tile"):
             layer.attention_tile = attention_tile
+    if blocks and device == "cpu":
+        repack_blocks_(model, repack)
     if batch_invariant:
         make_batch_invariant_(model)
     elif quantization in (None, "gguf") and dtype == torch.bfloat16 and device == "cpu":
         matvec_linears_(model)  # single-row products (batch-1 decode) via torch.mv
     return model
+
+
+def repack_blocks_(model: torch.nn.Module, repack: bool) -> None:
+    """Each product on a GGUF file's blocks told whether to multiply them repacked, and
+    where it does, repacked now (at load, not on the first request)."""
+    for m in model.modules():
+        if isinstance(m, BlockLinear):
+            m.repack = repack
+            if repack and library() is not None:
+                m.c_view()
 
 
 def make_batch_invariant_(model: torch.nn.Module) -> torch.nn.Module:

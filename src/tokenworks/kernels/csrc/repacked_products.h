@@ -51,27 +51,31 @@ int64_t tw_r8_bytes(int t, int64_t rows, int k) {
   return (rows + 7) / 8 * (int64_t)(k / block_elems(t)) * r8_record(t);
 }
 
-// One block's record from eight rows' blocks (src[r] NULL: a row of zeros).
+// Four bytes of a row's run of values to chunk c of row r (the chunks of eight rows lie
+// together, four bytes a row).
+static inline void r8_chunk(uint8_t* v, int c, int r, const uint8_t* from) {
+  memcpy(v + (c * 8 + r) * 4, from, 4);
+}
+
+// One block's record from eight rows' blocks (src[r] NULL: a row of zeros). Where the file's
+// bytes already hold what a chunk holds (nibbles of elements l and l + 16, or of runs 2p and
+// 2p + 1), they are copied four at a time.
 static void r8_pack_block(int t, const uint8_t* const src[8], uint8_t* rec) {
   memset(rec, 0, (size_t)r8_record(t));
-  const int kay = is_super(t);
   for (int r = 0; r < 8; ++r) {
     const uint8_t* b = src[r];
     if (!b) continue;
-    uint8_t q[32];
-    if (!kay) {
+    if (!is_super(t)) {
+      const int lead = t == GG_Q4_0 || t == GG_Q8_0 ? 2 : t == GG_Q4_1 ? 4 : t == GG_Q5_0 ? 6 : 8;
       memcpy(rec + 2 * r, b, 2);
       if (r8_has_min(t)) memcpy(rec + 16 + 2 * r, b + 2, 2);
-      group_values(t, b, 0, q);
-      uint8_t* v = rec + r8_values(t);
-      if (t == GG_Q8_0) {
-        for (int l = 0; l < 32; ++l) v[((l / 4) * 8 + r) * 4 + l % 4] = q[l] ^ 0x80;
-        continue;
+      for (int c = 0; c < (t == GG_Q8_0 ? 8 : 4); ++c) r8_chunk(rec + r8_values(t), c, r, b + lead + 4 * c);
+      if (r8_fifth(t)) {  // bit l of the file's word: element l's fifth bit
+        const uint32_t qh = load_u32(b + lead - 4);
+        uint32_t bits = 0;
+        for (int l = 0; l < 32; ++l) bits |= (qh >> l & 1) << (8 * (l % 4) + l / 4);
+        memcpy(rec + 16 + 16 * r8_has_min(t) + 4 * r, &bits, 4);
       }
-      uint32_t qh = 0;
-      for (int l = 0; l < 16; ++l) v[((l / 4) * 8 + r) * 4 + l % 4] = (q[l] & 0xF) | (q[l + 16] << 4);
-      for (int l = 0; l < 32; ++l) qh |= (uint32_t)(q[l] >> 4 & 1) << (8 * (l % 4) + l / 4);
-      if (r8_fifth(t)) memcpy(rec + 16 + 16 * r8_has_min(t) + 4 * r, &qh, 4);
       continue;
     }
     if (t == GG_Q6_K) {
@@ -79,6 +83,7 @@ static void r8_pack_block(int t, const uint8_t* const src[8], uint8_t* rec) {
       for (int j = 0; j < 8; ++j) {
         rec[16 + (j * 8 + r) * 2] = b[192 + 2 * j];
         rec[16 + (j * 8 + r) * 2 + 1] = b[192 + 2 * j + 1];
+        uint8_t q[32];
         group_values(t, b, j, q);
         uint8_t* low = rec + 144 + (j / 2) * 256;
         uint8_t* high = rec + 1168 + (j / 4) * 256;
@@ -90,22 +95,20 @@ static void r8_pack_block(int t, const uint8_t* const src[8], uint8_t* rec) {
       }
       continue;
     }
-    memcpy(rec + 2 * r, b, 2);
+    memcpy(rec + 2 * r, b, 2);  // Q4_K, Q5_K: d, dmin, then each run's scale and minimum
     memcpy(rec + 16 + 2 * r, b + 2, 2);
-    const int five = t == GG_Q5_K;
     for (int j = 0; j < 8; ++j) {
       int sc, mn;
       scale_min_k4(j, b + 4, &sc, &mn);
       rec[32 + 8 * j + r] = (uint8_t)sc;
       rec[96 + 8 * j + r] = (uint8_t)mn;
-      group_values(t, b, j, q);
-      uint8_t* v = rec + 160 + 256 * five + (j / 2) * 256;
-      for (int l = 0; l < 32; ++l) {
-        const int at = ((l / 4) * 8 + r) * 4 + l % 4;
-        v[at] |= (q[l] & 0xF) << (4 * (j % 2));
-        if (five) rec[160 + at] |= (q[l] >> 4) << j;
-      }
     }
+    const int five = t == GG_Q5_K;
+    const uint8_t* qs = b + (five ? 48 : 16);
+    for (int p = 0; p < 4; ++p)
+      for (int c = 0; c < 8; ++c) r8_chunk(rec + 160 + 256 * five + 256 * p, c, r, qs + 32 * p + 4 * c);
+    if (five)  // byte l, bit j: run j's fifth bit of element l
+      for (int c = 0; c < 8; ++c) r8_chunk(rec + 160, c, r, b + 16 + 4 * c);
   }
 }
 
@@ -336,16 +339,21 @@ INLINE void r8_kquant(const int t, const uint8_t* tile, int k, const tw_qact* a,
 }
 
 // Each kernel once for every token count up to R8_TOKENS (a constant: sums in registers).
-#define R8_KERNEL(name, fn, type)                                                            \
+#define R8_T(n) ((n) <= R8_TOKENS ? (n) : 1)
+_Static_assert(R8_TOKENS <= 8, "the kernels' cases go to 8");
+#define R8_KERNEL(name, fn, type)                                                        \
   static void name(const uint8_t* p, int k, const tw_qact* a, int T, int ka, float* o) { \
-    switch (T) {                                                                           \
-      case 1: fn(type, p, k, a, 1, ka, o); break;                                          \
-      case 2: fn(type, p, k, a, 2, ka, o); break;                                          \
-      case 3: fn(type, p, k, a, R8_TOKENS < 3 ? 1 : 3, ka, o); break;                      \
-      default: fn(type, p, k, a, R8_TOKENS, ka, o); break;                                 \
-    }                                                                                      \
+    switch (T) {                                                                         \
+      case 1: fn(type, p, k, a, 1, ka, o); break;                                        \
+      case 2: fn(type, p, k, a, R8_T(2), ka, o); break;                                  \
+      case 3: fn(type, p, k, a, R8_T(3), ka, o); break;                                  \
+      case 4: fn(type, p, k, a, R8_T(4), ka, o); break;                                  \
+      case 5: fn(type, p, k, a, R8_T(5), ka, o); break;                                  \
+      case 6: fn(type, p, k, a, R8_T(6), ka, o); break;                                  \
+      case 7: fn(type, p, k, a, R8_T(7), ka, o); break;                                  \
+      default: fn(type, p, k, a, R8_TOKENS, ka, o); break;                               \
+    }                                                                                    \
   }
-_Static_assert(R8_TOKENS <= 4, "R8_KERNEL's cases go to 4");
 R8_KERNEL(r8_q4_0, r8_legacy, GG_Q4_0)
 R8_KERNEL(r8_q4_1, r8_legacy, GG_Q4_1)
 R8_KERNEL(r8_q5_0, r8_legacy, GG_Q5_0)
@@ -354,6 +362,173 @@ R8_KERNEL(r8_q8_0, r8_legacy, GG_Q8_0)
 R8_KERNEL(r8_q4k, r8_kquant, GG_Q4_K)
 R8_KERNEL(r8_q5k, r8_kquant, GG_Q5_K)
 R8_KERNEL(r8_q6k, r8_kquant, GG_Q6_K)
+
+#if defined(TW_BLOCKS_VECTOR)
+// Two tiles at once in 512-bit vectors (lanes 0-7: tile A's rows, 8-15: tile B's), each
+// lane computing what the 256-bit kernels compute for it, in the same order.
+INLINE __m512i r8x2_load(const uint8_t* a, const uint8_t* b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)a)),
+                            _mm256_loadu_si256((const __m256i*)b), 1);
+}
+INLINE __m512 r8x2_halves(const uint8_t* a, const uint8_t* b) {  // eight float16 of each
+  return _mm512_cvtph_ps(_mm256_set_m128i(_mm_loadu_si128((const __m128i*)b),
+                                          _mm_loadu_si128((const __m128i*)a)));
+}
+INLINE __m512i r8x2_bytes8(const uint8_t* a, const uint8_t* b) {  // eight bytes of each, as int32
+  return _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)a),
+                                                 _mm_loadl_epi64((const __m128i*)b)));
+}
+INLINE __m512i r8x2_four(const int8_t* a) { return _mm512_set1_epi32((int)load_u32((const uint8_t*)a)); }
+INLINE __m512i r8x2_fifth_bit(__m512i v, const int bit) {
+  const __m512i at = bit <= 4 ? _mm512_sll_epi32(v, _mm_cvtsi32_si128(4 - bit))
+                              : _mm512_srl_epi32(v, _mm_cvtsi32_si128(bit - 4));
+  return _mm512_and_si512(at, _mm512_set1_epi8(0x10));
+}
+
+INLINE void r8x2_legacy(const int t, const uint8_t* ta, const uint8_t* tb, int k, const tw_qact* a,
+                        const int T, int ka, float* out) {
+  const int rec = r8_record(t), hm = r8_has_min(t), five = r8_fifth(t), vo = r8_values(t);
+  const float zp = t == GG_Q4_0 ? -8.f : t == GG_Q5_0 ? -16.f : 0.f;
+  const __m512i low4 = _mm512_set1_epi8(0xF);
+  __m512 acc[R8_TOKENS];
+  for (int b = 0; b < T; ++b) acc[b] = _mm512_setzero_ps();
+  for (int g = 0; g < k / 32; ++g) {
+    const uint8_t *p = ta + (int64_t)g * rec, *q = tb + (int64_t)g * rec;
+    for (int o = 0; o < rec; o += 64) {
+      __builtin_prefetch(p + PREFETCH_BYTES + o, 0, 3);
+      __builtin_prefetch(q + PREFETCH_BYTES + o, 0, 3);
+    }
+    const __m512 d = r8x2_halves(p, q);
+    const __m512 m = hm ? r8x2_halves(p + 16, q + 16) : _mm512_mul_ps(d, _mm512_set1_ps(zp));
+    __m512i w[8];
+    __mmask64 neg[8];
+    if (t == GG_Q8_0) {  // |w| times the activations negated where w < 0
+      for (int c = 0; c < 8; ++c) {
+        const __m512i v = r8x2_load(p + vo + 32 * c, q + vo + 32 * c);
+        neg[c] = _mm512_movepi8_mask(v);
+        w[c] = _mm512_abs_epi8(v);
+      }
+    } else {
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = r8x2_load(p + vo + 32 * c, q + vo + 32 * c);
+        w[c] = _mm512_and_si512(v, low4);
+        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      }
+      if (five) {
+        const __m512i qh = r8x2_load(p + 16 + 16 * hm, q + 16 + 16 * hm);
+        for (int c = 0; c < 8; ++c) w[c] = _mm512_or_si512(w[c], r8x2_fifth_bit(qh, c));
+      }
+    }
+    for (int b = 0; b < T; ++b) {
+      const int8_t* ab = a->q32 + (int64_t)b * ka + g * 32;
+      __m512i s = _mm512_setzero_si512();
+      for (int c = 0; c < 8; ++c) {
+        __m512i x = r8x2_four(ab + 4 * c);
+        if (t == GG_Q8_0) x = _mm512_mask_sub_epi8(x, neg[c], _mm512_setzero_si512(), x);
+        s = _mm512_dpbusd_epi32(s, w[c], x);
+      }
+      const int64_t at = (int64_t)b * (ka / 32) + g;
+      acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(a->d32[at])), acc[b]);
+      if (t != GG_Q8_0) acc[b] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->s32[at]), acc[b]);
+    }
+  }
+  for (int b = 0; b < T; ++b) _mm512_storeu_ps(out + 16 * b, acc[b]);
+}
+
+INLINE void r8x2_kquant(const int t, const uint8_t* ta, const uint8_t* tb, int k, const tw_qact* a,
+                        const int T, int ka, float* out) {
+  const int rec = r8_record(t), nsb = k / 256, six = t == GG_Q6_K, five = t == GG_Q5_K;
+  const int vo = six ? 144 : 160 + 256 * five;
+  const __m512i low4 = _mm512_set1_epi8(0xF), three = _mm512_set1_epi8(3);
+  __m512 acc[R8_TOKENS];
+  for (int b = 0; b < T; ++b) acc[b] = _mm512_setzero_ps();
+  for (int i = 0; i < nsb; ++i) {
+    const uint8_t *p = ta + (int64_t)i * rec, *q = tb + (int64_t)i * rec;
+    for (int o = 0; o < rec; o += 64) {
+      __builtin_prefetch(p + PREFETCH_BYTES + o, 0, 3);
+      __builtin_prefetch(q + PREFETCH_BYTES + o, 0, 3);
+    }
+    __m512i S[R8_TOKENS], M[R8_TOKENS];
+    for (int b = 0; b < T; ++b) S[b] = M[b] = _mm512_setzero_si512();
+    for (int j = 0; j < 8; ++j) {
+      __m512i w[8];
+      for (int c = 0; c < 8; ++c) {
+        const int at = vo + (j / 2) * 256 + 32 * c;
+        const __m512i v = r8x2_load(p + at, q + at);
+        w[c] = _mm512_and_si512(j % 2 ? _mm512_srli_epi16(v, 4) : v, low4);
+        if (six) {
+          const int hat = 1168 + (j / 4) * 256 + 32 * c;
+          const __m512i h = r8x2_load(p + hat, q + hat);
+          const __m512i h2 = _mm512_and_si512(_mm512_srl_epi16(h, _mm_cvtsi32_si128(2 * (j % 4))), three);
+          w[c] = _mm512_or_si512(w[c], _mm512_slli_epi16(h2, 4));
+        } else if (five) {
+          w[c] = _mm512_or_si512(w[c], r8x2_fifth_bit(r8x2_load(p + 160 + 32 * c, q + 160 + 32 * c), j));
+        }
+      }
+      __m512i sc0, sc1, mn;
+      if (six) {
+        mn = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_loadu_si128((const __m128i*)(q + 16 + 16 * j)),
+                                                   _mm_loadu_si128((const __m128i*)(p + 16 + 16 * j))));
+        sc0 = _mm512_srai_epi32(_mm512_slli_epi32(mn, 16), 16);
+        sc1 = _mm512_srai_epi32(mn, 16);
+      } else {
+        sc0 = sc1 = r8x2_bytes8(p + 32 + 8 * j, q + 32 + 8 * j);
+        const __m512i m1 = r8x2_bytes8(p + 96 + 8 * j, q + 96 + 8 * j);
+        mn = _mm512_or_si512(m1, _mm512_slli_epi32(m1, 16));
+      }
+      for (int b = 0; b < T; ++b) {
+        const int8_t* ab = a->q256 + (int64_t)b * ka + 256 * i + 32 * j;
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+        for (int c = 0; c < 4; ++c) s0 = _mm512_dpbusd_epi32(s0, w[c], r8x2_four(ab + 4 * c));
+        for (int c = 4; c < 8; ++c) s1 = _mm512_dpbusd_epi32(s1, w[c], r8x2_four(ab + 4 * c));
+        if (six) {
+          S[b] = _mm512_add_epi32(S[b], _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)));
+        } else {
+          S[b] = _mm512_add_epi32(S[b], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc0));
+        }
+        const int16_t* bs = a->bs + (int64_t)b * (ka / 16) + 16 * i + 2 * j;
+        M[b] = _mm512_add_epi32(M[b], _mm512_madd_epi16(mn, r8x2_four((const int8_t*)bs)));
+      }
+    }
+    const __m512 d = r8x2_halves(p, q);
+    const __m512 dmin = six ? d : r8x2_halves(p + 16, q + 16);
+    for (int b = 0; b < T; ++b) {
+      const __m512 da = _mm512_set1_ps(a->d256[(int64_t)b * ((ka + 255) / 256) + i]);
+      if (six) {
+        const __m512i v = _mm512_sub_epi32(S[b], _mm512_slli_epi32(M[b], 5));
+        acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(d, da), acc[b]);
+      } else {
+        acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[b]), _mm512_mul_ps(d, da), acc[b]);
+        acc[b] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[b]), _mm512_mul_ps(dmin, da), acc[b]);
+      }
+    }
+  }
+  for (int b = 0; b < T; ++b) _mm512_storeu_ps(out + 16 * b, acc[b]);
+}
+
+#define R8X2_KERNEL(name, fn, type)                                                            \
+  static void name(const uint8_t* p, const uint8_t* q, int k, const tw_qact* a, int T, int ka, \
+                   float* o) {                                                                 \
+    switch (T) {                                                                               \
+      case 1: fn(type, p, q, k, a, 1, ka, o); break;                                           \
+      case 2: fn(type, p, q, k, a, R8_T(2), ka, o); break;                                     \
+      case 3: fn(type, p, q, k, a, R8_T(3), ka, o); break;                                     \
+      case 4: fn(type, p, q, k, a, R8_T(4), ka, o); break;                                     \
+      case 5: fn(type, p, q, k, a, R8_T(5), ka, o); break;                                     \
+      case 6: fn(type, p, q, k, a, R8_T(6), ka, o); break;                                     \
+      case 7: fn(type, p, q, k, a, R8_T(7), ka, o); break;                                     \
+      default: fn(type, p, q, k, a, R8_TOKENS, ka, o); break;                                  \
+    }                                                                                          \
+  }
+R8X2_KERNEL(r8x2_q4_0, r8x2_legacy, GG_Q4_0)
+R8X2_KERNEL(r8x2_q4_1, r8x2_legacy, GG_Q4_1)
+R8X2_KERNEL(r8x2_q5_0, r8x2_legacy, GG_Q5_0)
+R8X2_KERNEL(r8x2_q5_1, r8x2_legacy, GG_Q5_1)
+R8X2_KERNEL(r8x2_q8_0, r8x2_legacy, GG_Q8_0)
+R8X2_KERNEL(r8x2_q4k, r8x2_kquant, GG_Q4_K)
+R8X2_KERNEL(r8x2_q5k, r8x2_kquant, GG_Q5_K)
+R8X2_KERNEL(r8x2_q6k, r8x2_kquant, GG_Q6_K)
+#endif
 #else
 #define R8_TOKENS 4
 #endif
@@ -378,28 +553,58 @@ static tw_r8_dot r8_vector(int t) {
   return NULL;
 }
 
+typedef void (*tw_r8x2_dot)(const uint8_t* ta, const uint8_t* tb, int k, const tw_qact* a, int T,
+                            int ka, float* out);
+
+// Two tiles at once in 512-bit vectors, where they are built (else NULL).
+int tw_r8_pairs = 1;
+#define R8_PAIRS_FROM 4
+static tw_r8x2_dot r8x2_vector(int t) {
+#if defined(TW_BLOCKS_VECTOR)
+  if (tw_blocks_portable || !tw_r8_pairs) return NULL;
+  switch (t) {
+    case GG_Q4_0: return r8x2_q4_0;
+    case GG_Q4_1: return r8x2_q4_1;
+    case GG_Q5_0: return r8x2_q5_0;
+    case GG_Q5_1: return r8x2_q5_1;
+    case GG_Q8_0: return r8x2_q8_0;
+    case GG_Q4_K: return r8x2_q4k;
+    case GG_Q5_K: return r8x2_q5k;
+    case GG_Q6_K: return r8x2_q6k;
+  }
+#endif
+  (void)t;
+  return NULL;
+}
+
 // The rows of one repacked weight against quantised activation rows [0, B), as
-// block_rows_part: eight rows a tile, the tiles shared among the threads, each tile's
-// tokens R8_TOKENS at a time.
+// block_rows_part: eight rows a tile (two at once in 512-bit vectors), the tiles shared
+// among the threads, each tile's tokens R8_TOKENS at a time.
 static void r8_rows_part(const tw_linear* L, const tw_qact* a, float* y, int64_t ldy, int B,
                          int accumulate, int nowait) {
   const int t = L->dtype - TW_R8, k = L->k, tiles = (L->n + 7) / 8;
   const int64_t tb = (int64_t)(k / block_elems(t)) * r8_record(t);
   const tw_r8_dot dot = r8_vector(t);
+  // two tiles at once for batches (a decode step streams faster one tile at a time)
+  const tw_r8x2_dot two = B >= R8_PAIRS_FROM ? r8x2_vector(t) : NULL;
+  const int per = two ? 2 : 1, pairs = (tiles + per - 1) / per;  // tiles a step
 #define R8_ROWS_BODY                                                              \
-  for (int tile = 0; tile < tiles; ++tile) {                                      \
-    const uint8_t* w = (const uint8_t*)L->w + tile * tb;                          \
-    const int rows = L->n - 8 * tile < 8 ? L->n - 8 * tile : 8;                   \
+  for (int pair = 0; pair < pairs; ++pair) {                                      \
+    const int t0 = per * pair, both = per == 2 && t0 + 1 < tiles;                 \
+    const uint8_t* w = (const uint8_t*)L->w + t0 * tb;                            \
     for (int b0 = 0; b0 < B; b0 += R8_TOKENS) {                                   \
       const int nb = B - b0 < R8_TOKENS ? B - b0 : R8_TOKENS;                     \
       const tw_qact sub = qact_row(a, b0, k);                                     \
-      float out[R8_TOKENS * 8];                                                   \
-      if (dot) dot(w, k, &sub, nb, k, out);                                       \
+      float out[R8_TOKENS * 16];                                                  \
+      if (both) two(w, w + tb, k, &sub, nb, k, out);                              \
+      else if (dot) dot(w, k, &sub, nb, k, out);                                  \
       else r8_portable(t, w, k, &sub, nb, k, out);                                \
+      const int lanes = both ? 16 : 8;                                            \
       for (int b = 0; b < nb; ++b)                                                \
-        for (int r = 0; r < rows; ++r) {                                          \
-          const int j = 8 * tile + r;                                             \
-          const float v = out[8 * b + r] + (L->bias ? L->bias[j] : 0.f);          \
+        for (int r = 0; r < lanes; ++r) {                                         \
+          const int j = 8 * t0 + r;                                               \
+          if (j >= L->n) break;                                                   \
+          const float v = out[lanes * b + r] + (L->bias ? L->bias[j] : 0.f);      \
           float* o = y + (int64_t)(b0 + b) * ldy + j;                             \
           *o = accumulate ? *o + v : v;                                           \
         }                                                                         \
