@@ -2,9 +2,10 @@
 
 Each lesson is a claim a chapter could make, the record kind that measures it, the figure
 (a path in the record, or the ratio of two) and the test the figure must pass. The lab
-reads the newest record of each kind under --results, says which claims held and which
-did not, and keeps the figure and the record's name beside each: a claim that did not
-hold is a lesson too. No lesson is measured here; rerun the labs to move them.
+reads, for each claim, the newest record under --results that holds its figure, says
+which claims held and which did not, and keeps the figure and the record's name beside
+each: a claim that did not hold is a lesson too. No lesson is measured here; rerun the
+labs to move them.
 
     python labs/lessons.py [--results benchmarks/results]
 
@@ -105,14 +106,34 @@ LESSONS = [
 ]  # fmt: skip
 
 
-def newest(results: Path, kind: str) -> Path:
-    """The newest record of `kind` (its name: kind-YYYYMMDDTHHMMSSZ.json)."""
+def newest(results: Path, kind: str) -> list[Path]:
+    """The records of `kind` (named kind-YYYYMMDDTHHMMSSZ.json), newest first."""
     found = sorted(
-        p for p in results.glob(f"{kind}-*.json") if p.stem[len(kind) + 1 :][:8].isdigit()
+        (p for p in results.glob(f"{kind}-*.json") if p.stem[len(kind) + 1 :][:8].isdigit()),
+        reverse=True,
     )
     if not found:
         raise SystemExit(f"no {kind} record under {results}: run the lab or bench that writes it")
-    return found[-1]
+    return found
+
+
+def measured(paths: list[Path], figure) -> tuple[Path, dict]:
+    """The newest record that holds `figure` (records of one kind measure different models
+    in different runs: a run of one file does not hide the last run of the others)."""
+    for path in paths:
+        record = json.loads(path.read_text())
+        try:
+            value(record, figure)
+        except (KeyError, IndexError, TypeError):
+            continue
+        return path, record
+    return paths[0], json.loads(paths[0].read_text())
+
+
+def value(record: dict, figure):
+    if isinstance(figure, tuple):
+        return at(record, figure[0]) / at(record, figure[1])
+    return at(record, figure)
 
 
 def at(record: dict, path: str):
@@ -130,24 +151,20 @@ def main() -> None:
     results = Path(args.results)
     out = {}
     for name, chapter, claim, kind, figure, test, bound in LESSONS:
-        path = newest(results, kind)
-        record = json.loads(path.read_text())
+        path, record = measured(newest(results, kind), figure)
         try:
-            if isinstance(figure, tuple):
-                value = at(record, figure[0]) / at(record, figure[1])
-            else:
-                value = at(record, figure)
+            found = value(record, figure)
         except (KeyError, IndexError, TypeError) as e:
             raise SystemExit(
                 f"lesson {name}: {path.name} has no {figure} ({e!r}); the record's "
                 "kind changed shape: point the lesson at its new figure"
             ) from None
-        held = bool(TESTS[test](value, bound))
+        held = bool(TESTS[test](found, bound))
         out[name] = {"chapter": chapter, "claim": claim, "record": path.stem,
                      "figure": figure if isinstance(figure, str) else " / ".join(figure),
-                     "value": value, "test": f"{test} {bound}", "held": held}  # fmt: skip
+                     "value": found, "test": f"{test} {bound}", "held": held}  # fmt: skip
         print(f"ch. {chapter:2d} {'held    ' if held else 'NOT HELD'} {claim} "
-              f"({value:.3g} {test} {bound}; {path.stem})")  # fmt: skip
+              f"({found:.3g} {test} {bound}; {path.stem})")  # fmt: skip
     summary = {"lessons": len(out), "held": sum(r["held"] for r in out.values())}
     summary["not_held"] = summary["lessons"] - summary["held"]
     print(f"{summary['held']} of {summary['lessons']} claims held")

@@ -4,7 +4,7 @@ A `BlockLinear` holds its weight as the file stores it (kernels/blocks.BlockTens
 or more parts (a fused QKV whose V is Q6_K while Q and K are Q4_K: each part keeps its
 type). Products multiply on the blocks in C, activations quantised to 8 bits. The types the
 kernels repack (kernels/blocks.py) do so at every batch size: on a 2-core Zen 5 EPYC a
-512 x 1,536 x 8,960 Q4_K product takes about 15 ms on the repacked rows, against about
+512 x 1,536 x 8,960 Q4_K product takes about 11 ms on the repacked rows, against about
 15 ms for torch's bfloat16 product alone, before any dequantising. The other types take
 more rows (prompts) through a weight dequantised to the activations' dtype for that one
 product and torch's product, where the CPU multiplies bfloat16 natively (AVX-512 BF16).

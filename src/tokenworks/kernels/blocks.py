@@ -227,7 +227,7 @@ def c_linear(
     views, row = [], 0
     lib = library()
     for p in parts:
-        data, code = (p.repacked(lib) if repack else None), ck.R8 + p.ggml_type
+        data, code = (p.repacked(lib) if repack and lib else None), ck.R8 + p.ggml_type
         if data is None:
             data = p.data if p.data.is_contiguous() else p.data.contiguous()
             code = ck.BLOCKS + p.ggml_type
