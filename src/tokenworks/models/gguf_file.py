@@ -5,7 +5,6 @@ llama.cpp's Q/K row interleaving undone) under Hugging Face names."""
 from __future__ import annotations
 
 import logging
-import mmap
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,16 +132,6 @@ def _dense_array(mm: np.ndarray, t: StoredTensor) -> np.ndarray:
     return gguf.quants.dequantize(np.asarray(raw), t.ggml_type).reshape(shape).astype(np.float32)
 
 
-def _release(mm: np.memmap, offset: int, nbytes: int) -> None:
-    """Drop the mapped pages wholly inside [offset, offset + nbytes) from this process
-    (clean file pages: read again from the file should they be touched), so a tensor that
-    was copied does not count twice in the resident set."""
-    page = mmap.PAGESIZE
-    start, stop = -(-offset // page) * page, (offset + nbytes) // page * page
-    if stop > start and hasattr(mm._mmap, "madvise"):
-        mm._mmap.madvise(mmap.MADV_DONTNEED, start, stop - start)
-
-
 def gguf_weights(
     path: Path, tensors: list[StoredTensor], arch: str, n_heads: int, n_kv: int,
     names_only: bool = False,
@@ -185,7 +174,7 @@ def gguf_weights(
             w = blocks.executable(t.ggml_type, (rows, t.shape[0]), raw)
             if heads:
                 w = w.rows(torch.from_numpy(_unpermute(np.arange(rows)[:, None], heads).ravel()))
-                _release(mm, t.offset, t.nbytes)  # copied: the mapped pages are not needed
+                blocks.release_pages(torch.from_numpy(raw))  # copied: pages not needed
             for name, part in parts:  # a slice of rows stays a view of the file
                 weights[name] = w if part == slice(None) else w.rows(part)
             continue

@@ -385,58 +385,9 @@ INLINE __m512i r8x2_fifth_bit(__m512i v, const int bit) {
   return _mm512_and_si512(at, _mm512_set1_epi8(0x10));
 }
 
-INLINE void r8x2_legacy(const int t, const uint8_t* ta, const uint8_t* tb, int k, const tw_qact* a,
-                        const int T, int ka, float* out) {
-  const int rec = r8_record(t), hm = r8_has_min(t), five = r8_fifth(t), vo = r8_values(t);
-  const float zp = t == GG_Q4_0 ? -8.f : t == GG_Q5_0 ? -16.f : 0.f;
-  const __m512i low4 = _mm512_set1_epi8(0xF);
-  __m512 acc[R8_TOKENS];
-  for (int b = 0; b < T; ++b) acc[b] = _mm512_setzero_ps();
-  for (int g = 0; g < k / 32; ++g) {
-    const uint8_t *p = ta + (int64_t)g * rec, *q = tb + (int64_t)g * rec;
-    for (int o = 0; o < rec; o += 64) {
-      __builtin_prefetch(p + PREFETCH_BYTES + o, 0, 3);
-      __builtin_prefetch(q + PREFETCH_BYTES + o, 0, 3);
-    }
-    const __m512 d = r8x2_halves(p, q);
-    const __m512 m = hm ? r8x2_halves(p + 16, q + 16) : _mm512_mul_ps(d, _mm512_set1_ps(zp));
-    __m512i w[8];
-    __mmask64 neg[8];
-    if (t == GG_Q8_0) {  // |w| times the activations negated where w < 0
-      for (int c = 0; c < 8; ++c) {
-        const __m512i v = r8x2_load(p + vo + 32 * c, q + vo + 32 * c);
-        neg[c] = _mm512_movepi8_mask(v);
-        w[c] = _mm512_abs_epi8(v);
-      }
-    } else {
-      for (int c = 0; c < 4; ++c) {
-        const __m512i v = r8x2_load(p + vo + 32 * c, q + vo + 32 * c);
-        w[c] = _mm512_and_si512(v, low4);
-        w[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-      }
-      if (five) {
-        const __m512i qh = r8x2_load(p + 16 + 16 * hm, q + 16 + 16 * hm);
-        for (int c = 0; c < 8; ++c) w[c] = _mm512_or_si512(w[c], r8x2_fifth_bit(qh, c));
-      }
-    }
-    for (int b = 0; b < T; ++b) {
-      const int8_t* ab = a->q32 + (int64_t)b * ka + g * 32;
-      __m512i s = _mm512_setzero_si512();
-      for (int c = 0; c < 8; ++c) {
-        __m512i x = r8x2_four(ab + 4 * c);
-        if (t == GG_Q8_0) x = _mm512_mask_sub_epi8(x, neg[c], _mm512_setzero_si512(), x);
-        s = _mm512_dpbusd_epi32(s, w[c], x);
-      }
-      const int64_t at = (int64_t)b * (ka / 32) + g;
-      acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, _mm512_set1_ps(a->d32[at])), acc[b]);
-      if (t != GG_Q8_0) acc[b] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->s32[at]), acc[b]);
-    }
-  }
-  for (int b = 0; b < T; ++b) _mm512_storeu_ps(out + 16 * b, acc[b]);
-}
-
-// The same for up to R8_WIDE tokens (prompts), one pair of tiles or two (G; Q8_0: one):
-// each group unpacked once for all of them, their sums kept in out between groups.
+// A 32-element type's tiles, one pair or two (G; Q8_0: one), for up to R8_WIDE tokens
+// (prompts): each group unpacked once for all of them, their sums kept in out between
+// groups; each lane's sums and float steps are those of r8_legacy.
 INLINE void r8x2_legacy_wide(const int t, const uint8_t* const* tl, const int G, int k,
                              const tw_qact* a, int T, int ka, float* out) {
   const int rec = r8_record(t), hm = r8_has_min(t), five = r8_fifth(t), vo = r8_values(t);
@@ -497,81 +448,10 @@ INLINE void r8x2_legacy_wide(const int t, const uint8_t* const* tl, const int G,
   }
 }
 
-INLINE void r8x2_kquant(const int t, const uint8_t* ta, const uint8_t* tb, int k, const tw_qact* a,
-                        const int T, int ka, float* out) {
-  const int rec = r8_record(t), nsb = k / 256, six = t == GG_Q6_K, five = t == GG_Q5_K;
-  const int vo = six ? 144 : 160 + 256 * five;
-  const __m512i low4 = _mm512_set1_epi8(0xF), three = _mm512_set1_epi8(3);
-  __m512 acc[R8_TOKENS];
-  for (int b = 0; b < T; ++b) acc[b] = _mm512_setzero_ps();
-  for (int i = 0; i < nsb; ++i) {
-    const uint8_t *p = ta + (int64_t)i * rec, *q = tb + (int64_t)i * rec;
-    for (int o = 0; o < rec; o += 64) {
-      __builtin_prefetch(p + PREFETCH_BYTES + o, 0, 3);
-      __builtin_prefetch(q + PREFETCH_BYTES + o, 0, 3);
-    }
-    __m512i S[R8_TOKENS], M[R8_TOKENS];
-    for (int b = 0; b < T; ++b) S[b] = M[b] = _mm512_setzero_si512();
-    for (int j = 0; j < 8; ++j) {
-      __m512i w[8];
-      for (int c = 0; c < 8; ++c) {
-        const int at = vo + (j / 2) * 256 + 32 * c;
-        const __m512i v = r8x2_load(p + at, q + at);
-        w[c] = _mm512_and_si512(j % 2 ? _mm512_srli_epi16(v, 4) : v, low4);
-        if (six) {
-          const int hat = 1168 + (j / 4) * 256 + 32 * c;
-          const __m512i h = r8x2_load(p + hat, q + hat);
-          const __m512i h2 = _mm512_and_si512(_mm512_srl_epi16(h, _mm_cvtsi32_si128(2 * (j % 4))), three);
-          w[c] = _mm512_or_si512(w[c], _mm512_slli_epi16(h2, 4));
-        } else if (five) {
-          w[c] = _mm512_or_si512(w[c], r8x2_fifth_bit(r8x2_load(p + 160 + 32 * c, q + 160 + 32 * c), j));
-        }
-      }
-      __m512i sc0, sc1, mn;
-      if (six) {
-        mn = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_loadu_si128((const __m128i*)(q + 16 + 16 * j)),
-                                                   _mm_loadu_si128((const __m128i*)(p + 16 + 16 * j))));
-        sc0 = _mm512_srai_epi32(_mm512_slli_epi32(mn, 16), 16);
-        sc1 = _mm512_srai_epi32(mn, 16);
-      } else {
-        sc0 = sc1 = r8x2_bytes8(p + 32 + 8 * j, q + 32 + 8 * j);
-        const __m512i m1 = r8x2_bytes8(p + 96 + 8 * j, q + 96 + 8 * j);
-        mn = _mm512_or_si512(m1, _mm512_slli_epi32(m1, 16));
-      }
-      for (int b = 0; b < T; ++b) {
-        const int8_t* ab = a->q256 + (int64_t)b * ka + 256 * i + 32 * j;
-        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-        for (int c = 0; c < 4; ++c) s0 = _mm512_dpbusd_epi32(s0, w[c], r8x2_four(ab + 4 * c));
-        for (int c = 4; c < 8; ++c) s1 = _mm512_dpbusd_epi32(s1, w[c], r8x2_four(ab + 4 * c));
-        if (six) {
-          S[b] = _mm512_add_epi32(S[b], _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0), _mm512_mullo_epi32(s1, sc1)));
-        } else {
-          S[b] = _mm512_add_epi32(S[b], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc0));
-        }
-        const int16_t* bs = a->bs + (int64_t)b * (ka / 16) + 16 * i + 2 * j;
-        M[b] = _mm512_add_epi32(M[b], _mm512_madd_epi16(mn, r8x2_four((const int8_t*)bs)));
-      }
-    }
-    const __m512 d = r8x2_halves(p, q);
-    const __m512 dmin = six ? d : r8x2_halves(p + 16, q + 16);
-    for (int b = 0; b < T; ++b) {
-      const __m512 da = _mm512_set1_ps(a->d256[(int64_t)b * ((ka + 255) / 256) + i]);
-      if (six) {
-        const __m512i v = _mm512_sub_epi32(S[b], _mm512_slli_epi32(M[b], 5));
-        acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), _mm512_mul_ps(d, da), acc[b]);
-      } else {
-        acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[b]), _mm512_mul_ps(d, da), acc[b]);
-        acc[b] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M[b]), _mm512_mul_ps(dmin, da), acc[b]);
-      }
-    }
-  }
-  for (int b = 0; b < T; ++b) _mm512_storeu_ps(out + 16 * b, acc[b]);
-}
-
 // A K type's tiles, two pairs (G = 2) or one, for up to R8_WIDE tokens (prompts): each run
 // of 32 is unpacked once for all of them, their integer sums kept in memory (L1) between
 // runs rather than in registers; each lane's sums and float steps are those of
-// r8x2_kquant. Two pairs halve the activation loads a product takes.
+// r8_kquant. Two pairs halve the activation loads a product takes.
 #define R8_WIDE 64
 INLINE void r8x2_kquant_wide(const int t, const uint8_t* const* tl, const int G, int k,
                              const tw_qact* a, int T, int ka, float* out) {
@@ -682,28 +562,6 @@ R8X2_WIDE(r8x4_wide_q4k, r8x2_kquant_wide, GG_Q4_K, 2)
 R8X2_WIDE(r8x4_wide_q5k, r8x2_kquant_wide, GG_Q5_K, 2)
 R8X2_WIDE(r8x4_wide_q6k, r8x2_kquant_wide, GG_Q6_K, 2)
 
-#define R8X2_KERNEL(name, fn, type)                                                            \
-  static void name(const uint8_t* p, const uint8_t* q, int k, const tw_qact* a, int T, int ka, \
-                   float* o) {                                                                 \
-    switch (T) {                                                                               \
-      case 1: fn(type, p, q, k, a, 1, ka, o); break;                                           \
-      case 2: fn(type, p, q, k, a, R8_T(2), ka, o); break;                                     \
-      case 3: fn(type, p, q, k, a, R8_T(3), ka, o); break;                                     \
-      case 4: fn(type, p, q, k, a, R8_T(4), ka, o); break;                                     \
-      case 5: fn(type, p, q, k, a, R8_T(5), ka, o); break;                                     \
-      case 6: fn(type, p, q, k, a, R8_T(6), ka, o); break;                                     \
-      case 7: fn(type, p, q, k, a, R8_T(7), ka, o); break;                                     \
-      default: fn(type, p, q, k, a, R8_TOKENS, ka, o); break;                                  \
-    }                                                                                          \
-  }
-R8X2_KERNEL(r8x2_q4_0, r8x2_legacy, GG_Q4_0)
-R8X2_KERNEL(r8x2_q4_1, r8x2_legacy, GG_Q4_1)
-R8X2_KERNEL(r8x2_q5_0, r8x2_legacy, GG_Q5_0)
-R8X2_KERNEL(r8x2_q5_1, r8x2_legacy, GG_Q5_1)
-R8X2_KERNEL(r8x2_q8_0, r8x2_legacy, GG_Q8_0)
-R8X2_KERNEL(r8x2_q4k, r8x2_kquant, GG_Q4_K)
-R8X2_KERNEL(r8x2_q5k, r8x2_kquant, GG_Q5_K)
-R8X2_KERNEL(r8x2_q6k, r8x2_kquant, GG_Q6_K)
 #endif
 #else
 #define R8_TOKENS 4
@@ -732,25 +590,7 @@ static tw_r8_dot r8_vector(int t) {
 typedef void (*tw_r8x2_dot)(const uint8_t* ta, const uint8_t* tb, int k, const tw_qact* a, int T,
                             int ka, float* out);
 
-// Two tiles at once in 512-bit vectors, where they are built (else NULL).
-#define R8_PAIRS_FROM 4
-static tw_r8x2_dot r8x2_vector(int t) {
-#if defined(TW_BLOCKS_VECTOR)
-  if (tw_blocks_portable) return NULL;
-  switch (t) {
-    case GG_Q4_0: return r8x2_q4_0;
-    case GG_Q4_1: return r8x2_q4_1;
-    case GG_Q5_0: return r8x2_q5_0;
-    case GG_Q5_1: return r8x2_q5_1;
-    case GG_Q8_0: return r8x2_q8_0;
-    case GG_Q4_K: return r8x2_q4k;
-    case GG_Q5_K: return r8x2_q5k;
-    case GG_Q6_K: return r8x2_q6k;
-  }
-#endif
-  (void)t;
-  return NULL;
-}
+#define R8_PAIRS_FROM 4  // tokens from which prompts take tiles two or four at once
 
 // Two tiles for up to R8_WIDE tokens at once, where they are built (else NULL).
 static tw_r8x2_dot r8x2_wide(int t) {
@@ -816,9 +656,6 @@ static inline void r8_store(const tw_linear* L, const float* out, int lanes, int
   }
 }
 
-// The rows of one repacked weight against quantised activation rows [0, B), as
-// block_rows_part: eight rows a tile (two at once in 512-bit vectors), the tiles shared
-// among the threads, each tile's tokens R8_TOKENS at a time.
 // Tiles [t0, t0 + c) (c = 1, 2 or 4) of a repacked weight against tokens [0, B).
 static void r8_group(const tw_linear* L, int t0, int c, const tw_qact* a, float* y, int64_t ldy,
                      int B, int accumulate) {
@@ -827,7 +664,6 @@ static void r8_group(const tw_linear* L, int t0, int c, const tw_qact* a, float*
   const uint8_t* w = (const uint8_t*)L->w + t0 * tb;
   const int batch = B >= R8_PAIRS_FROM;  // (a decode step streams faster a tile at a time)
   const tw_r8x2_dot fn = c == 4 ? r8x4_wide(t) : c == 2 && batch ? r8x2_wide(t) : NULL;
-  const tw_r8x2_dot two = c == 2 && batch ? r8x2_vector(t) : NULL;
   const tw_r8_dot dot = r8_vector(t);
   const int step = fn ? R8_WIDE : R8_TOKENS, lanes = 8 * c;
   float out[(R8_WIDE > R8_TOKENS ? R8_WIDE : R8_TOKENS) * 32];
@@ -836,7 +672,7 @@ static void r8_group(const tw_linear* L, int t0, int c, const tw_qact* a, float*
     r8_group(L, t0 + 2, 2, a, y, ldy, B, accumulate);
     return;
   }
-  if (c == 2 && !fn && !two) {
+  if (c == 2 && !fn) {  // single tiles
     r8_group(L, t0, 1, a, y, ldy, B, accumulate);
     r8_group(L, t0 + 1, 1, a, y, ldy, B, accumulate);
     return;
@@ -845,7 +681,6 @@ static void r8_group(const tw_linear* L, int t0, int c, const tw_qact* a, float*
     const int nb = B - b0 < step ? B - b0 : step;
     const tw_qact sub = qact_row(a, b0, k);
     if (fn) fn(w, w + tb, k, &sub, nb, k, out);
-    else if (two) two(w, w + tb, k, &sub, nb, k, out);
     else if (dot) dot(w, k, &sub, nb, k, out);
     else r8_portable(t, w, k, &sub, nb, k, out);
     r8_store(L, out, lanes, nb, 8 * t0, y + (int64_t)b0 * ldy, ldy, accumulate);
@@ -858,7 +693,7 @@ static void r8_group(const tw_linear* L, int t0, int c, const tw_qact* a, float*
 static void r8_rows_part(const tw_linear* L, const tw_qact* a, float* y, int64_t ldy, int B,
                          int accumulate, int nowait) {
   const int t = L->dtype - TW_R8, tiles = (L->n + 7) / 8;
-  const int per = B >= R8_PAIRS_FROM ? (r8x4_wide(t) ? 4 : r8x2_vector(t) ? 2 : 1) : 1;
+  const int per = B >= R8_PAIRS_FROM ? (r8x4_wide(t) ? 4 : r8x2_wide(t) ? 2 : 1) : 1;
   const int groups = (tiles + per - 1) / per;
 #define R8_ROWS_BODY                                                                  \
   for (int g = 0; g < groups; ++g) {                                                  \
