@@ -340,7 +340,7 @@ INLINE void r8_kquant(const int t, const uint8_t* tile, int k, const tw_qact* a,
 
 // Each kernel once for every token count up to R8_TOKENS (a constant: sums in registers).
 #define R8_T(n) ((n) <= R8_TOKENS ? (n) : 1)
-_Static_assert(R8_TOKENS <= 8, "the kernels' cases go to 8");
+_Static_assert(R8_TOKENS <= 4, "the kernels' cases go to 4");
 #define R8_KERNEL(name, fn, type)                                                        \
   static void name(const uint8_t* p, int k, const tw_qact* a, int T, int ka, float* o) { \
     switch (T) {                                                                         \
@@ -348,9 +348,6 @@ _Static_assert(R8_TOKENS <= 8, "the kernels' cases go to 8");
       case 2: fn(type, p, k, a, R8_T(2), ka, o); break;                                  \
       case 3: fn(type, p, k, a, R8_T(3), ka, o); break;                                  \
       case 4: fn(type, p, k, a, R8_T(4), ka, o); break;                                  \
-      case 5: fn(type, p, k, a, R8_T(5), ka, o); break;                                  \
-      case 6: fn(type, p, k, a, R8_T(6), ka, o); break;                                  \
-      case 7: fn(type, p, k, a, R8_T(7), ka, o); break;                                  \
       default: fn(type, p, k, a, R8_TOKENS, ka, o); break;                               \
     }                                                                                    \
   }
