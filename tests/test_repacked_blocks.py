@@ -38,7 +38,10 @@ def views(t: int, raw: np.ndarray, rows: int, cols: int) -> tuple:
 
 
 def test_the_repacked_types_are_the_catalogue_files_types():
-    assert IDS == ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+    assert IDS == [
+        "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+        "IQ4_NL", "IQ4_XS",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("portable", [False, True], ids=["vector", "portable"])
@@ -120,11 +123,12 @@ def test_every_cpu_path_gives_the_same_bits(flags, isa):
 
 @pytest.mark.parametrize("t", REPACKED, ids=IDS)
 def test_the_repacked_rows_cost_about_the_files_bytes(t):
+    """Within 4% of the file (Q3_K's scales take a byte each, its file packs them in 6 bits)."""
     lib = library()
     el, by = blocks.block_shape(t)
     for rows in (8, 4096, 4097):
         file_bytes = rows * (4096 // el) * by
-        assert file_bytes <= lib.tw_r8_bytes(t, rows, 4096) <= 1.03 * file_bytes + 8 * 4096
+        assert file_bytes <= lib.tw_r8_bytes(t, rows, 4096) <= 1.04 * file_bytes + 8 * 4096
 
 
 def _resident(address: int) -> int:
