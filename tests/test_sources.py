@@ -106,6 +106,14 @@ def test_bench_latency_writes_a_complete_record(tmp_path):
     assert rec["engine"]["dtype"] in ("float32", "bfloat16")
     assert len(rec["workload"]["sha256"]) == 64
     assert len(rec["results"]["tokenworks"]["decode_tok_s"]) == 1
+    from tokenworks.kernels.build import library
+
+    if library() is not None:  # decode against the measured read, prefill against the peak
+        res, ceil = rec["results"], rec["results"]["ceilings"]
+        sh = res["shares"]
+        decode = res["summary_median"]["tokenworks"]["decode_tok_s"]
+        assert sh["bandwidth_share"] == decode * sh["decode_bytes"] / ceil["read_bandwidth_bytes_s"]
+        assert ("peak_share" in sh) == (rec["engine"]["dtype"] == "bfloat16")
 
 
 def test_a_file_split_across_wheels_names_every_piece_in_order():

@@ -143,7 +143,10 @@ def summarise(results: dict) -> dict:
 def run_latency(args, peers: dict[str, str] | None = None, not_run: dict | None = None) -> Path:
     """Measure ours, then each peer ({name: its python}, default from --peer flags); peers
     in not_run ({name: reason}) are recorded as NOT_RUN."""
+    import torch
+
     from tokenworks import LLM
+    from tokenworks.bench.ceilings import machine_ceilings, shares
 
     peers = parse_peers(args.peer, PEER_SCRIPTS) if peers is None else peers
     threads = args.threads or 2
@@ -155,6 +158,10 @@ def run_latency(args, peers: dict[str, str] | None = None, not_run: dict | None 
     short = prompt[:SHORT_PROMPT_TOKENS]
     ours = measure_tokenworks(llm, prompt, short, args.decode_tokens, args.repeats)
     summary = {"tokenworks": summarise(ours)}
+    torch.set_num_threads(threads)  # the ceilings with the run's threads
+    ceilings = machine_ceilings()
+    ours_shares = shares(llm.engine, summary["tokenworks"].get("decode_tok_s"),
+                         summary["tokenworks"].get("prefill_tok_s"), ceilings)  # fmt: skip
     peer_results = {name: {"status": "NOT_RUN", "reason": r} for name, r in (not_run or {}).items()}
     peer_args = {
         "gguf": llm.engine.loaded.file_path,
@@ -188,11 +195,18 @@ def run_latency(args, peers: dict[str, str] | None = None, not_run: dict | None 
             "eos": "ignored",
             "sampling": "greedy",
         },
-        results={"tokenworks": ours, "summary_median": summary, "ratio_tokenworks_to_peer": ratios},
+        results={
+            "tokenworks": ours,
+            "summary_median": summary,
+            "ratio_tokenworks_to_peer": ratios,
+            "ceilings": ceilings,
+            "shares": ours_shares,
+        },  # fmt: skip
         seeds=[0],
         peers=peer_results,
     )
     path = write_record(record, args.out)
-    print(json.dumps({"summary_median": summary, "ratios": ratios}, indent=2))
+    shown = {"summary_median": summary, "ratios": ratios, "shares": ours_shares}
+    print(json.dumps(shown, indent=2))
     print(f"record: {path}")
     return path

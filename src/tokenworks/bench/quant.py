@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from tokenworks.bench.ceilings import decode_bytes, weight_bytes
 from tokenworks.bench.record import make_record, write_record
 
 FORMATS = {  # name -> (dtype, quantization)
@@ -47,35 +48,6 @@ PROMPTS = [
     "Question: What is the capital of Australia?\nAnswer:",
     "import numpy as np\n\ndef normalise(x):\n",
 ]
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's weights as held: every parameter and buffer once (RoPE tables
-    and the like excluded: they are not weights)."""
-    seen, total = set(), 0
-    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        if name.split(".")[-1] in ("cos", "sin", "cos_local", "sin_local", "probe"):
-            continue
-        if t.data_ptr() in seen:
-            continue
-        seen.add(t.data_ptr())
-        total += t.numel() * t.element_size()
-    return total
-
-
-def decode_bytes(model: torch.nn.Module) -> int:
-    """Bytes of weights a batch-1 decode step reads: every weight once, except an embedding
-    table that is not also the LM head, of which it reads one row."""
-    from tokenworks.kernels.block_linear import BlockEmbedding
-
-    total = weight_bytes(model)
-    emb = model.embed
-    table = emb.blocks if isinstance(emb, BlockEmbedding) else emb.weight
-    head = model.lm_head
-    shared = {t.data_ptr() for t in list(head.parameters()) + list(head.buffers())}
-    if table.data_ptr() not in shared:
-        total -= table.numel() * table.element_size() * (1 - 1 / table.shape[0])
-    return int(total)
 
 
 def multiplied_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -181,10 +153,11 @@ def llama_bench(bin_dir: Path, path: str, threads: int, prompt: int, decode: int
     return out
 
 
-def run_model(model: str, args, text_ids_for) -> dict:
+def run_model(model: str, args, text_ids_for, ceilings: dict) -> dict:
     from collections import Counter
 
     from tokenworks import LLM
+    from tokenworks.bench.ceilings import shares
     from tokenworks.bench.latency import measure_tokenworks, summarise
     from tokenworks.bench.workload import latency_prompt
     from tokenworks.eval.perplexity import perplexity
@@ -237,6 +210,8 @@ def run_model(model: str, args, text_ids_for) -> dict:
         prompt = latency_prompt(args.prompt_tokens, engine.spec.vocab_size)
         speed = measure_tokenworks(llm, prompt, prompt[:16], args.decode_tokens, args.repeats)
         row["speed"] = {k + "_samples": v for k, v in speed.items()} | summarise(speed)
+        row["speed"] |= shares(engine, row["speed"].get("decode_tok_s"),
+                               row["speed"].get("prefill_tok_s"), ceilings)  # fmt: skip
         results[fmt] = row
         del llm, engine
     results["llama.cpp"] = llama_bench(Path(args.peers_dir) / "llamacpp" / "bin",
@@ -263,27 +238,20 @@ def run_quant(args) -> Path:
 
     import torch
 
-    from tokenworks.kernels.blocks import read_bandwidth
+    from tokenworks.bench.ceilings import machine_ceilings
 
     models = [m for m in args.models.split(",") if m]
     torch.set_num_threads(args.threads or 2)
-    ceiling = read_bandwidth()  # bytes/s: what one pass over the weights can take at best
+    ceilings = machine_ceilings()  # what decode and prefill can take at best, in this run
     # a file's results under its stem, so a record's keys hold no path separators
-    results = {Path(m).stem if m.endswith(".gguf") else m: run_model(m, args, text_ids_for)
-               for m in models}  # fmt: skip
-    for r in results.values():  # how close decode comes to it: bytes read a token / ceiling
-        for fmt in args.formats.split(","):
-            row = r[fmt]
-            if ceiling:
-                row["speed"]["bandwidth_share"] = (
-                    row["speed"]["decode_tok_s"] * row["storage"]["decode_bytes"] / ceiling
-                )
+    results = {Path(m).stem if m.endswith(".gguf") else m:
+               run_model(m, args, text_ids_for, ceilings) for m in models}  # fmt: skip
     record = make_record(
         kind="quantisation",
         engine={
             "threads": args.threads or 2,
             "formats": {f: FORMATS[f] for f in args.formats.split(",")},
-            "read_bandwidth_bytes_s": ceiling,
+            **ceilings,
         },
         model={"models": models},
         workload={
@@ -309,7 +277,9 @@ def run_quant(args) -> Path:
             s = row["speed"]
             print(f"  {fmt:9s} ppl {row['perplexity']['perplexity']:8.3f}  decode "
                   f"{s['decode_tok_s']:6.1f}  prefill {s['prefill_tok_s']:7.1f}  "
-                  f"x llama.cpp {s.get('ratio_to_llama_cpp', {})}")  # fmt: skip
+                  f"x llama.cpp {s.get('ratio_to_llama_cpp', {})}  of the read "
+                  f"{s.get('bandwidth_share', 0):.0%}, of the {s.get('peak_kind', '-')} peak "
+                  f"{s.get('peak_share', 0):.0%}")  # fmt: skip
     print(f"record: {path}")
     return path
 

@@ -200,6 +200,7 @@ SIGNATURES = {
     "tw_r8_pack": (None, [_i, c_ptr, _i64, _i, c_ptr, _i]),
     "tw_qact_bytes": (ctypes.c_size_t, [_i, _i]),
     "tw_stream_read": (_i64, [c_ptr, _i64, _i]),
+    "tw_product_peak": (_i64, [_i, _i64, _i]),
     "tw_amx_init": (_i, []),
     "tw_use_tiles": (_i, [_i]),
     "tw_packed_kind": (_i, []),

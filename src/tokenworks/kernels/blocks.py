@@ -274,3 +274,34 @@ def read_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float | None:
         lib.tw_stream_read(ck.ptr(buf), nbytes, torch.get_num_threads())
         best = min(best, time.perf_counter() - t)
     return nbytes / best
+
+
+def product_peaks(seconds: float = 0.2, repeats: int = 3) -> dict[str, float] | None:
+    """Multiply-adds a second this CPU's vector units give with torch's thread count and no
+    memory in the way (csrc/product_peak.h, the best of `repeats`): "int8" (bytes into int32,
+    the block products' instruction) and "bfloat16" (bf16 pairs where the CPU has AVX-512
+    BF16, else float32 multiply-adds). The ceilings a prompt's products are measured
+    against; None without the C kernels."""
+    import time
+
+    lib = library()
+    if lib is None:
+        return None
+    threads, out = torch.get_num_threads(), {}
+    for kind, name in enumerate(("int8", "bfloat16")):
+        rounds = 1 << 16
+        while True:  # rounds enough for `seconds`
+            t = time.perf_counter()
+            lib.tw_product_peak(kind, rounds, threads)
+            took = time.perf_counter() - t
+            if took >= seconds / 4:
+                break
+            rounds *= 4
+        rounds = int(rounds * seconds / took) + 1
+        best = 0.0
+        for _ in range(repeats):
+            t = time.perf_counter()
+            macs = lib.tw_product_peak(kind, rounds, threads)
+            best = max(best, macs / (time.perf_counter() - t))
+        out[name] = best
+    return out

@@ -14,7 +14,8 @@
 //
 // Weights may also be a GGUF file's own quantised blocks, multiplied as stored with
 // activations quantised to 8 bits (block_products.h: `tw_block_linear`, and the same
-// products inside the decode step); `tw_stream_read` measures the memory they stream from.
+// products inside the decode step); `tw_stream_read` measures the memory they stream from,
+// `tw_product_peak` the most multiply-adds a second the vector units give them.
 //
 // `tw_paged_attention` is decode attention alone, `tw_latent_attention` that of latent
 // attention (DeepSeek's MLA); `tw_packed_linear` multiplies by packed bfloat16 weights (AMX
@@ -38,3 +39,4 @@
 #include "prefill_attention.h"
 #include "argmax.h"
 #include "stream_read.h"
+#include "product_peak.h"
