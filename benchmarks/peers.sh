@@ -27,12 +27,13 @@ tar xzf "$LCPP_SRC"/llama_cpp_python-*.tar.gz -C "$LCPP_SRC"
 (cd "$LCPP_SRC"/llama_cpp_python-*/vendor/llama.cpp &&
   cmake -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF $GGML_CPU &&
-  cmake --build build --target llama-server llama-bench llama-completion llama-quantize \
-    -j"$(nproc)")
-# llama-bench: the batch-1 reference (tokenworks bench latency / load); llama-completion:
+  cmake --build build --target llama-server llama-bench llama-batched-bench llama-completion \
+    llama-quantize -j"$(nproc)")
+# llama-bench: the batch-1 reference (tokenworks bench latency / load); llama-batched-bench:
+# many sequences at once (tokenworks bench batches); llama-completion:
 # one token from a cold process (tokenworks bench load); llama-quantize: the other block
 # types of a catalogue model (benchmarks/gguf_types.py)
-for b in llama-server llama-bench llama-completion llama-quantize; do
+for b in llama-server llama-bench llama-batched-bench llama-completion llama-quantize; do
   cp "$LCPP_SRC"/llama_cpp_python-*/vendor/llama.cpp/build/bin/$b "$PEERS/llamacpp/bin/"
 done
 rm -rf "$LCPP_SRC"

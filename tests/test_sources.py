@@ -116,6 +116,23 @@ def test_bench_latency_writes_a_complete_record(tmp_path):
         assert ("peak_share" in sh) == (rec["engine"]["dtype"] == "bfloat16")
 
 
+def test_bench_batches_sweeps_the_sequences_running_together(tmp_path):
+    """Every batch size gets both rates from its own steps; without llama.cpp the peer is
+    NOT_RUN, and the plot is written."""
+    r = run_cli(
+        *("bench", "batches", "--model", "toy", "--batches", "1,3", "--prompt-tokens", "8"),
+        *("--decode-tokens", "2", "--peers-dir", str(tmp_path / "none"), "--out", str(tmp_path)),
+    )
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(next(tmp_path.glob("batches-*.json")).read_text())
+    for b in ("1", "3"):
+        got = rec["results"]["tokenworks"][b]
+        assert got["prefill_tok_s"] > 0 and got["decode_tok_s"] > 0 and got["decode_steps"] >= 1
+    assert rec["results"]["llama.cpp"]["status"] == "NOT_RUN"
+    assert rec["engine"]["max_num_seqs"] == 3
+    assert next(tmp_path.glob("batches-*.png")).stat().st_size > 0
+
+
 def test_a_file_split_across_wheels_names_every_piece_in_order():
     entry = catalogue.lookup("qwen2.5-coder-1.5b")
     pieces = entry.pieces

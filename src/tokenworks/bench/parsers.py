@@ -181,6 +181,19 @@ def add_bench_parsers(sub) -> None:
     _record_args(p)
     p.set_defaults(fn=_run("tokenworks.bench.throughput:run_throughput"))
 
+    p = bsub.add_parser(
+        "batches",
+        help="prefill and decode tok/s against the sequences running together (1 to 256), "
+        "beside llama-batched-bench on the same file, plotted",
+    )
+    add_engine_arguments(p)
+    p.add_argument("--batches", default="1,2,4,8,16,32,64,128,256")
+    p.add_argument("--prompt-tokens", type=int, default=128, help="a sequence's prompt")
+    p.add_argument("--decode-tokens", type=int, default=32, help="decode steps timed")
+    p.add_argument("--peers-dir", default="peers", help="where benchmarks/peers.sh put llama.cpp")
+    _out(p)
+    p.set_defaults(fn=_run("tokenworks.bench.batches:run_batches"))
+
     p = bsub.add_parser("structured", help="decode throughput with and without a JSON schema")
     add_engine_arguments(p)
     p.add_argument(
