@@ -335,9 +335,3 @@ def test_the_probe_measures_this_machine():
     hw = probe(threads=1, matrix_mib=8, matmul_size=256, repeats=2)
     assert hw.name == "this-cpu" and hw.bandwidth > 1e8 and hw.peak("bf16") > 1e8
     assert hw.measured["copy_bandwidth"] > 0
-    from tokenworks.kernels.build import library
-
-    if library() is not None:  # the C kernels' ceilings: the int8 rate is theirs
-        peaks = hw.measured["product_peak_macs_s"]
-        assert peaks["int8"] > 1e8 and peaks["bfloat16"] > 1e8
-        assert hw.peak("int8") == 2 * peaks["int8"]

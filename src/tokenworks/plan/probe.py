@@ -5,10 +5,7 @@
   the matrix per second. This, not a plain copy, is what bounds decode on a CPU;
 - copy bandwidth: a large tensor copy (read + write), for reference;
 - matmul rates: square products (2048 x 2048 by default, smaller where a product of that
-  size would take long) in bfloat16 and float32, FLOP/s;
-- with the C kernels: the streaming read a decode step of GGUF blocks is bound by, and
-  the vector units' int8 and bfloat16 multiply-add peaks (kernels.blocks); the int8 peak
-  is the "int8" rate (2 FLOP a multiply-add).
+  size would take long) in bfloat16 and float32, FLOP/s.
 """
 
 from __future__ import annotations
@@ -80,22 +77,17 @@ def probe(
             dst = torch.empty_like(src)
             t = best_time(lambda: dst.copy_(src), repeats)
             out["copy_bandwidth"] = 2 * src.numel() / t  # read + write
-            from tokenworks.bench.ceilings import machine_ceilings
-
-            out |= machine_ceilings()
     finally:
         torch.set_num_threads(old)
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         memory = 16 * 2**30
-    peaks = out.get("product_peak_macs_s")
-    int8 = {"int8": 2 * peaks["int8"]} if peaks else {}
     return Hardware(
         "this-cpu",
         memory,
         out["matvec_bandwidth_bf16"],
-        {"bf16": out["matmul_flops_bf16"], "fp32": out["matmul_flops_fp32"]} | int8,
+        {"bf16": out["matmul_flops_bf16"], "fp32": out["matmul_flops_fp32"]},
         kind="cpu",
         source=f"measured by tokenworks.plan.probe ({out['threads']} threads)",
         notes="bandwidth is a bf16 weight-streaming matrix-vector product (decode's shape)",
