@@ -881,14 +881,14 @@ static inline void r8_store(const tw_linear* L, const float* out, int lanes, int
   }
 }
 
-// Tiles [t0, t0 + c) (c = 1, 2 or 4) of a repacked weight against tokens [0, B).
+// Tiles [t0, t0 + c) (c = 1, 2 or 4) of a repacked weight against tokens [0, B); r8_rows_part
+// asks for more than one tile only from r8_pairs_from(t) tokens.
 static void r8_group(const tw_linear* L, int t0, int c, const tw_qact* a, float* y, int64_t ldy,
                      int B, int accumulate) {
   const int t = L->dtype - TW_R8, k = L->k;
   const int64_t tb = (int64_t)(k / block_elems(t)) * r8_record(t);
   const uint8_t* w = (const uint8_t*)L->w + t0 * tb;
-  const int batch = B >= r8_pairs_from(t);
-  const tw_r8x2_dot fn = c == 4 ? r8x4_wide(t) : c == 2 && batch ? r8x2_wide(t) : NULL;
+  const tw_r8x2_dot fn = c == 4 ? r8x4_wide(t) : c == 2 ? r8x2_wide(t) : NULL;
   const tw_r8_dot dot = r8_vector(t);
   const int step = fn ? R8_WIDE : R8_TOKENS, lanes = 8 * c;
   float out[(R8_WIDE > R8_TOKENS ? R8_WIDE : R8_TOKENS) * 32];
