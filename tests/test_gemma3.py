@@ -9,6 +9,7 @@ file's sha256, and read back in seconds on later runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -73,6 +74,25 @@ def test_the_file_reads_as_gemma_3(gemma3_loaded):
     assert [i for i in range(spec.n_layers) if spec.window(i) is None] == [5, 11, 17]
     assert (spec.rope_theta, spec.rope_local_theta) == (1e6, 1e4)
     assert 106 in spec.eos_token_ids  # <end_of_turn> ends a reply
+
+
+def test_the_rope_tables_fill_as_positions_are_reached(gemma3_loaded):
+    """Both of Gemma 3's tables (32k positions, 128 MiB whole) are filled only as far as
+    the positions run so far, and rows filled step by step equal the whole table's."""
+    from tokenworks.models.llama import ROPE_ROWS, LlamaModel
+    from tokenworks.ops.rope import cos_sin_table
+
+    spec = gemma3_loaded.spec
+    model = LlamaModel(dataclasses.replace(spec, n_layers=1, vocab_size=8))  # the tables alone
+    assert model.rope_filled == 0
+    for reached in (1, 700, ROPE_ROWS * 3 + 5):
+        model.cover_positions(torch.tensor([0, reached - 1]))
+        assert model.rope_filled == -(-reached // ROPE_ROWS) * ROPE_ROWS
+    n = model.rope_filled
+    for names, rope in ((("cos", "sin"), spec), (("cos_local", "sin_local"), spec.local_rope)):
+        whole = cos_sin_table(rope, n)
+        for name, table in zip(names, whole, strict=True):
+            assert torch.equal(getattr(model, name)[:n], table), name
 
 
 @pytest.mark.parametrize("n", [1, 700])  # one token, and 188 past the 512-token window

@@ -96,6 +96,8 @@ class LLMEngine:
         loaded = loaded or load(config.model, keep_index=config.keep_gguf_index)
         self.spec = loaded.spec
         self.tokenizer = TokenizerWrapper.from_loaded(loaded)
+        if config.device == "cpu":  # building a large vocabulary's merges leaves free pages
+            release_freed_memory()  # that would otherwise sit under the weights' peak
         # what the weights run as: the GGUF's blocks by default (config.resolved_quantization)
         self.quantization = config.resolved_quantization(loaded.gguf_index is not None)
         # the other ranks (tensor / pipeline parallel), joined before any model is built

@@ -217,6 +217,7 @@ class LlamaForward:
         self.act_dtype = act if ok else None
         self.embed = model.embed  # rows of the table, as the model looks them up
         self.rope_tables = (model.cos, model.sin)  # float32 [positions, rope dims]
+        self.cover_positions = model.cover_positions  # fills the tables' rows C reads
         self._packed = self._head = None  # run_batched's products, made on first use
 
     @staticmethod
@@ -417,6 +418,7 @@ class LlamaForward:
         a whole decode step in C then returns (None, argmax [rows] int64), the head having
         kept each row's best and written no logits, where it runs on packed weights."""
         n = input_ids.shape[0]
+        self.cover_positions(positions)
         if not self._whole_step(batches[0].query_lens):
             logits = self.run_batched(input_ids, positions, batches, logits_rows, float_logits)
             return self._final_softcap(logits), None

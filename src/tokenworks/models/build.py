@@ -59,7 +59,11 @@ def build_model(
         model = module(spec) if layers is None else module(spec, layers)
     blocks = quantization == "gguf" and isinstance(model, LlamaModel)
     model.load_weights(weights if blocks else DenseView(weights))
+    if torch.device(device).type != "cpu" and hasattr(model, "cover_positions"):
+        model.cover_positions(spec.max_position)  # whole before the move: no step fills it
     tables = getattr(model, "rope_tables", dict)()
+    for name in tables:  # (out of the cast below, which would touch every row)
+        del model._buffers[name]
     model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
     for name, t in tables.items():  # float32 whatever the dtype: shared with the C kernels
         model.register_buffer(name, t.to(device), persistent=False)

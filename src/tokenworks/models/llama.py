@@ -21,7 +21,9 @@ from tokenworks.models.mla import LatentAttention
 from tokenworks.models.moe import MoE, RoutingStats
 from tokenworks.models.spec import ModelSpec
 from tokenworks.ops.attention import AttentionMetadata, attention
-from tokenworks.ops.rope import apply_rope, cos_sin_table
+from tokenworks.ops.rope import apply_rope, cos_sin_rows
+
+ROPE_ROWS = 256  # positions a RoPE table grows by
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -176,17 +178,43 @@ class LlamaModel(nn.Module):
         self.lm_head = (
             nn.Linear(spec.hidden_size, spec.vocab_size, bias=False) if self.last else None
         )
-        cos, sin = cos_sin_table(spec, spec.max_position)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
-        if spec.local_rope is not None:  # Gemma 3: the windowed layers' own base
-            cos, sin = cos_sin_table(spec.local_rope, spec.max_position)
-        self.register_buffer("cos_local", cos, persistent=False)
-        self.register_buffer("sin_local", sin, persistent=False)
+        # RoPE tables for every position the model takes, their rows filled as positions
+        # are first reached (cover_positions): untouched rows cost no memory, so a table
+        # holds what the longest context served needs (Gemma 3's 32k would take 128 MiB)
+        d = getattr(spec, "rope_dim", spec.head_dim)
+        for name in ("cos", "sin", "cos_local", "sin_local"):
+            if spec.local_rope is None and name.endswith("_local"):
+                table = getattr(self, name.removesuffix("_local"))
+            else:  # Gemma 3: the windowed layers have their own base
+                table = torch.empty(spec.max_position, d)
+            self.register_buffer(name, table, persistent=False)
+        self.rope_filled = 0  # rows of the tables filled
         self.routing = RoutingStats() if spec.moe else None  # what each step's routers chose
         for layer in self.layers:
             if layer.moe is not None:
                 layer.moe.stats = self.routing
+
+    def cover_positions(self, positions: torch.Tensor | int) -> None:
+        """Fill the RoPE tables' rows up to the largest of positions (an int: up to that
+        many rows), a multiple of ROPE_ROWS at a time. Each row is made from its position
+        alone, so a table filled in steps holds what one made whole would."""
+        total = self.cos.shape[0]
+        if self.rope_filled >= total:
+            return
+        if isinstance(positions, torch.Tensor):
+            if positions.numel() == 0:
+                return
+            positions = int(positions.max()) + 1
+        if positions <= self.rope_filled:
+            return
+        start, stop = self.rope_filled, min(-(-positions // ROPE_ROWS) * ROPE_ROWS, total)
+        specs = [(self.cos, self.sin, self.spec)]
+        if self.spec.local_rope is not None:
+            specs.append((self.cos_local, self.sin_local, self.spec.local_rope))
+        for cos, sin, rope in specs:
+            c, s = cos_sin_rows(rope, start, stop)
+            cos[start:stop], sin[start:stop] = c.to(cos.device), s.to(sin.device)
+        self.rope_filled = stop
 
     def rope_tables(self) -> dict[str, torch.Tensor]:
         """The RoPE tables, float32 [positions, head_dim], by buffer name: they stay float32
@@ -247,6 +275,7 @@ class LlamaModel(nn.Module):
 
     def run_layers(self, x, positions, meta: AttentionMetadata, cache=None) -> torch.Tensor:
         """This model's layers (a pipeline stage's, or all) over x [T, hidden]."""
+        self.cover_positions(positions)
         tables = [(self.cos, self.sin), (self.cos_local, self.sin_local)]
         rope = [
             (c[positions].to(x.dtype).unsqueeze(1), s[positions].to(x.dtype).unsqueeze(1))

@@ -66,9 +66,15 @@ def inv_frequencies(spec) -> torch.Tensor:
 
 def cos_sin_table(spec, n_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape [n_positions, rope_dim] (each half repeated), float32."""
+    return cos_sin_rows(spec, 0, n_positions)
+
+
+def cos_sin_rows(spec, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows start..stop of cos_sin_table (the same values, each row made from its position
+    alone), for a table filled as positions are first reached."""
     # Match transformers: inv_freq is float32 and the product is taken in float32.
     inv = inv_frequencies(spec).float()
-    t = torch.arange(n_positions, dtype=torch.float32)
+    t = torch.arange(start, stop, dtype=torch.float32)
     angles = torch.outer(t, inv)  # [P, D/2]
     emb = torch.cat([angles, angles], dim=-1)  # [P, D]
     scale = attention_factor(spec)
