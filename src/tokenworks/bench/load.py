@@ -4,7 +4,9 @@ llama.cpp on the same file.
 For each model a new Python process loads it and generates one token: the seconds from
 spawning the process to that token (cold-process time to first token: imports, the file's
 index or metadata, mapping the weights, building the engine) and the process's peak
-resident set (its VmHWM), then `--decode-tokens` more for the decode rate.
+resident set (its VmHWM), then `--decode-tokens` more for the decode rate. Another
+process reads only the metadata and tokenizer: the peak less its resident set is what the
+weights cost (`weights_peak_over_file`; Python and torch take about 250 MB before any).
 llama.cpp's `llama-completion` does the same on the same file (its wall time to one token
 and its peak resident set), and `llama-bench` gives its decode rate.
 
@@ -55,6 +57,23 @@ print("RESULT " + json.dumps({
 """
 
 
+# what a process holds that has read the model's metadata and tokenizer and no weights:
+# the load's peak less this is what the weights cost
+_TOKENIZER_CHILD = """
+import gc, json, sys
+from tokenworks.engine.host_memory import release_freed_memory
+from tokenworks.kernels.build import library
+from tokenworks.models import load
+from tokenworks.tokenizer import TokenizerWrapper
+library()
+tok = TokenizerWrapper.from_loaded(load(sys.argv[1], weights=False))
+gc.collect()
+release_freed_memory()
+rss = next(int(x.split()[1]) * 1024 for x in open("/proc/self/status") if x.startswith("VmRSS"))
+print("RESULT " + json.dumps({"tokenizer_rss_bytes": rss}))
+"""
+
+
 def _run(argv: list[str]) -> tuple[float, str]:
     """(wall seconds, stdout+stderr) of a child process."""
     t0 = time.time()
@@ -81,8 +100,15 @@ def ours(model: str, engine_kw: dict, decode_tokens: int) -> dict:
     argv = [sys.executable, "-c", _CHILD, str(spawned), model, json.dumps(engine_kw), PROMPT,
             str(decode_tokens)]  # fmt: skip
     wall, out = _run(argv)
+    row = _result(out) | {"wall_s": wall}
+    row |= _result(_run([sys.executable, "-c", _TOKENIZER_CHILD, model])[1])
+    row["weights_peak_bytes"] = row["peak_rss_bytes"] - row["tokenizer_rss_bytes"]
+    return row
+
+
+def _result(out: str) -> dict:
     line = next(x for x in out.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT ") :]) | {"wall_s": wall}
+    return json.loads(line[len("RESULT ") :])
 
 
 def llama_cpp(bin_dir: Path, path: str, threads: int, decode_tokens: int) -> dict:
@@ -121,6 +147,8 @@ def run_load(args) -> Path:
             r = row[engine]
             if r.get("peak_rss_bytes"):
                 r["peak_rss_over_file"] = r["peak_rss_bytes"] / row["file_bytes"]
+            if r.get("weights_peak_bytes"):
+                r["weights_peak_over_file"] = r["weights_peak_bytes"] / row["file_bytes"]
         results[Path(path).name] = row
         print(_line(Path(path).name, row))
     record = make_record(
@@ -151,6 +179,8 @@ def _line(name: str, row: dict) -> str:
         if r.get("peak_rss_bytes"):
             rss = (f"peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB "
                    f"({r['peak_rss_over_file']:.2f}x the file)")  # fmt: skip
+        if r.get("weights_peak_over_file"):
+            rss += f", the weights {r['weights_peak_over_file']:.2f}x"
         parts.append(
             f"{engine}: first token {r['ttft_s']:.1f} s, {rss}, "
             f"decode {r['decode_tok_s']:.1f} tok/s"
