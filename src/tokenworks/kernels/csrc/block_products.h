@@ -1307,14 +1307,15 @@ static tw_block_dot vector_dot(int t) {
 
 // Quantise rows [0, B) of x (float32 [B, k]) into a, in the formats `need` asks for (1: per
 // 32, 2: per 256), shared among the threads (inside a parallel region; a barrier ends it).
+static inline void quantize_row(const float* xr, int b, int k, const tw_qact* a, int need) {
+  const tw_qact r = qact_row(a, b, k);
+  if (need & 1) quantize_spans(xr, k, 32, r.q32, r.d32, r.s32, NULL);
+  if (need & 2) quantize_spans(xr, k, 256, r.q256, r.d256, NULL, r.bs);
+}
+
 static void quantize_rows(const float* x, int B, int k, const tw_qact* a, int need) {
 #pragma omp for schedule(static)
-  for (int b = 0; b < B; ++b) {
-    const tw_qact r = qact_row(a, b, k);
-    const float* xr = x + (int64_t)b * k;
-    if (need & 1) quantize_spans(xr, k, 32, r.q32, r.d32, r.s32, NULL);
-    if (need & 2) quantize_spans(xr, k, 256, r.q256, r.d256, NULL, r.bs);
-  }
+  for (int b = 0; b < B; ++b) quantize_row(x + (int64_t)b * k, b, k, a, need);
 }
 
 // The rows of one block weight (or one part of a product) against quantised activation
@@ -1380,19 +1381,24 @@ static int formats_needed(const tw_linear* L) {
 // A product on block weights (or parts, each of them block weights) inside a parallel
 // region: x [B, k] float32 is quantised into the room at qbuf (tw_qact_bytes(B, k) bytes
 // or more), then y [B, n] (+)= x W.T.
-static void block_rows(const tw_linear* L, const float* x, void* qbuf, float* y, int B,
-                       int accumulate) {
-  const tw_qact a = qact_carve(qbuf, B, L->k);
-  quantize_rows(x, B, L->k, &a, formats_needed(L));
+static void block_rows_quantised(const tw_linear* L, const tw_qact* a, float* y, int B,
+                                 int accumulate) {
   if (L->dtype != TW_PARTS) {
-    block_rows_part(L, &a, y, L->n, B, accumulate, 0);
+    block_rows_part(L, a, y, L->n, B, accumulate, 0);
     return;
   }
   int col = 0;
   for (int i = 0; i < L->n_parts; ++i) {
-    block_rows_part(&L->parts[i], &a, y + col, L->n, B, accumulate, i + 1 < L->n_parts);
+    block_rows_part(&L->parts[i], a, y + col, L->n, B, accumulate, i + 1 < L->n_parts);
     col += L->parts[i].n;
   }
+}
+
+static void block_rows(const tw_linear* L, const float* x, void* qbuf, float* y, int B,
+                       int accumulate) {
+  const tw_qact a = qact_carve(qbuf, B, L->k);
+  quantize_rows(x, B, L->k, &a, formats_needed(L));
+  block_rows_quantised(L, &a, y, B, accumulate);
 }
 
 // y [M, n] = x [M, k] W.T (+ bias) for a block weight or parts of them (each part's rows in

@@ -121,6 +121,62 @@ static void head_norms(float* r, int H, int KVH, int D, const float* qw, const f
   for (int h = 0; h < KVH; ++h) rms_norm(r + (H + h) * D, kw, eps, r + (H + h) * D, D);
 }
 
+// Each row of x [B, n] through RMSNorm into h, then into what the next product, L, reads:
+// for block weights its 8-bit activations, quantised in the same pass (one barrier where
+// a norm and a quantisation took two); for the others hb, h rounded to bfloat16.
+static void norm_rows(const float* x, const float* w, float eps, int B, int n,
+                      const tw_linear* L, float* h, uint16_t* hb, void* qbuf) {
+  const int blocks = has_blocks(L);
+  const tw_qact a = blocks ? qact_carve(qbuf, B, n) : (tw_qact){0};
+  const int need = blocks ? formats_needed(L) : 0;
+#pragma omp for schedule(static)
+  for (int b = 0; b < B; ++b) {
+    rms_norm(x + (int64_t)b * n, w, eps, h + (int64_t)b * n, n);
+    if (blocks) quantize_row(h + (int64_t)b * n, b, n, &a, need);
+    else round_row(h + (int64_t)b * n, hb + (int64_t)b * n, n);
+  }
+}
+
+// y [B, L->n] (+)= L's product of the activations norm_rows (or glu_rows) made from x.
+static void product_rows(const tw_linear* L, const float* x, const uint16_t* xb, float* y, int B,
+                         int accumulate, tw_run* runs, void* qbuf) {
+  if (!has_blocks(L)) {
+    linear_rows(L, x, xb, y, B, accumulate, runs, qbuf);
+    return;
+  }
+  const tw_qact a = qact_carve(qbuf, B, L->k);
+  block_rows_quantised(L, &a, y, B, accumulate);
+}
+
+// act = silu(gate) * up (GeGLU's gelu_tanh where gelu) of each row of gu [B, 2I], then
+// into what the down product L reads, as norm_rows does: a row at a time when L holds
+// blocks (the GLU and the quantisation in one pass), else 128 values at a time, rounded.
+static void glu_rows(const float* gu, int B, int I, int gelu, const tw_linear* L, float* act,
+                     uint16_t* actb, void* qbuf) {
+  if (has_blocks(L)) {
+    const tw_qact a = qact_carve(qbuf, B, I);
+    const int need = formats_needed(L);
+#pragma omp for schedule(static)
+    for (int b = 0; b < B; ++b) {
+      const float* g = gu + (int64_t)b * 2 * I;
+      if (gelu) gelu_mul(g, g + I, act + (int64_t)b * I, I);
+      else silu_mul(g, g + I, act + (int64_t)b * I, I);
+      quantize_row(act + (int64_t)b * I, b, I, &a, need);
+    }
+    return;
+  }
+  const int chunks = (I + 127) / 128;
+#pragma omp for schedule(static)
+  for (int c = 0; c < B * chunks; ++c) {
+    const int b = c / chunks, j = (c % chunks) * 128, len = I - j < 128 ? I - j : 128;
+    const float* g = gu + (int64_t)b * 2 * I + j;
+    float* o = act + (int64_t)b * I + j;
+    if (gelu) gelu_mul(g, g + I, o, len);
+    else silu_mul(g, g + I, o, len);
+    round_row(o, actb + (int64_t)b * I + j, len);
+  }
+}
+
 // B token rows, each read through its own block table: ids [B], positions [B], slots
 // [G, B] (where each new K/V goes in each of the G KV groups) -> logits [R, vocab] of the
 // R = n_head rows head_rows (ascending; n_head < 0: every row, R = B). kvs [G] give each row's
@@ -184,10 +240,8 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
       const int64_t* lslots = slots + (int64_t)L->group * B;
       const float *lcos = L->cos ? L->cos : m->cos, *lsin = L->sin ? L->sin : m->sin;
       if (L->no_rope) lcos = lsin = NULL;
-#pragma omp for schedule(static)
-      for (int b = 0; b < B; ++b)
-        rms_norm_row(x + b * hid, L->input_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
-      linear_rows(&L->qkv, s->h, s->hb, s->qkv, B, 0, runs, s->qbuf);
+      norm_rows(x, L->input_norm, d->eps, B, hid, &L->qkv, s->h, s->hb, s->qbuf);
+      product_rows(&L->qkv, s->h, s->hb, s->qkv, B, 0, runs, s->qbuf);
       // RoPE on q and k, then this token's K and V into the pool.
 #pragma omp for schedule(static)
       for (int b = 0; b < B; ++b) {
@@ -198,8 +252,10 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
                        L->k_pool, L->v_pool, L->k_scale, L->v_scale, kv.kv_dtype);
       }
       attention_tasks(&kv, s->qkv, nqkv, s->attn, q_size, B, H, KVH, D, d->attn_scale, threads);
+      if (!has_blocks(&L->o)) {  // (block weights quantise the float32 rows themselves)
 #pragma omp for schedule(static)
-      for (int b = 0; b < B; ++b) round_row(s->attn + b * q_size, s->hb + b * q_size, q_size);
+        for (int b = 0; b < B; ++b) round_row(s->attn + b * q_size, s->hb + b * q_size, q_size);
+      }
       if (L->attn_out_norm) {  // x += rmsnorm(o_proj(attn)): the product into h first
         linear_rows(&L->o, s->attn, s->hb, s->h, B, 0, runs, s->qbuf);
 #pragma omp for schedule(static)
@@ -207,9 +263,8 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
       } else {
         linear_rows(&L->o, s->attn, s->hb, x, B, 1, runs, s->qbuf);  // x += o_proj(attn)
       }
-#pragma omp for schedule(static)
-      for (int b = 0; b < B; ++b)
-        rms_norm_row(x + b * hid, L->post_norm, d->eps, s->h + b * hid, s->hb + b * hid, hid);
+      // (the gate_up product reads the norm's rows through qbuf or hb, never h after it)
+      norm_rows(x, L->post_norm, d->eps, B, hid, &L->gate_up, s->h, s->hb, s->qbuf);
       // SwiGLU's output in bfloat16, the down product's input. (gate_up is TW_PACKED_GLU only
       // where every product is packed, so down reads act_b, never the float32 act.)
       uint16_t* act_b = s->hb;
@@ -220,24 +275,15 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
       } else
 #endif
       {
-        linear_rows(&L->gate_up, s->h, s->hb, s->gu, B, 0, runs, s->qbuf);
-        const int chunks = (I + 127) / 128;
-#pragma omp for schedule(static)
-        for (int c = 0; c < B * chunks; ++c) {  // SwiGLU: silu(gate) * up, 128 at a time
-          const int b = c / chunks, j = (c % chunks) * 128, len = I - j < 128 ? I - j : 128;
-          const float* g = s->gu + (int64_t)b * 2 * I + j;
-          float* a = s->act + (int64_t)b * I + j;
-          if (m->act) gelu_mul(g, g + I, a, len);
-          else silu_mul(g, g + I, a, len);
-          round_row(a, s->hb + (int64_t)b * I + j, len);
-        }
+        product_rows(&L->gate_up, s->h, s->hb, s->gu, B, 0, runs, s->qbuf);
+        glu_rows(s->gu, B, I, m->act, &L->down, s->act, s->hb, s->qbuf);
       }
       if (L->mlp_out_norm) {  // x += rmsnorm(down(act))
-        linear_rows(&L->down, s->act, act_b, s->h, B, 0, runs, s->qbuf);
+        product_rows(&L->down, s->act, act_b, s->h, B, 0, runs, s->qbuf);
 #pragma omp for schedule(static)
         for (int b = 0; b < B; ++b) add_norm(x + b * hid, s->h + b * hid, L->mlp_out_norm, d->eps, hid);
       } else {
-        linear_rows(&L->down, s->act, act_b, x, B, 1, runs, s->qbuf);  // x += down(act)
+        product_rows(&L->down, s->act, act_b, x, B, 1, runs, s->qbuf);  // x += down(act)
       }
     }
 #pragma omp for schedule(static)
