@@ -173,8 +173,8 @@ class EngineConfig:
         default=True,
         metadata=option(
             "with --quantization gguf, repack the block types the C kernels repack (Q4_0, "
-            "Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K to Q6_K, IQ4_XS) eight rows at a time at "
-            "load, into memory the process owns (the file's pages are given back); off: "
+            "Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q2_K to Q6_K, IQ4_XS) eight rows at a time "
+            "at load, into memory the process owns (the file's pages are given back); off: "
             "multiply the blocks as the file lays them out"
         ),
     )

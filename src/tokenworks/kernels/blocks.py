@@ -114,11 +114,16 @@ class BlockTensor:
 
     def repacked(self, lib) -> torch.Tensor | None:
         """The blocks repacked eight rows at a time (made once, then kept), or None for a
-        type the kernels do not repack. A view of a mapped file gives its pages back as
-        each stretch of rows is repacked, so the two copies never coexist whole."""
+        type the kernels do not repack (or MXFP4 with a scale float16 cannot hold). A view
+        of a mapped file gives its pages back as each stretch of rows is repacked, so the
+        two copies never coexist whole."""
         if self.packed is None and lib.tw_r8_packs(self.ggml_type):
             rows, cols = self.shape
             data = self.data if self.data.is_contiguous() else self.data.contiguous()
+            if not lib.tw_r8_exact(self.ggml_type, ck.ptr(data), rows, cols):
+                if self.mapped and data is self.data:
+                    release_pages(data)  # (the check read every page)
+                return None
             out = torch.empty(lib.tw_r8_bytes(self.ggml_type, rows, cols), dtype=torch.uint8)
             release = self.mapped and data is self.data
             step = max(8, (REPACK_STRETCH // max(data.shape[1], 1)) // 8 * 8)

@@ -1,5 +1,5 @@
 // Block weights repacked eight rows at a time, once at load (tw_r8_pack), for Q4_0, Q4_1,
-// Q5_0, Q5_1, Q8_0, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS.
+// Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS.
 // (part of kernels.c, the one translation unit: included there, in order)
 //
 // In the file each row's blocks lie one after another, so a product reads one row at a time
@@ -19,6 +19,8 @@
 //   Q4_0 .. Q5_1, IQ4_NL: d[r] (float16), Q4_1/Q5_1: m[r] (float16), Q5: qh[r] (u32, bit
 //     8i + c: the fifth bit of element 4c + i), then chunks c = 0-3 [r][4 bytes]: low
 //     nibbles elements 4c + i, high nibbles 16 + 4c + i (IQ4_NL: indices into its table).
+//     MXFP4: IQ4_NL's record, its own table, the power-of-two scale as float16 (repacked
+//     only where every scale is one float16 holds exactly: tw_r8_exact).
 //     Q8_0: d[r], then chunks c = 0-7 (int8).
 //   Q4_K, Q5_K: d[r], dmin[r] (float16), sc[j][r], mn[j][r] (6-bit, a byte each), Q5_K:
 //     qh chunks c = 0-7 [r][4] (bit j: run j's fifth bit), then for each pair of runs
@@ -40,11 +42,13 @@
 
 static inline int r8_packs(int t) {
   return t == GG_Q4_0 || t == GG_Q4_1 || t == GG_Q5_0 || t == GG_Q5_1 || t == GG_Q8_0 ||
-         t == GG_IQ4_NL || t == GG_Q2_K || t == GG_Q3_K || t == GG_Q4_K || t == GG_Q5_K ||
-         t == GG_Q6_K || t == GG_IQ4_XS;
+         t == GG_IQ4_NL || t == GG_MXFP4 || t == GG_Q2_K || t == GG_Q3_K || t == GG_Q4_K ||
+         t == GG_Q5_K || t == GG_Q6_K || t == GG_IQ4_XS;
 }
+// 32-element types whose nibbles index a table of signed values
+static inline int r8_table(int t) { return t == GG_IQ4_NL || t == GG_MXFP4; }
 // weights with signs, multiplied as |w| times the activations with w's signs
-static inline int r8_signed(int t) { return t == GG_Q8_0 || t == GG_IQ4_NL || t == GG_IQ4_XS; }
+static inline int r8_signed(int t) { return t == GG_Q8_0 || r8_table(t) || t == GG_IQ4_XS; }
 // scales a half-run (16 values): Q2_K, Q3_K, Q6_K
 static inline int r8_halves(int t) { return t == GG_Q2_K || t == GG_Q3_K || t == GG_Q6_K; }
 
@@ -57,6 +61,7 @@ static inline int r8_record(int t) {
     case GG_Q3_K: return 16 + 128 + 512 + 256;
     case GG_Q2_K: return 32 + 128 + 512;
     case GG_IQ4_XS: return 16 + 64 + 1024;
+    case GG_MXFP4: return 8 * block_bytes(GG_IQ4_NL);
     default: return 8 * block_bytes(t);
   }
 }
@@ -65,6 +70,23 @@ static inline int r8_fifth(int t) { return t == GG_Q5_0 || t == GG_Q5_1; }
 static inline int r8_values(int t) { return 16 + 16 * r8_has_min(t) + 32 * r8_fifth(t); }
 
 int tw_r8_packs(int t) { return r8_packs(t); }
+
+// MXFP4's scale 2^(e - 128) (e8m0_half) as float16 bits; exact for e in 104 .. 143
+static inline uint16_t r8_e8m0_half16(uint8_t e) {
+  const int x = (int)e - 128;
+  return (uint16_t)(x >= -14 ? (x + 15) << 10 : 1 << (x + 24));
+}
+
+// Whether rows of w [rows, k] of type t repack exactly: always, but for MXFP4, whose
+// scales the record holds as float16, only where every one is a power of two float16
+// holds (2^-24 to 2^15); the file's own kernels multiply the rest.
+int tw_r8_exact(int t, const uint8_t* w, int64_t rows, int k) {
+  if (t != GG_MXFP4) return r8_packs(t);
+  const int64_t n = rows * (k / 32);
+  for (int64_t i = 0; i < n; ++i)
+    if (w[i * 17] < 104 || w[i * 17] > 143) return 0;
+  return 1;
+}
 
 // Bytes of `rows` rows of width k of type t, repacked (rows rounded up to eight).
 int64_t tw_r8_bytes(int t, int64_t rows, int k) {
@@ -86,8 +108,13 @@ static void r8_pack_block(int t, const uint8_t* const src[8], uint8_t* rec) {
     const uint8_t* b = src[r];
     if (!b) continue;
     if (!is_super(t)) {
-      const int lead = t == GG_Q4_1 ? 4 : t == GG_Q5_0 ? 6 : t == GG_Q5_1 ? 8 : 2;
-      memcpy(rec + 2 * r, b, 2);
+      const int lead = t == GG_Q4_1 ? 4 : t == GG_Q5_0 ? 6 : t == GG_Q5_1 ? 8 : t == GG_MXFP4 ? 1 : 2;
+      if (t == GG_MXFP4) {
+        const uint16_t d = r8_e8m0_half16(b[0]);
+        memcpy(rec + 2 * r, &d, 2);
+      } else {
+        memcpy(rec + 2 * r, b, 2);
+      }
       if (r8_has_min(t)) memcpy(rec + 16 + 2 * r, b + 2, 2);
       for (int c = 0; c < (t == GG_Q8_0 ? 8 : 4); ++c) r8_chunk(rec + r8_values(t), c, r, b + lead + 4 * c);
       if (r8_fifth(t)) {  // bit l of the file's word: element l's fifth bit
@@ -182,7 +209,7 @@ static inline int r8_legacy_value(int t, const uint8_t* p, int r, int l) {
   const int c = l / 4, i = l % 4;
   if (t == GG_Q8_0) return (int8_t)v[(c * 8 + r) * 4 + i];
   int q = (v[((c % 4) * 8 + r) * 4 + i] >> (4 * (c / 4))) & 0xF;
-  if (t == GG_IQ4_NL) return IQ4_VALUES[q];
+  if (r8_table(t)) return table_of(t)[q];
   if (r8_fifth(t)) q |= ((load_u32(p + 16 + 16 * r8_has_min(t) + 4 * r) >> (8 * i + c)) & 1) << 4;
   return q;
 }
@@ -287,9 +314,12 @@ INLINE __m256i r8_bit(__m256i v, const int bit, const int to) {
   return _mm256_and_si256(at, _mm256_set1_epi8((char)(1 << to)));
 }
 INLINE __m256i r8_fifth_bit(__m256i v, const int bit) { return r8_bit(v, bit, 4); }
-// IQ4's table in each 128-bit half, for the byte shuffle
+// IQ4's table (or t's: MXFP4's) in each 128-bit half, for the byte shuffle
 INLINE __m256i r8_iq4_table(void) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)IQ4_VALUES));
+}
+INLINE __m256i r8_table_of(const int t) {
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)table_of(t)));
 }
 
 INLINE void r8_legacy(const int t, const uint8_t* tile, int k, const tw_qact* a, const int T,
@@ -297,7 +327,7 @@ INLINE void r8_legacy(const int t, const uint8_t* tile, int k, const tw_qact* a,
   const int rec = r8_record(t), hm = r8_has_min(t), five = r8_fifth(t), vo = r8_values(t);
   const int sgnd = r8_signed(t);
   const float zp = t == GG_Q4_0 ? -8.f : t == GG_Q5_0 ? -16.f : 0.f;
-  const __m256i low4 = _mm256_set1_epi8(0xF), table = r8_iq4_table();
+  const __m256i low4 = _mm256_set1_epi8(0xF), table = r8_table_of(t);
   __m256 acc[R8_TOKENS];
   for (int b = 0; b < T; ++b) acc[b] = _mm256_setzero_ps();
   for (int g = 0; g < k / 32; ++g) {
@@ -322,7 +352,7 @@ INLINE void r8_legacy(const int t, const uint8_t* tile, int k, const tw_qact* a,
         const __m256i qh = _mm256_loadu_si256((const __m256i*)(p + 16 + 16 * hm));
         for (int c = 0; c < 8; ++c) w[c] = _mm256_or_si256(w[c], r8_fifth_bit(qh, c));
       }
-      if (t == GG_IQ4_NL)
+      if (r8_table(t))
         for (int c = 0; c < 8; ++c) {
           sgn[c] = _mm256_shuffle_epi8(table, w[c]);
           w[c] = _mm256_abs_epi8(sgn[c]);
@@ -484,6 +514,7 @@ R8_KERNEL(r8_q4k, r8_kquant, GG_Q4_K)
 R8_KERNEL(r8_q5k, r8_kquant, GG_Q5_K)
 R8_KERNEL(r8_q6k, r8_kquant, GG_Q6_K)
 R8_KERNEL(r8_iq4nl, r8_legacy, GG_IQ4_NL)
+R8_KERNEL(r8_mxfp4, r8_legacy, GG_MXFP4)
 R8_KERNEL(r8_q2k, r8_kquant, GG_Q2_K)
 R8_KERNEL(r8_q3k, r8_kquant, GG_Q3_K)
 R8_KERNEL(r8_iq4xs, r8_kquant, GG_IQ4_XS)
@@ -513,6 +544,9 @@ INLINE __m512i r8x2_fifth_bit(__m512i v, const int bit) { return r8x2_bit(v, bit
 INLINE __m512i r8x2_iq4_table(void) {
   return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)IQ4_VALUES));
 }
+INLINE __m512i r8x2_table_of(const int t) {
+  return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)table_of(t)));
+}
 // minus 128 times the sum of each lane's four signed weights, over n chunks: what adding
 // 128 to the activations (to make them the unsigned side) adds to a lane's sum
 INLINE __m512i r8x2_offset(const __m512i* w, const int n) {
@@ -533,8 +567,8 @@ INLINE void r8x2_legacy_wide(const int t, const uint8_t* const* tl, const int G,
   const int rec = r8_record(t), hm = r8_has_min(t), five = r8_fifth(t), vo = r8_values(t);
   const int lanes = 16 * G;
   const float zp = t == GG_Q4_0 ? -8.f : t == GG_Q5_0 ? -16.f : 0.f;
-  const int table = t == GG_IQ4_NL;
-  const __m512i low4 = _mm512_set1_epi8(0xF), iq4 = r8x2_iq4_table();
+  const int table = r8_table(t);
+  const __m512i low4 = _mm512_set1_epi8(0xF), iq4 = r8x2_table_of(t);
   for (int b = 0; b < T; ++b)
     for (int h = 0; h < G; ++h) _mm512_storeu_ps(out + lanes * b + 16 * h, _mm512_setzero_ps());
   for (int g = 0; g < k / 32; ++g) {
@@ -765,6 +799,8 @@ R8X2_WIDE(r8x4_wide_q5k, r8x2_kquant_wide, GG_Q5_K, 2)
 R8X2_WIDE(r8x4_wide_q6k, r8x2_kquant_wide, GG_Q6_K, 2)
 R8X2_WIDE(r8x2_wide_iq4nl, r8x2_legacy_wide, GG_IQ4_NL, 1)
 R8X2_WIDE(r8x4_wide_iq4nl, r8x2_legacy_wide, GG_IQ4_NL, 2)
+R8X2_WIDE(r8x2_wide_mxfp4, r8x2_legacy_wide, GG_MXFP4, 1)
+R8X2_WIDE(r8x4_wide_mxfp4, r8x2_legacy_wide, GG_MXFP4, 2)
 R8X2_WIDE(r8x2_wide_q2k, r8x2_kquant_wide, GG_Q2_K, 1)
 R8X2_WIDE(r8x4_wide_q2k, r8x2_kquant_wide, GG_Q2_K, 2)
 R8X2_WIDE(r8x2_wide_q3k, r8x2_kquant_wide, GG_Q3_K, 1)
@@ -792,6 +828,7 @@ static tw_r8_dot r8_vector(int t) {
     case GG_Q5_K: return r8_q5k;
     case GG_Q6_K: return r8_q6k;
     case GG_IQ4_NL: return r8_iq4nl;
+    case GG_MXFP4: return r8_mxfp4;
     case GG_Q2_K: return r8_q2k;
     case GG_Q3_K: return r8_q3k;
     case GG_IQ4_XS: return r8_iq4xs;
@@ -823,6 +860,7 @@ static tw_r8x2_dot r8x2_wide(int t) {
     case GG_Q5_K: return r8x2_wide_q5k;
     case GG_Q6_K: return r8x2_wide_q6k;
     case GG_IQ4_NL: return r8x2_wide_iq4nl;
+    case GG_MXFP4: return r8x2_wide_mxfp4;
     case GG_Q2_K: return r8x2_wide_q2k;
     case GG_Q3_K: return r8x2_wide_q3k;
     case GG_IQ4_XS: return r8x2_wide_iq4xs;
@@ -848,6 +886,7 @@ static tw_r8x2_dot r8x4_wide(int t) {
     case GG_Q5_K: return r8x4_wide_q5k;
     case GG_Q6_K: return r8x4_wide_q6k;
     case GG_IQ4_NL: return r8x4_wide_iq4nl;
+    case GG_MXFP4: return r8x4_wide_mxfp4;
     case GG_Q2_K: return r8x4_wide_q2k;
     case GG_Q3_K: return r8x4_wide_q3k;
     case GG_IQ4_XS: return r8x4_wide_iq4xs;
