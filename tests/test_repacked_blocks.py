@@ -211,3 +211,8 @@ def test_repacking_keeps_each_catalogue_files_greedy_tokens(name, request):
         margin = top2[:, 0] - top2[:, 1]
         differ = a.argmax(-1) != b.argmax(-1)
         assert not (differ & (margin > 0.25)).any(), margin[differ]
+    # the step's products alone (bench records set them beside the whole step) run on both
+    from tokenworks.kernels.products_pass import products_pass_seconds
+
+    for llm in (stored, packed):
+        assert 0 < products_pass_seconds(llm.engine.c_kernels.forward_pass, repeats=1) < 10

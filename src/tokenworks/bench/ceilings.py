@@ -7,6 +7,9 @@ units' multiply-add rate for the kind of product the weights take
 (`kernels.blocks.product_peaks`: int8 for a GGUF file's blocks, with 8-bit activations;
 bfloat16 for bfloat16 weights), and its share is weights multiplied a token x tok/s /
 that rate. Both are measured with the run's threads, in the run's process.
+
+Beside the decode share, the step's products alone (every weight read once, nothing
+between): how much of a step below the ceiling is the products' and how much the rest's.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ def shares(engine, decode_tok_s: float | None, prefill_tok_s: float | None, ceil
         out["bandwidth_share"] = (
             decode_tok_s * out["decode_bytes"] / ceilings["read_bandwidth_bytes_s"]
         )
+        out |= products_alone(engine, decode_tok_s, out["decode_bytes"], ceilings)
     quant, dtype = engine.quantization or "none", engine.config.resolved_dtype
     kind = {("gguf", dtype): "int8", ("none", "bfloat16"): "bfloat16"}.get((quant, dtype))
     if prefill_tok_s and kind:
@@ -75,3 +79,20 @@ def shares(engine, decode_tok_s: float | None, prefill_tok_s: float | None, ceil
             prefill_tok_s * out["macs_per_token"] / ceilings["product_peak_macs_s"][kind]
         )
     return out
+
+
+def products_alone(engine, decode_tok_s: float, nbytes: int, ceilings: dict) -> dict:
+    """The decode step's products alone (kernels/products_pass.py) beside the whole step:
+    their seconds a token, their share of the read bandwidth, and the step's seconds
+    outside them; {} where the C kernels do not run the model."""
+    from tokenworks.kernels.products_pass import products_pass_seconds
+
+    kernels = engine.c_kernels
+    seconds = products_pass_seconds(kernels.forward_pass) if kernels is not None else None
+    if not seconds:
+        return {}
+    return {
+        "products_s": seconds,
+        "products_bandwidth_share": nbytes / seconds / ceilings["read_bandwidth_bytes_s"],
+        "outside_products_s": 1 / decode_tok_s - seconds,
+    }

@@ -196,6 +196,7 @@ SIGNATURES = {
     "tw_block_dequantize": (None, [c_ptr, _i, _i64, _i, c_ptr, _i, _i]),
     "tw_blocks_use_portable": (_i, [_i]),
     "tw_r8_packs": (_i, [_i]),
+    "tw_products_pass": (None, [c_ptr, _i, c_ptr, c_ptr, c_ptr, c_ptr, _i]),
     "tw_r8_exact": (_i, [_i, c_ptr, _i64, _i]),
     "tw_r8_bytes": (_i64, [_i, _i64, _i]),
     "tw_r8_pack": (None, [_i, c_ptr, _i64, _i, c_ptr, _i]),

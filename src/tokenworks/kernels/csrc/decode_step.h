@@ -318,3 +318,13 @@ void tw_llama_decode(const tw_dims* d, const tw_model* m, const tw_layer* layers
   if (from_logits && R > 0) tw_argmax_rows(logits, TW_F32, R, d->vocab, argmax, threads);
 }
 
+
+// The products of a batch-1 decode step alone, in the step's order (L: n products; x, xb:
+// a zero row of the widest input, float32 and bfloat16; y: room for the widest output;
+// qbuf: tw_qact_bytes(1, widest input)): what reading the step's weights costs without
+// the work between the products (bench/ceilings.py's products_share).
+void tw_products_pass(const tw_linear* const* L, int n, const float* x, const uint16_t* xb,
+                      float* y, void* qbuf, int threads) {
+#pragma omp parallel num_threads(threads)
+  for (int i = 0; i < n; ++i) linear_rows(L[i], x, xb, y, 1, 0, NULL, qbuf);
+}
