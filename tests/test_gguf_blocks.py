@@ -106,6 +106,24 @@ def test_products_within_the_activation_bound(portable, t, rows, out, blocks_per
     assert (err <= activation_bound(x64, w64, span)).all(), err.max()
 
 
+GRIDS = [t for t in TYPES if blocks.EXECUTED[t][:3] in ("IQ1", "IQ2", "IQ3", "TQ1")]
+
+
+@pytest.mark.parametrize("t", GRIDS, ids=[blocks.EXECUTED[t] for t in GRIDS])
+def test_a_grid_formats_token_gets_the_same_bits_in_a_batch_of_any_size(t):
+    """A prompt decodes each row of a grid format once for up to 64 tokens, a decode step
+    once for its few: each token's sums are the same either way, to the bit."""
+    rows, k = 5, 512
+    keep: list = []
+    linear = blocks.c_linear(
+        [blocks.from_array(t, (rows, k), random_blocks(t, rows, k, t))], None, keep
+    )
+    x = torch.randn(70, k, generator=torch.Generator().manual_seed(t))
+    alone = torch.cat([blocks.block_linear(x[i : i + 1], linear, torch.float32) for i in range(70)])
+    for n in (2, 8, 9, 63, 64, 65, 70):
+        assert torch.equal(blocks.block_linear(x[:n], linear, torch.float32), alone[:n]), n
+
+
 @pytest.mark.parametrize(
     ("flags", "isa"), [(("-mno-avx512f",), "AVX2"), (("-mno-avx512f", "-mno-avx2"), "plain C")]
 )

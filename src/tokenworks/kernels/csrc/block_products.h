@@ -25,6 +25,9 @@ static const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, 
 static inline const int8_t* table_of(int t) { return t == GG_MXFP4 ? MXFP4_VALUES : IQ4_VALUES; }
 enum { TW_PARTS = 6 };  // a product made of row ranges of different dtypes (tw_linear.parts)
 #define BLOCK_MAX_ROWS 8  // activation rows that share one decode of a weight block
+// Tokens a grid format's row is decoded once for in a prompt (dot_grid_wide): its decode
+// costs more than the products, so it is shared by as many tokens as there are.
+#define GRID_TOKENS 64
 
 static inline int is_blocks(int dtype) { return dtype >= TW_BLOCKS; }
 // dtype code TW_R8 + t: a GGUF tensor of ggml type t repacked eight rows at a time
@@ -1138,32 +1141,56 @@ INLINE void dot_table32(const int t, const uint8_t* row, int k, const tw_qact* a
 }
 
 // The grid formats (grid_run decodes each run of 32 a word at a time): signed values with an
-// integer scale a 16 and a float unit a super-block, multiplied as IQ4_XS's are.
+// integer scale a 16 and a float unit a super-block, multiplied as IQ4_XS's are. A
+// super-block decoded: each run's values (q) and its two 16s' scales (s16).
+INLINE void grid_decode(const int t, const uint8_t* sb, __m256i q[8], __m256i s16[8]) {
+  for (int j = 0; j < 8; ++j) {
+    uint64_t v[4];
+    int sc[2];
+    grid_run(t, sb, j, v, sc);
+    q[j] = _mm256_set_epi64x((long long)v[3], (long long)v[2], (long long)v[1], (long long)v[0]);
+    s16[j] = _mm256_set_m128i(_mm_set1_epi16((int16_t)sc[1]), _mm_set1_epi16((int16_t)sc[0]));
+  }
+}
+
+// token b's int32 sums over super-block i, then into its accumulator
+INLINE __m256 grid_token(const __m256i q[8], const __m256i s16[8], float d, const tw_qact* a,
+                         int b, int i, int ka, __m256 acc) {
+  const int8_t* ab = a->q256 + (int64_t)b * ka + i * 256;
+  __m256i isum = _mm256_setzero_si256();
+  for (int j = 0; j < 8; ++j)
+    isum = _mm256_add_epi32(
+        isum, scaled32(q[j], _mm256_loadu_si256((const __m256i*)(ab + 32 * j)), s16[j], 1));
+  const float da = a->d256[(int64_t)b * ((ka + 255) / 256) + i];
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * da), acc);
+}
+
 INLINE void dot_grid(const int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
                      float* out) {
-  const int nsb = k / 256, bb = block_bytes(t);
+  const int bb = block_bytes(t);
   __m256 acc[BLOCK_MAX_ROWS];
   for (int b = 0; b < B; ++b) acc[b] = _mm256_setzero_ps();
-  for (int i = 0; i < nsb; ++i) {
-    const uint8_t* sb = row + (int64_t)i * bb;
-    const float d = grid_unit(t, sb);
+  for (int i = 0; i < k / 256; ++i) {
     __m256i q[8], s16[8];
-    for (int j = 0; j < 8; ++j) {
-      uint64_t v[4];
-      int sc[2];
-      grid_run(t, sb, j, v, sc);
-      q[j] = _mm256_set_epi64x((long long)v[3], (long long)v[2], (long long)v[1], (long long)v[0]);
-      s16[j] = _mm256_set_m128i(_mm_set1_epi16((int16_t)sc[1]), _mm_set1_epi16((int16_t)sc[0]));
-    }
-    for (int b = 0; b < B; ++b) {
-      const int8_t* ab = a->q256 + (int64_t)b * ka + i * 256;
-      __m256i isum = _mm256_setzero_si256();
-      for (int j = 0; j < 8; ++j)
-        isum = _mm256_add_epi32(
-            isum, scaled32(q[j], _mm256_loadu_si256((const __m256i*)(ab + 32 * j)), s16[j], 1));
-      const float da = a->d256[(int64_t)b * ((ka + 255) / 256) + i];
-      acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * da), acc[b]);
-    }
+    grid_decode(t, row + (int64_t)i * bb, q, s16);
+    const float d = grid_unit(t, row + (int64_t)i * bb);
+    for (int b = 0; b < B; ++b) acc[b] = grid_token(q, s16, d, a, b, i, ka, acc[b]);
+  }
+  for (int b = 0; b < B; ++b) out[b] = hsum8(acc[b]);
+}
+
+// dot_grid for up to GRID_TOKENS tokens, their accumulators in memory: each token's steps
+// are dot_grid's, so its result has the same bits in a batch of any size.
+static void dot_grid_wide(const int t, const uint8_t* row, int k, const tw_qact* a, int B,
+                          int ka, float* out) {
+  const int bb = block_bytes(t);
+  __m256 acc[GRID_TOKENS];
+  for (int b = 0; b < B; ++b) acc[b] = _mm256_setzero_ps();
+  for (int i = 0; i < k / 256; ++i) {
+    __m256i q[8], s16[8];
+    grid_decode(t, row + (int64_t)i * bb, q, s16);
+    const float d = grid_unit(t, row + (int64_t)i * bb);
+    for (int b = 0; b < B; ++b) acc[b] = grid_token(q, s16, d, a, b, i, ka, acc[b]);
   }
   for (int b = 0; b < B; ++b) out[b] = hsum8(acc[b]);
 }
@@ -1272,6 +1299,16 @@ static void block_row_vector(int t, const uint8_t* row, int k, void* out, int ou
 
 typedef void (*tw_block_dot)(const uint8_t* row, int k, const tw_qact* a, int B, int ka, float* out);
 
+// dot_grid_wide where the vector products are built (block_rows_part asks only then).
+static void grid_wide(int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
+                      float* out) {
+#if defined(TW_BLOCKS_256)
+  dot_grid_wide(t, row, k, a, B, ka, out);
+#else
+  (void)t, (void)row, (void)k, (void)a, (void)B, (void)ka, (void)out;
+#endif
+}
+
 // The vector product of type t where it is built (and not switched off), else NULL.
 static tw_block_dot vector_dot(int t) {
 #if defined(TW_BLOCKS_256)
@@ -1333,6 +1370,7 @@ static void block_rows_part(const tw_linear* L, const tw_qact* a, float* y, int6
   const int64_t rb = block_row_bytes(t, k);
   const int ahead = (int)((PREFETCH_BYTES + rb - 1) / rb);
   const tw_block_dot dot = vector_dot(t);
+  const int wide = dot && is_grid(t), step = wide ? GRID_TOKENS : BLOCK_MAX_ROWS;
 #define BLOCK_ROWS_BODY                                                           \
   for (int j = 0; j < L->n; ++j) {                                                \
     if (j + ahead < L->n) { /* rows ahead, as linear_rows does */                \
@@ -1340,11 +1378,12 @@ static void block_rows_part(const tw_linear* L, const tw_qact* a, float* y, int6
       for (int64_t o = 0; o < rb; o += 64) __builtin_prefetch(next + o, 0, 3);    \
     }                                                                             \
     const uint8_t* row = (const uint8_t*)L->w + j * rb;                           \
-    for (int b0 = 0; b0 < B; b0 += BLOCK_MAX_ROWS) {                              \
-      const int nb = B - b0 < BLOCK_MAX_ROWS ? B - b0 : BLOCK_MAX_ROWS;           \
+    for (int b0 = 0; b0 < B; b0 += step) {                                        \
+      const int nb = B - b0 < step ? B - b0 : step;                               \
       const tw_qact sub = qact_row(a, b0, k);                                     \
-      float out[BLOCK_MAX_ROWS];                                                  \
-      if (dot) dot(row, k, &sub, nb, k, out);                                     \
+      float out[GRID_TOKENS];                                                     \
+      if (wide && nb > BLOCK_MAX_ROWS) grid_wide(t, row, k, &sub, nb, k, out);    \
+      else if (dot) dot(row, k, &sub, nb, k, out);                                \
       else block_dot_portable(t, row, k, &sub, nb, k, out);                       \
       for (int b = 0; b < nb; ++b) {                                              \
         float v = out[b] + (L->bias ? L->bias[j] : 0.f);                          \
