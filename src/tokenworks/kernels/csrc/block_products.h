@@ -1165,10 +1165,10 @@ INLINE __m256 grid_token(const __m256i q[8], const __m256i s16[8], float d, cons
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * da), acc);
 }
 
-INLINE void dot_grid(const int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
-                     float* out) {
+// B tokens against a row, acc: room for their accumulators (registers where B is a constant)
+INLINE void dot_grid_into(const int t, const uint8_t* row, int k, const tw_qact* a, int B,
+                          int ka, __m256* acc, float* out) {
   const int bb = block_bytes(t);
-  __m256 acc[BLOCK_MAX_ROWS];
   for (int b = 0; b < B; ++b) acc[b] = _mm256_setzero_ps();
   for (int i = 0; i < k / 256; ++i) {
     __m256i q[8], s16[8];
@@ -1179,20 +1179,18 @@ INLINE void dot_grid(const int t, const uint8_t* row, int k, const tw_qact* a, i
   for (int b = 0; b < B; ++b) out[b] = hsum8(acc[b]);
 }
 
+INLINE void dot_grid(const int t, const uint8_t* row, int k, const tw_qact* a, int B, int ka,
+                     float* out) {
+  __m256 acc[BLOCK_MAX_ROWS];
+  dot_grid_into(t, row, k, a, B, ka, acc, out);
+}
+
 // dot_grid for up to GRID_TOKENS tokens, their accumulators in memory: each token's steps
 // are dot_grid's, so its result has the same bits in a batch of any size.
 static void dot_grid_wide(const int t, const uint8_t* row, int k, const tw_qact* a, int B,
                           int ka, float* out) {
-  const int bb = block_bytes(t);
   __m256 acc[GRID_TOKENS];
-  for (int b = 0; b < B; ++b) acc[b] = _mm256_setzero_ps();
-  for (int i = 0; i < k / 256; ++i) {
-    __m256i q[8], s16[8];
-    grid_decode(t, row + (int64_t)i * bb, q, s16);
-    const float d = grid_unit(t, row + (int64_t)i * bb);
-    for (int b = 0; b < B; ++b) acc[b] = grid_token(q, s16, d, a, b, i, ka, acc[b]);
-  }
-  for (int b = 0; b < B; ++b) out[b] = hsum8(acc[b]);
+  dot_grid_into(t, row, k, a, B, ka, acc, out);
 }
 
 // Each kernel once for every row count up to BLOCK_MAX_ROWS: with the count a constant,
