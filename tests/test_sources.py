@@ -112,7 +112,8 @@ def test_bench_latency_writes_a_complete_record(tmp_path):
         res, ceil = rec["results"], rec["results"]["ceilings"]
         sh = res["shares"]
         decode = res["summary_median"]["tokenworks"]["decode_tok_s"]
-        assert sh["bandwidth_share"] == decode * sh["decode_bytes"] / ceil["read_bandwidth_bytes_s"]
+        assert sh["bandwidth_share"] == decode * sh["decode_bytes"] / sh["read_bandwidth_bytes_s"]
+        assert ceil["read_bandwidth_bytes_s"] > 0
         assert ("peak_share" in sh) == (rec["engine"]["dtype"] == "bfloat16")
 
 

@@ -1,9 +1,9 @@
 """The two ceilings a CPU run is measured against, and a run's share of each.
 
 Decode at batch 1 reads every weight once a token: its ceiling is the memory's read
-bandwidth (`kernels.blocks.read_bandwidth`), and its share is bytes a token x tok/s /
-bandwidth. A prompt multiplies each weight by every token: its ceiling is the vector
-units' multiply-add rate for the kind of product the weights take
+bandwidth (`kernels.blocks.read_bandwidth`, measured again beside each run), and its share
+is bytes a token x tok/s / bandwidth. A prompt multiplies each weight by every token: its
+ceiling is the vector units' multiply-add rate for the kind of product the weights take
 (`kernels.blocks.product_peaks`: int8 for a GGUF file's blocks, with 8-bit activations;
 bfloat16 for bfloat16 weights), and its share is weights multiplied a token x tok/s /
 that rate. Both are measured with the run's threads, in the run's process.
@@ -64,11 +64,14 @@ def shares(engine, decode_tok_s: float | None, prefill_tok_s: float | None, ceil
     if not ceilings:
         return out
     if decode_tok_s:
+        from tokenworks.kernels.blocks import read_bandwidth
+
+        # measured again beside the run: on a shared machine it moves by half within minutes
+        bandwidth = read_bandwidth() or ceilings["read_bandwidth_bytes_s"]
+        out["read_bandwidth_bytes_s"] = bandwidth
         out["decode_bytes"] = decode_bytes(engine.model)
-        out["bandwidth_share"] = (
-            decode_tok_s * out["decode_bytes"] / ceilings["read_bandwidth_bytes_s"]
-        )
-        out |= products_alone(engine, decode_tok_s, out["decode_bytes"], ceilings)
+        out["bandwidth_share"] = decode_tok_s * out["decode_bytes"] / bandwidth
+        out |= products_alone(engine, decode_tok_s, out["decode_bytes"], bandwidth)
     quant, dtype = engine.quantization or "none", engine.config.resolved_dtype
     kind = {("gguf", dtype): "int8", ("none", "bfloat16"): "bfloat16"}.get((quant, dtype))
     if prefill_tok_s and kind:
@@ -81,7 +84,7 @@ def shares(engine, decode_tok_s: float | None, prefill_tok_s: float | None, ceil
     return out
 
 
-def products_alone(engine, decode_tok_s: float, nbytes: int, ceilings: dict) -> dict:
+def products_alone(engine, decode_tok_s: float, nbytes: int, bandwidth: float) -> dict:
     """The decode step's products alone (kernels/products_pass.py) beside the whole step:
     their seconds a token, their share of the read bandwidth, and the step's seconds
     outside them; {} where the C kernels do not run the model."""
@@ -93,6 +96,6 @@ def products_alone(engine, decode_tok_s: float, nbytes: int, ceilings: dict) -> 
         return {}
     return {
         "products_s": seconds,
-        "products_bandwidth_share": nbytes / seconds / ceilings["read_bandwidth_bytes_s"],
+        "products_bandwidth_share": nbytes / seconds / bandwidth,
         "outside_products_s": 1 / decode_tok_s - seconds,
     }
