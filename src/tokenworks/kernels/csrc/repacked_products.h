@@ -314,10 +314,7 @@ INLINE __m256i r8_bit(__m256i v, const int bit, const int to) {
   return _mm256_and_si256(at, _mm256_set1_epi8((char)(1 << to)));
 }
 INLINE __m256i r8_fifth_bit(__m256i v, const int bit) { return r8_bit(v, bit, 4); }
-// IQ4's table (or t's: MXFP4's) in each 128-bit half, for the byte shuffle
-INLINE __m256i r8_iq4_table(void) {
-  return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)IQ4_VALUES));
-}
+// t's table (IQ4's, or MXFP4's) in each 128-bit half, for the byte shuffle
 INLINE __m256i r8_table_of(const int t) {
   return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)table_of(t)));
 }
@@ -378,7 +375,7 @@ INLINE void r8_legacy(const int t, const uint8_t* tile, int k, const tw_qact* a,
 INLINE void r8_run_values(const int t, const uint8_t* p, const int j, __m256i* w, __m256i* sgn) {
   const __m256i low4 = _mm256_set1_epi8(0xF), three = _mm256_set1_epi8(3);
   if (t == GG_IQ4_XS) {
-    const __m256i table = r8_iq4_table();
+    const __m256i table = r8_table_of(t);
     for (int c = 0; c < 4; ++c) {
       const __m256i v = _mm256_loadu_si256((const __m256i*)(p + 80 + 128 * j + 32 * c));
       sgn[c] = _mm256_shuffle_epi8(table, _mm256_and_si256(v, low4));
@@ -541,9 +538,6 @@ INLINE __m512i r8x2_bit(__m512i v, const int bit, const int to) {
   return _mm512_and_si512(at, _mm512_set1_epi8((char)(1 << to)));
 }
 INLINE __m512i r8x2_fifth_bit(__m512i v, const int bit) { return r8x2_bit(v, bit, 4); }
-INLINE __m512i r8x2_iq4_table(void) {
-  return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)IQ4_VALUES));
-}
 INLINE __m512i r8x2_table_of(const int t) {
   return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)table_of(t)));
 }
@@ -637,7 +631,7 @@ INLINE void r8x2_legacy_wide(const int t, const uint8_t* const* tl, const int G,
 INLINE void r8x2_run_values(const int t, const uint8_t* p, const uint8_t* q, const int j, __m512i* w) {
   const __m512i low4 = _mm512_set1_epi8(0xF), three = _mm512_set1_epi8(3);
   if (t == GG_IQ4_XS) {
-    const __m512i table = r8x2_iq4_table();
+    const __m512i table = r8x2_table_of(t);
     for (int c = 0; c < 4; ++c) {
       const int at = 80 + 128 * j + 32 * c;
       const __m512i v = r8x2_load(p + at, q + at);
