@@ -515,7 +515,7 @@ def test_the_messages_a_step_sends_are_the_cost_models(saved, tp, pp):
     the all-reduces, all-gathers and stage sends, and their bytes, that plan/parallel.py
     predicts for those tokens (float32 activations)."""
     from tokenworks import LLM, SamplingParams
-    from tokenworks.engine.workers import comms_of
+    from tokenworks.engine.rank import comms_of
     from tokenworks.plan import parallel
 
     llm = LLM(_with_tokenizer(saved("llama")), dtype="float32", tensor_parallel_size=tp,

@@ -50,7 +50,7 @@ def _config(name: str, mode: str, args, degree: int) -> dict:
 
 def measure(name: str, mode: str, args, link) -> dict:
     from tokenworks import LLM, SamplingParams
-    from tokenworks.engine.workers import comms_of
+    from tokenworks.engine.rank import comms_of
     from tokenworks.models import load
     from tokenworks.plan import parallel
 

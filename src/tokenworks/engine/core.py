@@ -333,6 +333,12 @@ def serve_core(
         context.term()
 
 
+def serve_core_json(config_json: str, commands: str, outputs: str, init: str | None) -> None:
+    """serve_core with the config as JSON: a Ray actor's entry (engine/ray_cores.py), since
+    Ray would pickle a config object."""
+    serve_core(msgspec.json.decode(config_json, type=EngineConfig), commands, outputs, init)
+
+
 class CoreThread:
     """An engine core in a thread of the client's process, on an engine already built,
     with a process's face (poll, wait, kill) for the client."""

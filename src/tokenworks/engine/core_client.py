@@ -128,7 +128,8 @@ class CoreClient(EngineFront):
         commands = self._commands.getsockopt_string(zmq.LAST_ENDPOINT)
         outputs = self._outputs.getsockopt_string(zmq.LAST_ENDPOINT)
         if self.backend == "ray":
-            self.process = ray_cores.RayCore(self.config, commands, outputs, self.init)
+            entry = "tokenworks.engine.core:serve_core_json"  # (named: the core needs torch)
+            self.process = ray_cores.RayCore(entry, self.config, commands, outputs, self.init)
         elif self.backend == "thread":
             from tokenworks.engine.core import CoreThread, run_init
             from tokenworks.engine.engine import LLMEngine

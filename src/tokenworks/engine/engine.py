@@ -40,6 +40,7 @@ from tokenworks.engine.kv_cache import BlockManager, KVPool
 from tokenworks.engine.kv_groups import KVLayout
 from tokenworks.engine.kv_offload import HostTier
 from tokenworks.engine.kv_quant import bytes_per_token, check_available
+from tokenworks.engine.rank import build_rank_model
 from tokenworks.engine.request import FinishReason, SamplingParams
 from tokenworks.engine.runner import ModelRunner, open_kernels
 from tokenworks.engine.sampler import ForwardOutput, argmax_only, prepare_rows, sample_row
@@ -48,16 +49,15 @@ from tokenworks.engine.sequence import Sequence
 from tokenworks.engine.speculative import open_speculator
 from tokenworks.engine.step_log import StepCounts, StepLog, StepStats
 from tokenworks.engine.structured import GrammarCompiler
-from tokenworks.engine.workers import (
-    WorkerRanks,
+from tokenworks.engine.topology import (
     block_bytes_of,
-    build_rank_model,
     check_split,
     own_layers,
     rank_device,
     rank_threads,
     world_size,
 )
+from tokenworks.engine.workers import WorkerRanks
 from tokenworks.kernels.backend import KernelsUnavailableError
 from tokenworks.models import load
 from tokenworks.models.build import make_batch_invariant_

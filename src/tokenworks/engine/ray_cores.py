@@ -1,14 +1,15 @@
 """Engine cores and worker ranks as Ray actors: `--distributed-executor-backend ray`
 (vLLM's name for it).
 
-Each replica's core runs engine/core.py's serve_core inside a Ray actor, which Ray places
+An actor runs the "module:function" it is handed, so this module imports neither side.
+Each replica's core runs engine/core.py's serve_core_json inside one, which Ray places
 on any node of the cluster with `threads` CPUs free; it connects back to the API process's
 two ZeroMQ sockets over TCP, and everything else (messages, routing, detokenising, death
 detection) is what a core process does. RayCore has the part of subprocess.Popen's
 interface CoreClient uses, so the client does not care where its core runs.
 
-A worker rank of tensor or pipeline parallelism (engine/workers.py) runs its loop in a
-RankActor the same way: it connects to rank 0's step channel, and rank 0 sees it die when
+A worker rank of tensor or pipeline parallelism (engine/rank.py's worker_main) runs its
+loop in an actor the same way: it connects to rank 0's step channel, and rank 0 sees it die when
 its run returns or fails.
 
 The cluster is the one RAY_ADDRESS names, or else a local one started here. On a one-node
@@ -26,7 +27,6 @@ import msgspec
 log = logging.getLogger("tokenworks.engine")
 
 _actor_class = None
-_rank_actor_class = None
 
 
 class RayNotInstalledError(RuntimeError):
@@ -63,40 +63,38 @@ def connect() -> str:
 
 
 def _actor():
+    """One actor class for cores and ranks: it runs the "module:function" it is given, so
+    this module imports neither (they import it)."""
     global _actor_class
     if _actor_class is None:
         ray = require_ray()
 
-        class CoreActor:
-            def run(self, config_json: str, commands: str, outputs: str, init=None) -> int:
+        class EntryActor:
+            def run(self, entry: str, label: str, *args) -> int:
+                import importlib
                 import logging
 
-                import msgspec
-
-                from tokenworks.config import EngineConfig
-                from tokenworks.engine.core import serve_core
-
                 logging.basicConfig(
-                    level=logging.INFO, format="%(levelname)s %(name)s[ray core]: %(message)s"
+                    level=logging.INFO, format=f"%(levelname)s %(name)s[{label}]: %(message)s"
                 )
-                config = msgspec.json.decode(config_json, type=EngineConfig)
-                serve_core(config, commands, outputs, init)
+                module, _, function = entry.partition(":")
+                getattr(importlib.import_module(module), function)(*args)
                 return 0
 
-        _actor_class = ray.remote(CoreActor)
+        _actor_class = ray.remote(EntryActor)
     return _actor_class
 
 
 class RayCore:
     """A core in a Ray actor, seen as a process: poll(), wait(), kill()."""
 
-    def __init__(self, config, commands: str, outputs: str, init: str | None = None):
+    def __init__(self, entry: str, config, commands: str, outputs: str, init: str | None = None):
         ray = require_ray()
         self._ray = ray
         self.actor = _actor().options(num_cpus=config.threads or 1).remote()
         # the config travels as JSON, as to a core process: Ray pickles arguments
         config_json = msgspec.json.encode(config).decode()
-        self.done = self.actor.run.remote(config_json, commands, outputs, init)
+        self.done = self.actor.run.remote(entry, "ray core", config_json, commands, outputs, init)
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -121,32 +119,11 @@ class RayCore:
         self._ray.kill(self.actor)
 
 
-def _rank_actor():
-    global _rank_actor_class
-    if _rank_actor_class is None:
-        ray = require_ray()
-
-        class RankActor:
-            def run(self, rank: int, channel: str) -> int:
-                import logging
-
-                from tokenworks.engine.workers import _worker_main
-
-                logging.basicConfig(
-                    level=logging.INFO, format="%(levelname)s %(name)s[ray rank]: %(message)s"
-                )
-                _worker_main(rank, channel)
-                return 0
-
-        _rank_actor_class = ray.remote(RankActor)
-    return _rank_actor_class
-
-
-def start_rank(rank: int, channel: str, threads: int | None, gpu: bool) -> tuple:
+def start_rank(entry: str, rank: int, channel: str, threads: int | None, gpu: bool) -> tuple:
     """Worker rank `rank` in a Ray actor taking `threads` CPUs (and a GPU of its own on
-    CUDA), running until rank 0 stops it: (the actor, its run's ObjectRef)."""
-    actor = _rank_actor().options(num_cpus=threads or 1, num_gpus=1 if gpu else 0).remote()
-    return actor, actor.run.remote(rank, channel)
+    CUDA), running `entry` until rank 0 stops it: (the actor, its run's ObjectRef)."""
+    actor = _actor().options(num_cpus=threads or 1, num_gpus=1 if gpu else 0).remote()
+    return actor, actor.run.remote(entry, "ray rank", rank, channel)
 
 
 def first_done(actors: list) -> int | None:
