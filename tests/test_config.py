@@ -1,13 +1,16 @@
-"""EngineConfig owns every engine option: flags made from its fields, renamed options named."""
+"""EngineConfig owns every engine option: flags made from its fields, parts that check
+themselves, and the rules between parts each broken once."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 
 import pytest
 
 from tokenworks.config import (
+    RULES,
     EngineConfig,
     add_engine_arguments,
     engine_argv,
@@ -58,14 +61,49 @@ def test_every_field_lands_in_the_record():
     assert record["dtype"] == "bfloat16"  # auto, resolved
 
 
-def test_renamed_options_name_their_replacement(monkeypatch, capsys):
-    with pytest.raises(TypeError, match="kernels"):
-        EngineConfig.build(attention="cpp")
-    p = argparse.ArgumentParser()
-    add_engine_arguments(p)
-    with pytest.raises(SystemExit):
-        p.parse_args(["--attention", "sdpa"])
-    assert "--kernels" in capsys.readouterr().err
+def test_each_part_checks_its_own_options_alone():
+    from tokenworks.config import CacheConfig, KernelConfig, ParallelConfig, SchedulerConfig
+
+    for part, kw, says in [
+        (CacheConfig, {"block_size": 0}, "block_size must be >= 1"),
+        (KernelConfig, {"moe_strategy": "all"}, "expected auto, loop, grouped or dense"),
+        (SchedulerConfig, {"max_waiting": -1}, "max_waiting must be >= 0"),
+        (ParallelConfig, {"pipeline_batches": 0}, "pipeline_batches must be >= 1"),
+    ]:
+        assert part().__class__ is part
+        with pytest.raises(ValueError, match=says):
+            part(**kw)
+
+
+def test_the_engine_config_is_its_parts_fields_and_nothing_else():
+    from tokenworks.config import PARTS
+
+    parts = {f.name for part in PARTS for f in dataclasses.fields(part)}
+    own = {f.name for f in dataclasses.fields(EngineConfig)} - parts
+    assert own == {"speculative_config"}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.name)
+def test_each_rule_between_parts_is_kept(rule, monkeypatch):
+    """Its example breaks it alone (each part accepts its own share), and the defaults
+    do not."""
+    from tokenworks.config import model
+
+    monkeypatch.setattr(model, "cuda_available", lambda: True)  # a CUDA device, as said
+    assert not rule.broken(EngineConfig())
+    values = {f.name: f.default for f in dataclasses.fields(EngineConfig)} | rule.example
+    with pytest.raises(ValueError, match=re.escape(rule.says.format(**values))):
+        EngineConfig(**rule.example)
+
+
+def test_a_config_travels_as_json_and_comes_back_equal():
+    import msgspec
+
+    config = EngineConfig(
+        block_size=32, tensor_parallel_size=2, speculative_config='{"method": "ngram"}'
+    )
+    again = msgspec.json.decode(msgspec.json.encode(config), type=EngineConfig)
+    assert again == config
 
 
 def test_bad_kernel_choices_say_what_to_use():

@@ -115,15 +115,15 @@ def test_rejection_sampling_two_deep_gives_the_targets_distribution():
 
 def test_bad_configurations_fail_at_startup():
     with pytest.raises(ValueError, match="speculative method 'medusa'"):
-        EngineConfig.build(speculative_config={"method": "medusa"})
+        EngineConfig(speculative_config={"method": "medusa"})
     with pytest.raises(ValueError, match="num_speculative_tokens must be an integer >= 1"):
-        EngineConfig.build(speculative_config={"method": "ngram", "num_speculative_tokens": 0})
+        EngineConfig(speculative_config={"method": "ngram", "num_speculative_tokens": 0})
     with pytest.raises(ValueError, match='needs "model"'):
-        EngineConfig.build(speculative_config={"method": "draft_model"})
+        EngineConfig(speculative_config={"method": "draft_model"})
     with pytest.raises(ValueError, match="unknown key"):
-        EngineConfig.build(speculative_config={"method": "ngram", "k": 3})
+        EngineConfig(speculative_config={"method": "ngram", "k": 3})
     with pytest.raises(ValueError, match="not valid JSON"):
-        EngineConfig.build(speculative_config="{method: ngram}")
+        EngineConfig(speculative_config="{method: ngram}")
     # vLLM's shape: a model alone means a draft model
     spec = SpeculativeConfig.parse('{"model": "toy", "num_speculative_tokens": 2}')
     assert spec.method == "draft_model"

@@ -37,7 +37,7 @@ class LLM:
     ):
         """kw: any EngineConfig field (speculative_config: a dict or JSON string). `loaded`
         reuses weights already read by `load()`; `draft`, a drafter's, for speculation."""
-        self.config = EngineConfig.build(model=model, dtype=dtype, device=device, **kw)
+        self.config = EngineConfig(model=model, dtype=dtype, device=device, **kw)
         self.engine = LLMEngine(self.config, loaded, draft)
         self.tokenizer = self.engine.tokenizer
         self.front = None

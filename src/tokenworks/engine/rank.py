@@ -155,7 +155,7 @@ def worker_main(rank: int, channel: str) -> None:
         link.send(HELLO)
         setup = json.loads(link.recv())
         try:
-            config = EngineConfig.build(**setup["config"])
+            config = EngineConfig(**setup["config"])
             if rank_threads(config):
                 torch.set_num_threads(rank_threads(config))
             topology = join(config, rank, setup["store"])
