@@ -1,7 +1,7 @@
 """`tokenworks bench pool`: offline-throughput records pooled round by round against a peer.
 
 The arithmetic on records written here the way `bench throughput` writes them, then the
-committed records of the issue's workload, whose own per-round ratios the pool must
+committed records of one offline workload, whose own per-round ratios the pool must
 reproduce."""
 
 from __future__ import annotations
@@ -112,9 +112,9 @@ def test_the_committed_records_give_back_their_own_ratios_per_round():
         for r in load_records(sorted(RESULTS.glob("throughput-*.json")))
         if r["results"].get("ratio_per_round", {}).get("vllm") and not r["git"]["dirty"]
     ]
-    assert len(records) >= 9  # sessions 8 to 12 ran the issue's workload with rounds
+    assert len(records) >= 9  # nine runs of one workload, with rounds
     assert len({workload_key(r) for r in records}) == 1  # 3 and 5 rounds: one workload
-    machines: dict[str, list] = {}  # the Xeons of sessions 8 to 11, session 12's EPYC
+    machines: dict[str, list] = {}  # the Xeons and the EPYC
     for r in records:
         machines.setdefault(machine_key(r), []).append(r)
     assert len(machines) >= 2

@@ -22,10 +22,6 @@ class EngineNotRunningError(RuntimeError):
     """The engine is not running (not started, shutting down, or its core died)."""
 
 
-class RequestCancelledError(RuntimeError):
-    """abort() ended the request (its stream ends with this, if anyone still reads it)."""
-
-
 class DeadlineExceededError(TimeoutError):
     """The request did not finish before its deadline; it was cancelled."""
 
