@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import dataclasses
 import json
 import math
 import statistics
@@ -189,20 +190,17 @@ def test_failed_requests_are_counted_not_timed(smol_core_server):
 
 
 def test_a_serving_record_holds_what_design_names(smol_core_server, tmp_path):
+    from tokenworks.bench.configs import ServeBenchConfig
     from tokenworks.bench.serving import run_serving, summary_table
 
-    args = argparse.Namespace(
-        manifest=None,
+    args = ServeBenchConfig(
         num_prompts=4,
         input_tokens=16,
         output_tokens=4,
-        seed=0,
-        request_rate=[50.0],
-        max_concurrency=[2],
-        burstiness=1.0,
+        request_rate=(50.0,),
+        max_concurrency=(2,),
         slo_ttft=5.0,
-        slo_tpot=None,
-        slo_e2e=None,
+        warmup_requests=0,
         base_url=smol_core_server.url,
         served_model="smollm2-135m",
         api_key=None,
@@ -249,8 +247,8 @@ def test_a_serving_record_holds_what_design_names(smol_core_server, tmp_path):
     assert table.count("\n") == 3 and '{"rate": 50.0}' in table
 
     # a peer that is not there: a NOT_RUN record, never a figure
-    args.base_url = "http://127.0.0.1:9"  # the discard port: nothing serves HTTP there
-    missing = json.loads(run_serving(args).read_text())
+    nobody = dataclasses.replace(args, base_url="http://127.0.0.1:9")  # the discard port
+    missing = json.loads(run_serving(nobody).read_text())
     assert missing["status"] == "NOT_RUN" and "no server answers" in missing["reason"]
     assert missing["results"] == {}
 

@@ -54,6 +54,7 @@ ALLOWED = {
         "kernels",
         "models",
         "ops",
+        "options",
         "paths",
         "plan",
         "serve",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import types
 import typing
 
 
@@ -27,8 +28,8 @@ def fields_of(cls) -> list[tuple[dataclasses.Field, type]]:
     out = []
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
-        args = [a for a in typing.get_args(kind) if a is not type(None)]
-        kind = args[0] if args and typing.get_origin(kind) is not list else kind
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
         out.append((f, typing.get_origin(kind) or kind))
     return out
 
@@ -65,7 +66,9 @@ def add_arguments(p: argparse.ArgumentParser, cls, heading: str | None = None) -
         names = [flag_of(f)] + ([extra.pop("short")] if "short" in extra else [])
         default = default_of(f)
         help_text = meta["help"].replace("%", "%%")
-        if kind is bool:
+        if not names[0].startswith("-"):  # a positional argument: its name is its dest
+            group.add_argument(names[0], help=help_text, **({"type": kind} | extra))
+        elif kind is bool:
             group.add_argument(
                 *names, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
                 help=help_text + f" (default: {_on_off(default)})",
@@ -76,6 +79,8 @@ def add_arguments(p: argparse.ArgumentParser, cls, heading: str | None = None) -
             )
         else:
             shown = f" (default: {default})" if default is not None else ""
+            if isinstance(default, tuple):  # a comma-separated list
+                shown = f" (default: {','.join(map(str, default)) or 'none'})"
             group.add_argument(
                 *names, dest=f.name, default=default, help=help_text + shown,
                 **({"type": kind} | extra),
@@ -103,6 +108,8 @@ def to_argv(cls, args) -> list[str]:
         elif kind is list:
             for item in value:
                 argv += [flag, str(item)]
+        elif kind is tuple:  # a comma-separated list
+            argv += [flag, ",".join(map(str, value))]
         else:
             argv += [flag, str(value)]
     return argv

@@ -130,7 +130,7 @@ def run_attention_bench(args) -> Path:
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     name = "bf16" if dtype == torch.bfloat16 else "fp32"
     hw = probe(threads=torch.get_num_threads(), repeats=4)
-    contexts = [int(c) for c in args.contexts.split(",")]
+    contexts = list(args.contexts)
     rows = {}
     for kind in tqdm(KINDS, desc="attention kinds"):
         shape = spec_for(kind).shape

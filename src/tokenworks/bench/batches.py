@@ -71,7 +71,7 @@ def run_batches(args) -> Path:
     from tokenworks.bench.workload import latency_prompt
 
     threads = args.threads or 2
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = list(args.batches)
     kwargs = {**engine_kwargs(args), "threads": threads, "enable_prefix_caching": False}
     # room for the largest batch's full sequences (the KV pool is sized from these two)
     kwargs["max_num_seqs"] = max(batches)

@@ -81,13 +81,13 @@ def run_compiled_bench(args) -> Path:
     # a cold compile, what a first start pays: Inductor's caches (graphs, generated code)
     # start empty for each graph
     torch.compiler.config.force_disable_caches = True
-    batches = [int(b) for b in args.batches.split(",")]
-    modes = args.modes.split(",")
+    batches = list(args.batches)
+    modes = list(args.modes)
     rows = {}
     base = dict(dtype=args.dtype, device=args.device, quantization="none", warmup=False,
                 enable_prefix_caching=False, max_num_seqs=max(batches),
                 max_num_batched_tokens=max(args.prompt, max(batches)))  # fmt: skip
-    for name in args.models.split(","):
+    for name in args.models:
         loaded = load(name)
         for mode in tqdm(modes, desc=name):
             if mode == "c" and args.device != "cpu":
@@ -102,7 +102,7 @@ def run_compiled_bench(args) -> Path:
     record = make_record(
         kind="compiled",
         engine=base | {"modes": {m: MODES[m] for m in modes}, "threads": torch.get_num_threads()},
-        model={"names": args.models.split(",")},
+        model={"names": list(args.models)},
         workload={
             "prompt": args.prompt,
             "context": args.context,

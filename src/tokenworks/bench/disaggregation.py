@@ -112,7 +112,7 @@ def measure(name: str, setup: str, args) -> dict:
 
 def run_disaggregation_bench(args) -> Path:
     rows = {}
-    names = args.models.split(",")
+    names = list(args.models)
     for name in names:
         for setup in tqdm(SETUPS, desc=name):
             rows.setdefault(name, {})[setup] = measure(name, setup, args)

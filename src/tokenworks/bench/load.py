@@ -131,7 +131,7 @@ def run_load(args) -> Path:
     from tokenworks.config import engine_kwargs
     from tokenworks.models import catalogue
 
-    models = [m for m in args.models.split(",") if m]
+    models = list(args.models)
     engine_kw = {k: v for k, v in engine_kwargs(args).items() if v is not None}
     engine_kw |= {"warmup": False, "threads": args.threads or 2}
     if args.synthetic_7b:

@@ -244,8 +244,8 @@ def window_memory(model: str, args, lengths: list[int], concurrent: int, seed: i
 def run_long_context(args) -> Path:
     from tokenworks import LLM
 
-    lengths = [int(x) for x in args.lengths.split(",")]
-    depths = [float(x) for x in args.depths.split(",")]
+    lengths = list(args.lengths)
+    depths = list(args.depths)
     kwargs = engine_kwargs(args) | {"enable_prefix_caching": False, "threads": args.threads or 2}
     llm = LLM(args.model, **kwargs)
     engine, tok = llm.engine, llm.tokenizer

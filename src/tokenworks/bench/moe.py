@@ -111,7 +111,7 @@ def run_moe_bench(args) -> Path:
     torch.set_num_threads(args.threads or 2)
     keep_freed_memory()  # as the engine does: each call's buffers reuse the last call's pages
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = list(args.batches)
     moe = layer(args.shape, dtype)
     s = SHAPES[args.shape]
     plan_shape = ModelShape(

@@ -125,15 +125,15 @@ def run_parallel_bench(args) -> Path:
 
     sizes, seconds = probe_link(args.degree)
     link = fit_link(sizes, seconds, args.degree)
-    modes = args.modes.split(",")
+    modes = list(args.modes)
     rows = {}
-    for name in args.models.split(","):
+    for name in args.models:
         for mode in tqdm(modes, desc=name):
             rows.setdefault(name, {})[mode] = measure(name, mode, args, link)
     record = make_record(
         kind="parallel",
         engine={m: _config("MODEL", m, args, args.degree) for m in modes},
-        model={"names": args.models.split(",")},
+        model={"names": list(args.models)},
         workload={
             "prompt": args.prompt,
             "decode_tokens": args.decode,

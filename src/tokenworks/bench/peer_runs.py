@@ -17,11 +17,12 @@ every figure beside the record it comes from.
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import tempfile
+from dataclasses import fields, is_dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from tokenworks.bench import latency, throughput
 from tokenworks.bench.peer_engines import (
@@ -67,10 +68,12 @@ def model_file(model: str) -> str:
 
 
 def _with(args, **changes):
-    ns = copy.copy(args)
-    for k, v in changes.items():
-        setattr(ns, k, v)
-    return ns
+    """The options of `bench peers` as another benchmark's runner reads them, with
+    `changes` (its own options beside them)."""
+    given = (
+        {f.name: getattr(args, f.name) for f in fields(args)} if is_dataclass(args) else vars(args)
+    )
+    return SimpleNamespace(**(given | changes))
 
 
 def _manifest_file(manifest: dict, out: Path, name: str) -> str:

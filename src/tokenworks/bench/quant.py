@@ -171,7 +171,7 @@ def run_model(model: str, args, text_ids_for, ceilings: dict) -> dict:
         types = Counter(type_name(t.ggml_type) for t in loaded.gguf_index.tensors)
         results["tensor_types"] = dict(sorted(types.items()))
     ref_weights = ref_greedy = ref_top1 = None
-    formats = [f for f in args.formats.split(",") if f]
+    formats = list(args.formats)
     for fmt in tqdm(formats, desc=model, unit="format"):
         dtype, quantization = FORMATS[fmt]
         llm = LLM(model, loaded=loaded, dtype=dtype, quantization=quantization, threads=threads,
@@ -240,7 +240,7 @@ def run_quant(args) -> Path:
 
     from tokenworks.bench.ceilings import machine_ceilings
 
-    models = [m for m in args.models.split(",") if m]
+    models = list(args.models)
     torch.set_num_threads(args.threads or 2)
     ceilings = machine_ceilings()  # what decode and prefill can take at best, in this run
     # a file's results under its stem, so a record's keys hold no path separators
@@ -250,7 +250,7 @@ def run_quant(args) -> Path:
         kind="quantisation",
         engine={
             "threads": args.threads or 2,
-            "formats": {f: FORMATS[f] for f in args.formats.split(",")},
+            "formats": {f: FORMATS[f] for f in args.formats},
             **ceilings,
         },
         model={"models": models},
@@ -272,7 +272,7 @@ def run_quant(args) -> Path:
     plot(record, path.with_suffix(".png"))
     for m, r in results.items():
         print(m)
-        for fmt in args.formats.split(","):
+        for fmt in args.formats:
             row = r[fmt]
             s = row["speed"]
             print(f"  {fmt:9s} ppl {row['perplexity']['perplexity']:8.3f}  decode "

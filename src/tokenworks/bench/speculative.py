@@ -32,8 +32,8 @@ BASELINE = "off"
 def configurations(args) -> dict[str, dict | None]:
     """name -> speculative_config (None: off), from --methods and --k."""
     out: dict[str, dict | None] = {BASELINE: None}
-    for method in args.methods.split(","):
-        for k in (int(x) for x in args.k.split(",")):
+    for method in args.methods:
+        for k in args.k:
             config = {"method": method, "num_speculative_tokens": k}
             if method == "draft_model":
                 if not args.draft_model:
@@ -122,8 +122,7 @@ def predict(cell: dict, baseline: dict, method: str) -> dict:
 def run_peer_llamacpp(python: str, gguf: str, cells: dict, args) -> dict:
     """llama.cpp with and without its n-gram lookup, batch 1, the same prompts."""
     configs = [{"name": BASELINE}] + [
-        {"name": f"ngram-k{k}", "num_pred_tokens": int(k), "max_ngram_size": 4}
-        for k in args.k.split(",")
+        {"name": f"ngram-k{k}", "num_pred_tokens": int(k), "max_ngram_size": 4} for k in args.k
     ]
     out = {}
     for (workload, conc), prompt_ids in cells.items():
@@ -170,7 +169,7 @@ def run_speculative(args) -> Path:
     threads = args.threads or 2
     loaded = load(args.model)
     draft = load(args.draft_model) if args.draft_model else None
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    concurrencies = list(args.concurrency)
     kw = {**engine_kwargs(args), "threads": threads, "enable_prefix_caching": False,
           "max_num_seqs": max(concurrencies)}  # fmt: skip
     kw.pop("speculative_config", None)
@@ -188,7 +187,7 @@ def run_speculative(args) -> Path:
         weights.clear()  # the engine and drafters hold their own copies now
     tok = llm.tokenizer
     cells, prompt_ids = {}, {}
-    for workload in args.workloads.split(","):
+    for workload in args.workloads:
         conversations = WORKLOADS[workload]()
         texts = [tok.apply_chat_template(c, add_generation_prompt=True) for c in conversations]
         for conc in concurrencies:

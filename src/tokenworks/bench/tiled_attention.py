@@ -116,7 +116,7 @@ def decode_row(n: int, batch: int, tile: int, repeats: int, block_size: int = 16
 
 def run_tiled_attention_bench(args) -> Path:
     torch.set_num_threads(args.threads or 2)
-    contexts = [int(c) for c in args.contexts.split(",")]
+    contexts = list(args.contexts)
     prompts = [c for c in contexts if c <= args.max_prompt]
     rows = {}
     for n in tqdm(prompts, desc="prompt attention"):
