@@ -43,7 +43,7 @@ ALLOWED = {
         "units",
     },  # fmt: skip
     "llm": {"config", "engine", "models"},
-    "plan": {"shapes", "units"},
+    "plan": {"options", "shapes", "units"},
     "serve": {"config", "engine", "models", "options", "tokenizer", "units"},
     # bench measures layers below the engine directly too (one MoE layer, one attention)
     "bench": {

@@ -65,6 +65,8 @@ def add_arguments(p: argparse.ArgumentParser, cls, heading: str | None = None) -
         extra = dict(meta["argparse"])
         names = [flag_of(f)] + ([extra.pop("short")] if "short" in extra else [])
         default = default_of(f)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            extra.setdefault("required", True)  # a field without a default (kw_only)
         help_text = meta["help"].replace("%", "%%")
         if not names[0].startswith("-"):  # a positional argument: its name is its dest
             group.add_argument(names[0], help=help_text, **({"type": kind} | extra))

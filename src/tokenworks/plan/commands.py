@@ -1,14 +1,16 @@
 """`tokenworks plan ...`: the planning toolkit on the command line, as tables or --json.
 
-One file past 400 lines: one short command per planner (models, hardware, kv, fit,
-roofline, quant, queue, spec, cost, batching, paging, traffic, parallel) and the parser
-that names them, each a few lines of argument reading and a table.
+One short command per planner (models, hardware, kv, fit, roofline, quant, queue, spec,
+cost, batching, paging, traffic, parallel), each a few lines of reading its options
+(plan/configs.py) and a table, and the registry that names them.
 """
 
 from __future__ import annotations
 
 import json
 
+from tokenworks.options import add_arguments, from_args
+from tokenworks.plan import configs
 from tokenworks.units import GiB, dtype_name, fmt_bytes, fmt_rate, fmt_seconds
 
 
@@ -26,27 +28,8 @@ def table(rows: list[dict], columns: list[str] | None = None) -> str:
     return "\n".join([line(cols), line(["-" * w for w in widths]), *map(line, cells)])
 
 
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",") if x]
-
-
 def _emit(args, rows: list[dict] | dict, text: str) -> None:
     print(json.dumps(rows, indent=2) if args.json else text)
-
-
-def _model_args(p, required=True):
-    p.add_argument("--model", required=required, help="catalogue name or path to config.json")
-
-
-def _hw_args(p):
-    p.add_argument("--gpu", "--hardware", dest="gpu", required=True,
-                   help="catalogue name (h100, a100-40gb, ...) or this-cpu (measured)")  # fmt: skip
-
-
-def _weights_arg(p):
-    p.add_argument("--dtype", default="bf16",
-                   help="weight format: bf16, fp16, fp8, int8, q8_0, q4_0, q4_1, int4-g128, "
-                   "or BITS[:gGROUP[:zero]]")  # fmt: skip
 
 
 def _compute_dtype(args, scheme) -> str:
@@ -422,131 +405,37 @@ def cmd_parallel(args) -> int:
     return 0
 
 
+# name -> (its options, the command, what it says)
+COMMANDS = {
+    "models": (configs.PlanConfig, cmd_models,
+               "the model catalogue: parameters, attention, KV per token"),
+    "hardware": (configs.HardwarePlan, cmd_hardware,
+                 "the hardware catalogue (with --probe: this CPU)"),
+    "kv": (configs.KvPlan, cmd_kv, "KV cache bytes per token and per sequence"),
+    "fit": (configs.FitPlan, cmd_fit, "does it fit: weights + KV per device, sequences that fit"),
+    "roofline": (configs.RooflinePlan, cmd_roofline, "decode and prefill ceilings, and the bound"),
+    "quant": (configs.QuantPlan, cmd_quant, "bits per weight and weight bytes by format"),
+    "queue": (configs.QueuePlan, cmd_queue, "M/M/1 and M/G/1 waits (and a simulation)"),
+    "spec": (configs.SpecPlan, cmd_spec, "speculative decoding: tokens per pass, speed-up"),
+    "cost": (configs.CostPlan, cmd_cost, "cost per million tokens"),
+    "batching": (configs.BatchingPlan, cmd_batching,
+                 "static versus continuous batching, simulated"),
+    "traffic": (configs.TrafficPlan, cmd_traffic,
+                "memory traffic: warp coalescing, tiled products, naive against tiled attention"),
+    "parallel": (configs.ParallelPlan, cmd_parallel,
+                 "tensor and pipeline parallelism: what each sends, and whether it pays"),
+    "paging": (configs.PagingPlan, cmd_paging, "contiguous versus paged KV allocation"),
+}  # fmt: skip
+
+
+def _run(config: type, command):
+    return lambda args: command(from_args(config, args))
+
+
 def add_plan_parser(sub) -> None:
     plan = sub.add_parser("plan", help="predictions: fit, roofline, KV, queues, cost...")
     psub = plan.add_subparsers(dest="plan_command", required=True)
-
-    def command(name, fn, help):
+    for name, (config, command, help) in COMMANDS.items():
         p = psub.add_parser(name, help=help)
-        p.add_argument("--json", action="store_true", help="machine-readable output")
-        p.set_defaults(fn=fn)
-        return p
-
-    command("models", cmd_models, "the model catalogue: parameters, attention, KV per token")
-    p = command("hardware", cmd_hardware, "the hardware catalogue (with --probe: this CPU)")
-    p.add_argument("--probe", action="store_true", help="also measure this machine")
-    p.add_argument("--threads", type=int, default=None)
-
-    p = command("kv", cmd_kv, "KV cache bytes per token and per sequence")
-    _model_args(p)
-    p.add_argument("--context", type=_ints, default=[1024, 8192, 32768])
-    p.add_argument("--kv-dtype", default="bf16")
-    p.add_argument(
-        "--block-size", type=int, default=None,
-        help="also count whole blocks of a paged cache whose windowed layers give back "
-        "the blocks behind their window (the engine's pool)",
-    )  # fmt: skip
-
-    p = command("fit", cmd_fit, "does it fit: weights + KV per device, sequences that fit")
-    _model_args(p)
-    _hw_args(p)
-    _weights_arg(p)
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices")
-    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages")
-    p.add_argument("--context", type=int, default=None, help="tokens (default: the model's)")
-    p.add_argument("--batch", type=int, default=1, help="sequences that must fit at once")
-    p.add_argument("--kv-dtype", default="bf16")
-    p.add_argument("--utilization", type=float, default=0.9, help="share of memory to use")
-    p.add_argument("--overhead-gib", type=float, default=1.0, help="activations, runtime")
-
-    p = command("roofline", cmd_roofline, "decode and prefill ceilings, and the bound")
-    _model_args(p)
-    _hw_args(p)
-    _weights_arg(p)
-    p.add_argument("--batch", type=_ints, default=[1, 8, 64, 256], help="decode batches")
-    p.add_argument("--context", type=int, default=1024, help="decode context")
-    p.add_argument("--prompt", type=_ints, default=[512], help="prefill lengths")
-    p.add_argument("--kv-dtype", default="bf16")
-    p.add_argument("--compute-dtype", default=None, help="default bf16 (fp8 for fp8 weights)")
-
-    p = command("quant", cmd_quant, "bits per weight and weight bytes by format")
-    _model_args(p)
-    p.add_argument(
-        "--formats",
-        type=lambda s: s.split(","),
-        default=["bf16", "fp8", "q8_0", "q4_1", "int4-g128"],
-    )
-
-    p = command("queue", cmd_queue, "M/M/1 and M/G/1 waits (and a simulation)")
-    p.add_argument("--rate", type=float, required=True, help="arrivals per second")
-    p.add_argument("--service-mean", type=float, required=True, help="seconds per request")
-    p.add_argument("--service-cv2", type=float, default=1.0, help="squared CV (1: exponential)")
-    p.add_argument("--simulate", action="store_true")
-    p.add_argument("--requests", type=int, default=200_000)
-    p.add_argument("--seed", type=int, default=0)
-
-    p = command("spec", cmd_spec, "speculative decoding: tokens per pass, speed-up")
-    p.add_argument("--alpha", type=float, required=True, help="per-token acceptance rate")
-    p.add_argument("--k", type=_ints, default=[1, 2, 4, 8], help="draft tokens per round")
-    p.add_argument("--draft-cost", type=float, default=0.1, help="draft pass / target pass")
-    p.add_argument("--monte-carlo", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-
-    p = command("cost", cmd_cost, "cost per million tokens")
-    p.add_argument("--price-per-hour", type=float, required=True, help="per device")
-    p.add_argument("--tokens-per-s", type=float, required=True)
-    p.add_argument("--devices", type=int, default=1)
-
-    p = command("batching", cmd_batching, "static versus continuous batching, simulated")
-    p.add_argument("--requests", type=int, default=256)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--min-out", type=int, default=16)
-    p.add_argument("--max-out", type=int, default=512)
-    p.add_argument("--seed", type=int, default=0)
-
-    p = command(
-        "traffic",
-        cmd_traffic,
-        "memory traffic: warp coalescing, tiled products, naive against tiled attention",
-    )
-    p.add_argument("--elem", type=int, default=4, help="bytes per element")
-    p.add_argument("--strides", type=_ints, default=[1, 2, 4, 8, 32], help="elements apart")
-    p.add_argument("--offsets", type=_ints, default=[0, 4], help="the first address, bytes")
-    p.add_argument("--matmul", type=_ints, default=[4096, 4096, 4096], help="M,N,K")
-    p.add_argument("--tiles", type=_ints, default=[32, 128], help="square tile sizes")
-    p.add_argument("--length", type=_ints, default=[512, 4096, 32768], help="prompt lengths")
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--heads", type=int, default=9)
-    p.add_argument("--kv-heads", type=int, default=3)
-
-    p = command(
-        "parallel",
-        cmd_parallel,
-        "tensor and pipeline parallelism: what each sends, and whether it pays",
-    )
-    _model_args(p)
-    _hw_args(p)
-    _weights_arg(p)
-    p.add_argument("--link", default="measured",
-                   help="nvlink4, pcie4, pcie5, ib-ndr, eth-100g, eth-10g, or measured (gloo "
-                   "all-reduce between two processes of this machine)")  # fmt: skip
-    p.add_argument("--tp", type=_ints, default=[1, 2], help="tensor-parallel degrees")
-    p.add_argument("--pp", type=_ints, default=[1, 2], help="pipeline stages")
-    p.add_argument("--batch", type=_ints, default=[1, 64], help="decode batches")
-    p.add_argument("--context", type=int, default=1024, help="decode context")
-    p.add_argument("--prompt", type=int, default=512, help="prefill length")
-    p.add_argument("--act-bytes", type=float, default=2.0, help="bytes of an activation")
-    p.add_argument("--devices", choices=["separate", "shared"], default=None,
-                   help="separate: each rank its own device (default for GPUs); shared: the "
-                   "ranks share one machine (default for a CPU)")  # fmt: skip
-    p.add_argument("--compute-dtype", default=None, help="default bf16 (fp8 for fp8 weights)")
-
-    p = command("paging", cmd_paging, "contiguous versus paged KV allocation")
-    _model_args(p)
-    p.add_argument("--requests", type=int, default=64)
-    p.add_argument("--min-len", type=int, default=64)
-    p.add_argument("--max-len", type=int, default=2048)
-    p.add_argument("--reserve", type=int, default=None, help="tokens reserved per sequence")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--kv-dtype", default="bf16")
-    p.add_argument("--seed", type=int, default=0)
+        add_arguments(p, config)
+        p.set_defaults(fn=_run(config, command))
