@@ -37,9 +37,9 @@ from tokenworks import LLM, SamplingParams  # noqa: E402
 from tokenworks.bench.labs import parse_lab_args, save_figure  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
-from tokenworks.engine.admission import QueueFullError  # noqa: E402
-from tokenworks.engine.core_client import CoreClient  # noqa: E402
-from tokenworks.engine.messages import DeadlineExceededError  # noqa: E402
+from tokenworks.engine.messages import DeadlineExceededError, QueueFullError  # noqa: E402
+from tokenworks.front.core_client import CoreClient  # noqa: E402
+from tokenworks.front.interface import Submission  # noqa: E402
 from tokenworks.models import load as load_model  # noqa: E402
 from tokenworks.plan import queueing  # noqa: E402
 
@@ -88,7 +88,7 @@ async def front_service_times(front, vocab: int, repeats: int) -> dict[str, floa
         for i in range(repeats + 1):  # the first, untimed
             ids, params = request(kind, vocab, seed=200 + i)
             t0 = time.monotonic()
-            async for _ in front.generate(params, ids):
+            async for _ in front.generate(Submission(params, ids)):
                 pass
             times.append(time.monotonic() - t0)
         out[kind] = statistics.median(times[1:])
@@ -139,7 +139,7 @@ async def live(front, policy: str, lam: float, n: int, deadline: float, service:
         ids, params = request(kind, vocab, seed=seed * 1000 + i)
         stop = arrived + deadline if policy == "stop_at_deadline" else None
         try:
-            async for _ in front.generate(params, ids, deadline=stop):
+            async for _ in front.generate(Submission(params, ids, deadline=stop)):
                 pass
         except QueueFullError:
             outcomes[kind]["turned_away"] += 1

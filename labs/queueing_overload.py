@@ -30,7 +30,7 @@ from tokenworks.bench.labs import parse_lab_args  # noqa: E402
 from tokenworks.bench.metrics import compute  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.workload import build_requests  # noqa: E402
-from tokenworks.engine.core_client import CoreClient  # noqa: E402
+from tokenworks.front.core_client import CoreClient  # noqa: E402
 
 
 def main() -> None:

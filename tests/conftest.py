@@ -13,6 +13,8 @@ import faults
 import pytest
 import torch
 
+from tokenworks.front.interface import Submission
+
 torch.set_num_threads(2)
 
 # Tests that take a `device` run on the CPU, and on CUDA too where torch sees a GPU.
@@ -117,8 +119,8 @@ def start_server(loaded, names=("smollm2-135m",), api_keys=(), limits=None, stat
     config = EngineConfig(model="smollm2-135m", **kw)
     engine_process = engine_process or replicas > 1
     if engine_process:
-        from tokenworks.engine.core_client import CoreClient
-        from tokenworks.engine.replicas import ReplicaRouter
+        from tokenworks.front.core_client import CoreClient
+        from tokenworks.front.replicas import ReplicaRouter
 
         cores = [
             CoreClient(config, startup_timeout_s=300, init="faults:install")
@@ -198,7 +200,7 @@ def tokens_through(front, prompts, params) -> tuple[list, list]:
 
     async def one(prompt):
         tokens = []
-        async for update in front.generate(params, prompt):
+        async for update in front.generate(Submission(params, prompt)):
             tokens += update.deltas[0].token_ids
         return tokens
 

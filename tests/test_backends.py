@@ -1,5 +1,5 @@
 """Backends behind the server's one EngineFront interface, several models in one server
-(--backend NAME=KIND:MODEL): transformers' generate (engine/hf_front.py) on the default
+(--backend NAME=KIND:MODEL): transformers' generate (front/hf_front.py) on the default
 model's file gives the native engine's greedy text in float32, through both protocols,
 streamed and not, under the same /v1/models and metrics; what it cannot do is a 400."""
 
@@ -24,7 +24,7 @@ def server(smol_loaded):
     """One server: the default model natively, and as HF through transformers."""
     from conftest import start_server
 
-    from tokenworks.engine.hf_front import HFFront
+    from tokenworks.front.hf_front import HFFront
     from tokenworks.serve.server import add_model
 
     srv = start_server(smol_loaded, quantization="none", warmup=False)

@@ -173,7 +173,8 @@ def test_parallel_samples_share_the_prompt_blocks_and_copy_on_write(toy_llm, dev
 
 
 def test_the_waiting_queue_is_bounded_and_oversized_requests_are_refused(toy_llm):
-    from tokenworks.engine.admission import QueueFullError, RequestTooLargeError
+    from tokenworks.engine.admission import RequestTooLargeError
+    from tokenworks.engine.messages import QueueFullError
 
     llm = LLM(
         "toy",

@@ -278,8 +278,8 @@ def test_a_serving_record_holds_what_design_names(smol_core_server, tmp_path):
 def test_in_process_load_is_timed_like_http(toy_llm):
     from tokenworks.bench.client import run_in_process
     from tokenworks.config import EngineConfig
-    from tokenworks.engine.core_client import CoreClient
     from tokenworks.engine.engine import LLMEngine
+    from tokenworks.front.core_client import CoreClient
 
     engine = LLMEngine(EngineConfig(model="toy", dtype="float32"), toy_llm.engine.loaded)
     front = CoreClient(engine=engine)

@@ -1,4 +1,4 @@
-"""Prefill / decode disaggregation (engine/disaggregated.py, engine/kv_transfer.py) on the
+"""Prefill / decode disaggregation (front/disaggregated.py, engine/kv_transfer.py) on the
 default model: a prefill engine and a decode engine behind the router give a colocated
 engine's tokens, the blocks the decode engine reads are bit for bit those the prefill
 engine wrote, and both prefix caches stay correct when prompts share a prefix."""
@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from tokenworks.config import EngineConfig
-from tokenworks.engine.core_client import CoreClient
-from tokenworks.engine.disaggregated import DisaggregatedRouter
 from tokenworks.engine.engine import LLMEngine
 from tokenworks.engine.kv_transfer import _rows, export_prefix, import_prefix
 from tokenworks.engine.prefix_cache import prefix_hashes
 from tokenworks.engine.request import SamplingParams
+from tokenworks.front.core_client import CoreClient
+from tokenworks.front.disaggregated import DisaggregatedRouter
+from tokenworks.front.interface import Submission
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
@@ -44,7 +45,7 @@ def _prompts(tokenizer) -> list[list[int]]:
 async def _run(front, prompts, params=GREEDY) -> list[list[int]]:
     async def one(prompt):
         tokens = []
-        async for update in front.generate(params, prompt):
+        async for update in front.generate(Submission(params, prompt)):
             tokens += update.deltas[0].token_ids
         return tokens
 

@@ -12,15 +12,17 @@ import time
 import pytest
 from conftest import tokens_through
 
+from tokenworks.front.interface import Submission
+
 pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
 from tokenworks import LLM  # noqa: E402
 from tokenworks.config import EngineConfig  # noqa: E402
 from tokenworks.engine.admission import PromptTooLongError  # noqa: E402
-from tokenworks.engine.core_client import CoreClient  # noqa: E402
 from tokenworks.engine.messages import EngineCoreDiedError, RequestFailedError  # noqa: E402
 from tokenworks.engine.request import SamplingParams  # noqa: E402
+from tokenworks.front.core_client import CoreClient  # noqa: E402
 
 CONFIG = EngineConfig(model="toy", warmup=False, max_num_seqs=8)
 PROMPTS = [[5, 6, 7], [9] * 20, list(range(3, 40))]
@@ -29,7 +31,7 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
 async def _collect(client, prompt, params=GREEDY):
     tokens = []
-    async for update in client.generate(params, prompt):
+    async for update in client.generate(Submission(params, prompt)):
         tokens += update.deltas[0].token_ids
     return tokens
 
@@ -57,7 +59,7 @@ async def _completions(client, prompt, params):
     """Each completion's text, tokens, logprobs and finish as the API process assembles
     them from the core's token-only updates."""
     out = {}
-    async for update in client.generate(params, prompt):
+    async for update in client.generate(Submission(params, prompt)):
         out["id"] = update.request_id
         for d in update.deltas:
             c = out.setdefault(d.index, {"text": "", "ids": [], "logprobs": [], "end": None})
@@ -123,7 +125,7 @@ def test_a_refusal_is_raised_by_name_and_the_core_carries_on(client):
     async def run():
         too_long = [3] * (client.ready.max_model_len + 1)
         with pytest.raises(PromptTooLongError, match="context"):
-            await client.submit(GREEDY, too_long)
+            await client.submit(Submission(GREEDY, too_long))
         return await _collect(client, PROMPTS[0])
 
     assert len(asyncio.run(run())) == GREEDY.max_tokens
@@ -133,7 +135,7 @@ def test_a_command_the_core_cannot_read_is_refused_by_its_id(client):
     import msgspec
 
     from tokenworks.engine.detokenizer import RequestText
-    from tokenworks.engine.streams import Stream, next_item
+    from tokenworks.front.streams import Stream, next_item
 
     async def run():
         text = RequestText(GREEDY, client.engine.tokenizer, [])
@@ -152,7 +154,7 @@ def test_a_command_the_core_cannot_read_is_refused_by_its_id(client):
 def test_leaving_a_stream_early_cancels_its_request(client):
     async def run():
         long = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
-        async for _update in client.generate(long, PROMPTS[1]):
+        async for _update in client.generate(Submission(long, PROMPTS[1])):
             break  # generate()'s finally aborts it
         return await _collect(client, PROMPTS[2])
 
@@ -167,7 +169,7 @@ def test_a_core_that_dies_fails_its_requests_within_two_seconds():
 
         async def run():
             long = SamplingParams(max_tokens=100_000, temperature=0, ignore_eos=True)
-            stream = await c.submit(long, PROMPTS[0])
+            stream = await c.submit(Submission(long, PROMPTS[0]))
             await stream.__anext__()
             os.kill(c.ready.pid, signal.SIGKILL)
             t0 = time.monotonic()
@@ -179,7 +181,7 @@ def test_a_core_that_dies_fails_its_requests_within_two_seconds():
         assert asyncio.run(run()) < 2.0
         assert not c.is_running
         with pytest.raises(RuntimeError, match="not running"):
-            asyncio.run(c.submit(GREEDY, PROMPTS[0]))
+            asyncio.run(c.submit(Submission(GREEDY, PROMPTS[0])))
     finally:
         c.shutdown()
 
@@ -243,7 +245,7 @@ def test_a_reader_that_falls_behind_is_cancelled_as_in_process():
 
         async def run():
             long = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
-            stream = await c.submit(long, PROMPTS[0])
+            stream = await c.submit(Submission(long, PROMPTS[0]))
             await asyncio.sleep(1.0)  # read nothing while the core runs ahead
             with pytest.raises(ReaderTooSlowError, match="at most 5"):
                 async for _ in stream:
@@ -310,7 +312,7 @@ def test_two_replicas_give_one_engines_tokens_and_prefix_routing_finds_the_cache
     """Behind a router, every request's greedy tokens are a single engine's; on prompts
     sharing a 48-token prefix, routing by prefix finds more of them in the replicas' own
     prefix caches than round-robin does (each replica's own counters)."""
-    from tokenworks.engine.replicas import ReplicaRouter
+    from tokenworks.front.replicas import ReplicaRouter
 
     router = ReplicaRouter([CoreClient(CONFIG, startup_timeout_s=120) for _ in range(2)])
     router.start()
@@ -329,7 +331,7 @@ def test_two_replicas_give_one_engines_tokens_and_prefix_routing_finds_the_cache
 
             async def one_by_one():
                 for p in prompts:  # one at a time: each finds what the last ones left
-                    async for _ in router.generate(params, p, cache_salt=policy):
+                    async for _ in router.generate(Submission(params, p, cache_salt=policy)):
                         pass
 
             asyncio.run(one_by_one())

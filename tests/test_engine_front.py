@@ -12,15 +12,16 @@ import pytest
 
 from tokenworks import SamplingParams
 from tokenworks.config import EngineConfig
-from tokenworks.engine.admission import QueueFullError
-from tokenworks.engine.core_client import CoreClient
 from tokenworks.engine.engine import LLMEngine
 from tokenworks.engine.messages import (
     DeadlineExceededError,
     EngineNotRunningError,
+    QueueFullError,
     ReaderTooSlowError,
     RequestFailedError,
 )
+from tokenworks.front.core_client import CoreClient
+from tokenworks.front.interface import Submission
 
 
 class Recorder:
@@ -86,7 +87,7 @@ def test_streams_equal_the_offline_result(front, toy_llm):
 
     async def one(p):
         ids, text, updates = [], "", 0
-        async for u in front.generate(greedy(12), p):
+        async for u in front.generate(Submission(greedy(12), p)):
             updates += 1
             for d in u.deltas:
                 ids += d.token_ids
@@ -108,8 +109,8 @@ def test_streams_equal_the_offline_result(front, toy_llm):
 
 def test_cancel_frees_blocks_and_others_carry_on(front):
     async def main():
-        long = await front.submit(greedy(10_000), [1, 2, 3])
-        short = front.generate(greedy(8), [4, 5])
+        long = await front.submit(Submission(greedy(10_000), [1, 2, 3]))
+        short = front.generate(Submission(greedy(8), [4, 5]))
         async for _ in long:
             break  # leave after the first update: the request is cancelled
         await long.aclose()
@@ -125,21 +126,25 @@ def test_cancel_frees_blocks_and_others_carry_on(front):
 def test_refusals_and_deadlines(front):
     async def main():
         with pytest.raises(ValueError, match="vocabulary"):
-            await front.submit(greedy(4), [10**9])
+            await front.submit(Submission(greedy(4), [10**9]))
         # two running, three waiting, the sixth is refused
-        streams = [await front.submit(greedy(10_000), [i + 1]) for i in range(2)]
+        streams = [await front.submit(Submission(greedy(10_000), [i + 1])) for i in range(2)]
         while front.gauges is None or front.gauges.running < 2:
             await asyncio.sleep(0.01)
-        streams += [await front.submit(greedy(10_000), [i + 1]) for i in range(3)]
+        streams += [await front.submit(Submission(greedy(10_000), [i + 1])) for i in range(3)]
         with pytest.raises(QueueFullError):
-            await front.submit(greedy(4), [1])
+            await front.submit(Submission(greedy(4), [1]))
         for s in streams:
             await s.aclose()
         with pytest.raises(DeadlineExceededError):
-            async for _ in front.generate(greedy(10_000), [7], deadline=time.monotonic() + 0.2):
+            late = Submission(greedy(10_000), [7], deadline=time.monotonic() + 0.2)
+            async for _ in front.generate(late):
                 pass
         return [
-            t async for u in front.generate(greedy(3), [9]) for d in u.deltas for t in d.token_ids
+            t
+            async for u in front.generate(Submission(greedy(3), [9]))
+            for d in u.deltas
+            for t in d.token_ids
         ]
 
     assert len(asyncio.run(main())) == 3
@@ -151,14 +156,14 @@ def test_shutdown_ends_the_streams_in_flight(front):
     later submits are refused the same way."""
 
     async def main():
-        streams = [await front.submit(greedy(10_000), [i + 1]) for i in range(2)]
+        streams = [await front.submit(Submission(greedy(10_000), [i + 1])) for i in range(2)]
         await asyncio.to_thread(front.shutdown)
         for s in streams:
             with pytest.raises(EngineNotRunningError, match="shutting down"):
                 async for _ in s:
                     pass
         with pytest.raises(EngineNotRunningError):
-            await front.submit(greedy(4), [1])
+            await front.submit(Submission(greedy(4), [1]))
 
     asyncio.run(main())
     assert not front.is_running
@@ -172,14 +177,17 @@ def test_a_step_that_raises_fails_its_requests_once_and_the_loop_goes_on(front, 
     seed = faults.FORWARD_SEED if fault == "forward" else faults.SCHEDULE_SEED
 
     async def main():
-        streams = [await front.submit(greedy(10_000), [3])]
-        streams.append(await front.submit(greedy(10_000, seed=seed), [8]))
+        streams = [await front.submit(Submission(greedy(10_000), [3]))]
+        streams.append(await front.submit(Submission(greedy(10_000, seed=seed), [8])))
         for stream in streams:
             with pytest.raises(RequestFailedError, match=f"injected {fault} fault"):
                 async for _ in stream:
                     pass
         return [
-            t async for u in front.generate(greedy(3), [9]) for d in u.deltas for t in d.token_ids
+            t
+            async for u in front.generate(Submission(greedy(3), [9]))
+            for d in u.deltas
+            for t in d.token_ids
         ]
 
     assert len(asyncio.run(main())) == 3
@@ -195,8 +203,8 @@ def test_a_reader_that_falls_behind_is_cut_off_and_its_blocks_freed(toy_llm):
     engine = front.engine
 
     async def main():
-        ignored = await front.submit(greedy(400), [5, 6, 7])
-        read = [u async for u in front.generate(greedy(60), [8, 9])]
+        ignored = await front.submit(Submission(greedy(400), [5, 6, 7]))
+        read = [u async for u in front.generate(Submission(greedy(60), [8, 9]))]
         while engine.requests:
             await asyncio.sleep(0.01)
         got = 0
@@ -226,7 +234,7 @@ def test_a_request_whose_sampling_raises_fails_alone(toy_llm, backend):
         try:
             return sum(
                 len(d.token_ids)
-                for u in [u async for u in front.generate(params, prompt)]
+                for u in [u async for u in front.generate(Submission(params, prompt))]
                 for d in u.deltas
             )
         except RequestFailedError as e:

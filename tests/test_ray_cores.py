@@ -13,11 +13,11 @@ import pytest
 from conftest import tokens_through
 
 from tokenworks.config import EngineConfig
-from tokenworks.engine.core_client import CoreClient
-from tokenworks.engine.messages import RequestFailedError
-from tokenworks.engine.ray_cores import RayNotInstalledError
-from tokenworks.engine.replicas import ReplicaRouter
+from tokenworks.engine.messages import RayNotInstalledError, RequestFailedError
 from tokenworks.engine.request import SamplingParams
+from tokenworks.front.core_client import CoreClient
+from tokenworks.front.interface import Submission
+from tokenworks.front.replicas import ReplicaRouter
 
 CONFIG = EngineConfig(model="toy", warmup=False, max_num_seqs=8, threads=1)
 PROMPTS = [[5, 6, 7], [9] * 20, list(range(3, 40)), [40, 41] * 9]
@@ -55,7 +55,7 @@ def test_two_ray_replicas_give_one_engines_tokens_and_a_dead_actor_fails_fast(ra
 
         async def killed():
             long = SamplingParams(max_tokens=100_000, temperature=0, ignore_eos=True)
-            stream = await doomed.submit(long, PROMPTS[0])
+            stream = await doomed.submit(Submission(long, PROMPTS[0]))
             await stream.__anext__()
             ray_cluster.kill(doomed.process.actor)
             t0 = time.monotonic()

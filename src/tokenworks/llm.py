@@ -16,6 +16,7 @@ from tokenworks.engine.request import (
     RequestOutput,
     SamplingParams,
 )
+from tokenworks.front.interface import Submission
 from tokenworks.models.loaded import LoadedModel
 
 
@@ -44,8 +45,8 @@ class LLM:
 
     @classmethod
     def over(cls, front) -> LLM:
-        """An LLM whose generate() and chat() go through an engine front (engine/front.py)
-        instead of an engine of its own: engine/hf_front.py's HFFront (transformers'
+        """An LLM whose generate() and chat() go through an engine front (front/interface.py)
+        instead of an engine of its own: front/hf_front.py's HFFront (transformers'
         generate), a CoreClient of a core elsewhere, a ReplicaRouter. Started here.
 
         >>> llm = LLM.over(HFFront("smollm2-135m"))
@@ -115,7 +116,8 @@ class LLM:
             text: dict[int, str] = {}
             tokens: dict[int, list[int]] = {}
             ends: dict[int, tuple] = {}
-            async for update in self.front.generate(params, ids, request_id=f"llm-{i}"):
+            job = Submission(params, ids, request_id=f"llm-{i}")
+            async for update in self.front.generate(job):
                 for d in update.deltas:
                     text[d.index] = text.get(d.index, "") + d.text
                     tokens.setdefault(d.index, []).extend(d.token_ids)

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from tokenworks.bench.metrics import RequestResult
 from tokenworks.bench.workload import BenchRequest, arrival_offsets
+from tokenworks.front.interface import Submission
 
 
 async def send(
@@ -190,7 +191,7 @@ async def run_in_process(
         params = SamplingParams(max_tokens=req.max_tokens, temperature=0, ignore_eos=req.ignore_eos)
         result = RequestResult(start=time.perf_counter(), input_tokens=len(ids))
         try:
-            async for update in front.generate(params, ids):
+            async for update in front.generate(Submission(params, ids)):
                 now = time.perf_counter()
                 for d in update.deltas:
                     result.output_tokens += len(d.token_ids)

@@ -2,7 +2,7 @@
 
 Two engine cores of --threads each in both setups: "colocated", two replicas each taking
 prompts and decoding (least-loaded routing); "disaggregated", one prefill engine and one
-decode engine (engine/disaggregated.py). The workload: --streams decode streams running
+decode engine (front/disaggregated.py). The workload: --streams decode streams running
 throughout, and meanwhile --long prompts of --prompt tokens arriving one every
 --interval seconds, each generating --long-tokens. Measured: the streams' inter-token
 latency while the long prompts arrive (p50, p99, max), the long prompts' time to first
@@ -21,6 +21,7 @@ from tqdm import tqdm
 from tokenworks.bench.compiled import prompt_of
 from tokenworks.bench.metrics import percentile
 from tokenworks.bench.record import make_record, write_record
+from tokenworks.front.interface import Submission
 
 SETUPS = ("colocated", "disaggregated")
 
@@ -33,9 +34,9 @@ def _config(name: str, args):
 
 
 def _front(setup: str, config):
-    from tokenworks.engine.core_client import CoreClient
-    from tokenworks.engine.disaggregated import DisaggregatedRouter
-    from tokenworks.engine.replicas import ReplicaRouter
+    from tokenworks.front.core_client import CoreClient
+    from tokenworks.front.disaggregated import DisaggregatedRouter
+    from tokenworks.front.replicas import ReplicaRouter
 
     cores = [CoreClient(config, startup_timeout_s=900) for _ in range(2)]
     if setup == "colocated":
@@ -51,7 +52,7 @@ async def _workload(front, vocab: int, args) -> dict:
 
     async def stream(i: int):
         prompt = prompt_of(args.stream_prompt, vocab, 100 + i)
-        async for _ in front.generate(steady, prompt):
+        async for _ in front.generate(Submission(steady, prompt)):
             arrivals[i].append(time.perf_counter())
 
     async def long_one(i: int) -> float:
@@ -59,7 +60,7 @@ async def _workload(front, vocab: int, args) -> dict:
         t0 = time.perf_counter()
         ttft = None
         prompt = prompt_of(args.prompt, vocab, 1000 + i)
-        async for _ in front.generate(params, prompt, request_id=f"long-{i}"):
+        async for _ in front.generate(Submission(params, prompt, request_id=f"long-{i}")):
             ttft = ttft if ttft is not None else time.perf_counter() - t0
         return ttft
 

@@ -108,7 +108,7 @@ def http_load(base_url, model, requests_for, args, api_key=None):
 
 
 def in_process_load(front, requests_for, args):
-    """load(point) straight into an engine front (engine/front.py)."""
+    """load(point) straight into an engine front (front/interface.py)."""
     return _load(run_in_process, args, requests_for, lambda requests: (front, requests))
 
 

@@ -147,7 +147,3 @@ class Admission:
                 "kv_memory", "n" if n > 1 else max_tokens_field,
             )  # fmt: skip
         return None
-
-
-class QueueFullError(RuntimeError):
-    """The waiting queue is full; the caller should retry later (HTTP 429 / 529)."""

@@ -2,7 +2,7 @@
 
 It says Ready on its outputs socket, then loops: take every command waiting (add, abort,
 stop, shutdown), run one step, send every request's update of that step in one message.
-Idle, it waits on the commands socket. Its client (engine/core_client.py) owns both
+Idle, it waits on the commands socket. Its client (front/core_client.py) owns both
 sockets; the core runs where the client put it:
 
 - in a process of its own (`python -m tokenworks.engine.core --config JSON --commands ADDR

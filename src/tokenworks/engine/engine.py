@@ -28,12 +28,7 @@ from collections.abc import Callable
 import torch
 
 from tokenworks.config import EngineConfig
-from tokenworks.engine.admission import (
-    Admission,
-    PromptTooLongError,
-    QueueFullError,
-    RequestTooLargeError,
-)
+from tokenworks.engine.admission import Admission, PromptTooLongError, RequestTooLargeError
 from tokenworks.engine.host_memory import keep_freed_memory, release_freed_memory
 from tokenworks.engine.kv_budget import GiB, kv_budget_bytes
 from tokenworks.engine.kv_cache import BlockManager, KVPool
@@ -67,7 +62,7 @@ from tokenworks.tokenizer import TokenizerWrapper
 
 log = logging.getLogger("tokenworks.engine")
 
-__all__ = ["LLMEngine", "PromptTooLongError", "QueueFullError", "RequestTooLargeError", "StepStats"]
+__all__ = ["LLMEngine", "PromptTooLongError", "RequestTooLargeError", "StepStats"]
 
 
 @dataclasses.dataclass

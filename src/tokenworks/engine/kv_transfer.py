@@ -17,7 +17,7 @@ caches stay correct: what each holds under a hash is the K/V of exactly those to
 
 Both engines must hold the same model with the same KV layout, block size and dtype; a
 block of another size is refused. A file in shared memory moves blocks between processes
-of one machine; the router (engine/disaggregated.py) deletes it once the decode engine
+of one machine; the router (front/disaggregated.py) deletes it once the decode engine
 has taken it.
 """
 

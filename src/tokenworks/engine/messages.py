@@ -2,7 +2,7 @@
 the engine's gauges, and the errors a request's stream may end with.
 
 Plain dataclasses with no engine behind them: the API process reads them without
-importing the engine (engine/core.py builds them, engine/core_client.py delivers them,
+importing the engine (engine/core.py builds them, front/core_client.py delivers them,
 engine/core_messages.py carries them between processes).
 """
 
@@ -12,6 +12,14 @@ from dataclasses import dataclass
 
 from tokenworks.engine.request import TokenLogprob
 from tokenworks.engine.speculative.metrics import SpeculativeMetrics
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is full; the caller should retry later (HTTP 429 / 529)."""
+
+
+class RayNotInstalledError(RuntimeError):
+    """--distributed-executor-backend ray without Ray installed."""
 
 
 class RequestFailedError(RuntimeError):

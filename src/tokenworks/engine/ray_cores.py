@@ -24,13 +24,11 @@ import subprocess
 
 import msgspec
 
+from tokenworks.engine.messages import RayNotInstalledError
+
 log = logging.getLogger("tokenworks.engine")
 
 _actor_class = None
-
-
-class RayNotInstalledError(RuntimeError):
-    """--distributed-executor-backend ray without Ray installed."""
 
 
 def require_ray():

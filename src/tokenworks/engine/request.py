@@ -46,6 +46,26 @@ class Thinking:
             raise SamplingError("thinking needs end marker ids and a budget >= 0 (or None)")
 
 
+# One line of JSON with a space after ',' and ':'. Free whitespace lets a small model pad
+# forever between tokens (newline after newline) without ever closing the object.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def close_objects(schema):
+    """Objects that list their properties take no others unless the schema says so
+    (additionalProperties / patternProperties), as in OpenAI's strict structured outputs;
+    otherwise a model may append invented keys until max_tokens."""
+    if isinstance(schema, list):
+        return [close_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: close_objects(v) for k, v in schema.items()}
+    open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+    if "properties" in out and not any(k in out for k in open_keys):
+        out["additionalProperties"] = False
+    return out
+
+
 @dataclass(frozen=True)
 class StructuredOutput:
     """Constrain the output to a language (engine/structured.py applies it as a token mask).

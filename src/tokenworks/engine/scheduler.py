@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass, field
 
 from tokenworks.config import EngineConfig
-from tokenworks.engine.admission import QueueFullError
 from tokenworks.engine.kv_cache import BlockManager
+from tokenworks.engine.messages import QueueFullError
 from tokenworks.engine.sequence import Sequence, SequenceStatus
 
 

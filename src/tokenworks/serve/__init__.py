@@ -1,2 +1,2 @@
 """The HTTP server: OpenAI- and Anthropic-compatible endpoints over the engine's front
-(engine/core_client.py)."""
+(front/core_client.py)."""

@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from tokenworks.engine.admission import QueueFullError
-from tokenworks.engine.front import EngineFront
 from tokenworks.engine.messages import (
     DeadlineExceededError,
     EngineNotRunningError,
+    QueueFullError,
     ReaderTooSlowError,
     RequestFailedError,
 )
 from tokenworks.engine.request import SamplingError, SamplingParams
+from tokenworks.front.interface import EngineFront, Submission
 from tokenworks.serve import api_times
 from tokenworks.serve.errors import APIError, bad_request
 from tokenworks.serve.limits import ServerLimits
@@ -185,7 +185,7 @@ async def submit(
 ):
     """Queue a request; refusals become HTTP errors (400 bad input, 429/529 when full)."""
     try:
-        stream = await state.engine.submit(params, prompt_ids, **kw)
+        stream = await state.engine.submit(Submission(params, prompt_ids, **kw))
         api_times.owns(stream)
         return stream
     except QueueFullError as e:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from tokenworks.engine.replicas import POLICIES
+from tokenworks.front.replicas import POLICIES
 from tokenworks.options import option
 from tokenworks.serve.reasoning import REASONING_PARSERS
 from tokenworks.serve.tool_formats import TOOL_CALL_PARSERS
@@ -120,7 +120,7 @@ class ServeConfig:
         metadata=option(
             "prefill=P,decode=D: P engine cores that only prefill prompts and D that decode, "
             "each request's prompt KV blocks moving from the one to the least-loaded other "
-            "through shared memory (engine/disaggregated.py); instead of "
+            "through shared memory (front/disaggregated.py); instead of "
             "--data-parallel-size",
             metavar="prefill=P,decode=D",
         ),

@@ -16,9 +16,9 @@ from pathlib import Path
 import uvicorn
 
 from tokenworks.config import EngineConfig
-from tokenworks.engine.core_client import CoreClient
-from tokenworks.engine.disaggregated import DisaggregatedRouter
-from tokenworks.engine.replicas import ReplicaRouter
+from tokenworks.front.core_client import CoreClient
+from tokenworks.front.disaggregated import DisaggregatedRouter
+from tokenworks.front.replicas import ReplicaRouter
 from tokenworks.serve import reasoning, tool_formats
 from tokenworks.serve.app import build_app
 from tokenworks.serve.common import ServerState
@@ -48,7 +48,7 @@ def make_state(
 ) -> ServerState:
     metrics = ServerMetrics(names[0], metrics_prefix)
     limits = limits or ServerLimits()
-    # a front (a core client, a router, engine/hf_front.py's HFFront) as it is; an
+    # a front (a core client, a router, front/hf_front.py's HFFront) as it is; an
     # LLMEngine runs in a core thread here
     front = engine if hasattr(engine, "submit") else CoreClient(engine=engine)
     front.configure(metrics, limits.max_stream_backlog, limits.max_stream_stall_s)
@@ -80,7 +80,7 @@ def add_model(
     tool_call_parser: str = "auto",
 ) -> ServerState:
     """Serve another model, behind its own engine front (a started core client,
-    engine/hf_front.py's HFFront, or serve/remote.py's RemoteBackend), beside state's:
+    front/hf_front.py's HFFront, or serve/remote.py's RemoteBackend), beside state's:
     requests naming it go there, under the same limits, keys, deadlines and response
     store; its metrics carry its name."""
     if name in state.served_names:
@@ -116,7 +116,7 @@ def backend_front(name: str, config: EngineConfig, spec: str, options: ServeConf
     if kind == "remote":
         return RemoteBackend(name, model)
     if kind == "transformers":
-        from tokenworks.engine.hf_front import HFFront
+        from tokenworks.front.hf_front import HFFront
 
         return HFFront(model)
     config = dataclasses.replace(config, model=model)
@@ -146,7 +146,7 @@ def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits)
         if server is not None:
             server.should_exit = True
 
-    from tokenworks.engine.ray_cores import RayNotInstalledError
+    from tokenworks.engine.messages import RayNotInstalledError
 
     try:
         backend = options.core_backend(config)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 
-from tokenworks.engine.grammars import JSON_OPTIONS, close_objects
+from tokenworks.engine.request import JSON_OPTIONS, close_objects
 from tokenworks.serve.tools import (
     CLOSE,
     OPEN,

@@ -18,23 +18,25 @@ For each request the router
 
 A prompt shorter than a block plus one token, a request for prompt logprobs (the whole
 prompt must run where they are read) and an embedding go to a decode engine alone. Each
-engine is an engine core of its own (engine/core_client.py), prefill engines first in
+engine is an engine core of its own (front/core_client.py), prefill engines first in
 `replicas`: the metrics label them 0 .. P-1 and the decode engines P .. P+D-1, and each
 request counts on both.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections import deque
 from dataclasses import dataclass
 
-from tokenworks.engine.admission import QueueFullError
-from tokenworks.engine.core_client import CoreClient
+from tokenworks.engine.messages import QueueFullError
 from tokenworks.engine.prefix_cache import movable_blocks
-from tokenworks.engine.replicas import ReplicaRouter
 from tokenworks.engine.request import SamplingParams
+from tokenworks.front.core_client import CoreClient
+from tokenworks.front.interface import Submission
+from tokenworks.front.replicas import ReplicaRouter
 
 PREFILL_ONLY = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
 
@@ -63,28 +65,21 @@ class DisaggregatedRouter(ReplicaRouter):
         full = movable_blocks(len(prompt), self.engine.admission.block_size)
         return full > 0 and params.prompt_logprobs is None and params.pooling is None
 
-    async def submit(
-        self,
-        params: SamplingParams,
-        prompt_token_ids: list[int],
-        request_id: str | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        deadline: float | None = None,
-    ):
+    async def submit(self, job: Submission):
         """As EngineFront.submit: prefilled on a prefill engine (where it pays), then
         accepted by a decode engine, whose stream this is."""
-        request_id = request_id or self.new_request_id()
+        if job.kv_export or job.kv_import is not None:
+            raise ValueError("the disaggregated router moves KV blocks itself: submit without them")
+        job = job.named(job.request_id or self.new_request_id())
+        request_id, params, prompt = job.request_id, job.params, job.prompt_token_ids
         kv, t0 = None, 0.0
-        if self.prefills(params, prompt_token_ids):
-            kv = await self._prefill(prompt_token_ids, request_id, priority, cache_salt, deadline)
+        if self.prefills(params, prompt):
+            kv = await self._prefill(job)
             t0 = time.perf_counter()
         try:
             d = self.least_loaded(range(self.n_prefill, len(self.replicas)))
-            self._load[request_id] = (d, len(prompt_token_ids) + params.max_tokens * params.n)
-            stream = await self.replicas[d].submit(params, prompt_token_ids, request_id,
-                                                   priority, cache_salt, deadline,
-                                                   kv_import=kv)  # fmt: skip
+            self._load[request_id] = (d, len(prompt) + params.max_tokens * params.n)
+            stream = await self.replicas[d].submit(dataclasses.replace(job, kv_import=kv))
         finally:
             if kv is not None:
                 os.unlink(kv.path)
@@ -94,14 +89,14 @@ class DisaggregatedRouter(ReplicaRouter):
                                            time.perf_counter() - t0))  # fmt: skip
         return stream
 
-    async def _prefill(self, prompt, request_id, priority, cache_salt, deadline):
+    async def _prefill(self, job: Submission):
         """Run the prompt on the least-loaded prefill engine; its KV blocks (None where
         that engine's queue is full: the decode engine then runs the prompt itself)."""
         p = self.least_loaded(range(self.n_prefill))
-        self._load[request_id] = (p, len(prompt))
+        self._load[job.request_id] = (p, len(job.prompt_token_ids))
         try:
             stream = await self.replicas[p].submit(
-                PREFILL_ONLY, prompt, request_id, priority, cache_salt, deadline, kv_export=True
+                dataclasses.replace(job, params=PREFILL_ONLY, kv_export=True)
             )
         except QueueFullError:
             return None

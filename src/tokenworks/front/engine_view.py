@@ -7,13 +7,9 @@ from dataclasses import dataclass
 
 from tokenworks.config import EngineConfig
 from tokenworks.engine import core_messages as m
-from tokenworks.engine.admission import (
-    Admission,
-    PromptTooLongError,
-    QueueFullError,
-    RequestTooLargeError,
-)
+from tokenworks.engine.admission import Admission, PromptTooLongError, RequestTooLargeError
 from tokenworks.engine.kv_groups import KVGroup, KVLayout
+from tokenworks.engine.messages import QueueFullError
 from tokenworks.engine.request import SamplingError, StructuredOutputError
 from tokenworks.models.spec import ModelSpec
 from tokenworks.tokenizer import TokenizerWrapper

@@ -1,7 +1,7 @@
 """Data-parallel replicas: several engine cores behind one front, a router picking one per
 request (vLLM's data parallelism; SGLang's cache-aware router for the prefix policy).
 
-Each replica is an engine core in its own process (engine/core_client.py) with its own
+Each replica is an engine core in its own process (front/core_client.py) with its own
 threads and KV pool. The router sees each request before it goes anywhere:
 
 - `round_robin`: the next replica in turn;
@@ -18,11 +18,11 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 
-from tokenworks.engine.admission import QueueFullError
-from tokenworks.engine.core_client import CoreClient
-from tokenworks.engine.front import EngineFront
+from tokenworks.engine.messages import QueueFullError
 from tokenworks.engine.prefix_cache import prefix_hashes
 from tokenworks.engine.request import SamplingParams
+from tokenworks.front.core_client import CoreClient
+from tokenworks.front.interface import EngineFront, Submission
 
 POLICIES = ("prefix", "least_loaded", "round_robin")
 PREFIX_BLOCKS = 4  # the leading blocks a prompt is known by
@@ -118,29 +118,19 @@ class ReplicaRouter(EngineFront):
             self._prefixes.popitem(last=False)
         return choice
 
-    async def submit(
-        self,
-        params: SamplingParams,
-        prompt_token_ids: list[int],
-        request_id: str | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        deadline: float | None = None,
-    ):
+    async def submit(self, job: Submission):
         """As EngineFront.submit, on the replica the policy picks; where that one's queue
         is full, on the others from the least loaded (QueueFullError once all are)."""
-        first = self.pick(prompt_token_ids, params, cache_salt)
-        request_id = request_id or self.new_request_id()
+        first = self.pick(job.prompt_token_ids, job.params, job.cache_salt)
+        job = job.named(job.request_id or self.new_request_id())
         loads = self.loads()
         others = sorted((i for i in range(len(self.replicas)) if i != first), key=loads.__getitem__)
-        tokens = len(prompt_token_ids) + params.max_tokens * params.n
+        tokens = len(job.prompt_token_ids) + job.params.max_tokens * job.params.n
         order = [first, *others]
         for k, i in enumerate(order):
-            self._load[request_id] = (i, tokens)
+            self._load[job.request_id] = (i, tokens)
             try:
-                stream = await self.replicas[i].submit(
-                    params, prompt_token_ids, request_id, priority, cache_salt, deadline
-                )
+                stream = await self.replicas[i].submit(job)
             except QueueFullError:
                 if k == len(order) - 1:
                     raise

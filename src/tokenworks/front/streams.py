@@ -1,6 +1,6 @@
 """A request's stream of updates, as its reader on an event loop sees it.
 
-The thread that delivers a core's outputs (engine/core_client.py) pushes each update onto
+The thread that delivers a core's outputs (front/core_client.py) pushes each update onto
 the stream's event loop; the reader takes them with `async for`. Leaving early cancels the
 request. A reader that falls too far behind gets its request cancelled (backlog_verdict),
 so one slow client never grows the server's memory without end.

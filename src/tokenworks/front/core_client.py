@@ -33,16 +33,14 @@ import zmq
 from tokenworks.config import EngineConfig
 from tokenworks.engine import core_messages as m
 from tokenworks.engine.detokenizer import RequestText
-from tokenworks.engine.engine_view import REFUSALS, EngineView
-from tokenworks.engine.front import EngineFront
 from tokenworks.engine.messages import (
     EngineCoreDiedError,
     EngineNotRunningError,
-    KVBlocks,
     RequestFailedError,
 )
-from tokenworks.engine.request import SamplingParams
-from tokenworks.engine.streams import RequestStream, Stream, backlog_verdict, next_item, too_slow
+from tokenworks.front.engine_view import REFUSALS, EngineView
+from tokenworks.front.interface import EngineFront, Submission
+from tokenworks.front.streams import RequestStream, Stream, backlog_verdict, next_item, too_slow
 
 log = logging.getLogger("tokenworks.engine")
 
@@ -240,39 +238,27 @@ class CoreClient(EngineFront):
             except zmq.Again:
                 log.error("the engine core took no command for %d ms", SEND_TIMEOUT_MS)
 
-    async def submit(
-        self,
-        params: SamplingParams,
-        prompt_token_ids: list[int],
-        request_id: str | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        deadline: float | None = None,
-        kv_export: bool = False,
-        kv_import: KVBlocks | None = None,
-    ) -> RequestStream:
-        """EngineFront.submit; kv_export, kv_import: prefill / decode disaggregation's
-        (engine/disaggregated.py): write the prompt's KV blocks out when the request ends
-        (its last update carries them), or read these in before it starts."""
+    async def submit(self, job: Submission) -> RequestStream:
+        """EngineFront.submit, kv_export and kv_import included."""
         if not self.is_running or self._stopping:
             raise EngineNotRunningError(
                 f"the engine core is not running ({self.died or 'not started or stopping'})"
             )
-        request_id = request_id or self.new_request_id()
-        text = RequestText(params, self.engine.tokenizer, prompt_token_ids)
+        request_id = job.request_id or self.new_request_id()
+        text = RequestText(job.params, self.engine.tokenizer, job.prompt_token_ids)
         stream = Stream(request_id, asyncio.get_running_loop(), asyncio.Queue(), text)
         with self._lock:
             self._streams[request_id] = stream
-        self._send(m.AddRequest(request_id, list(prompt_token_ids), params, priority, cache_salt,
-                                kv_export, kv_import))  # fmt: skip
+        self._send(m.AddRequest(request_id, list(job.prompt_token_ids), job.params, job.priority,
+                                job.cache_salt, job.kv_export, job.kv_import))  # fmt: skip
         try:
-            accepted = await next_item(stream.queue, deadline)
+            accepted = await next_item(stream.queue, job.deadline)
         except BaseException:
             self.abort(request_id)
             raise
         if isinstance(accepted, BaseException):
             raise accepted
-        return RequestStream(self.abort, stream, deadline)
+        return RequestStream(self.abort, stream, job.deadline)
 
     def abort(self, request_id: str) -> None:
         with self._lock:

@@ -1,14 +1,37 @@
 """EngineFront: what the server, the benchmarks and the router ask of an engine, wherever
-its core runs (engine/core_client.py's CoreClient; engine/replicas.py's ReplicaRouter
-over several)."""
+its core runs (front/core_client.py's CoreClient; front/replicas.py's ReplicaRouter
+over several), and the Submission every front takes."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tokenworks.engine.messages import KVBlocks
 from tokenworks.engine.request import SamplingParams
-from tokenworks.engine.streams import RequestStream
+from tokenworks.front.streams import RequestStream
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One request as a front takes it: every field any front needs."""
+
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    request_id: str | None = None  # (None: the front names it)
+    priority: int = 0  # lower first, under --scheduling-policy priority
+    cache_salt: str | None = None  # prefix-cache blocks are shared only under the same salt
+    deadline: float | None = None  # a time.monotonic() value
+    # prefill / decode disaggregation (front/disaggregated.py): write the prompt's KV
+    # blocks out when the request ends (its last update carries them), or read these in
+    # before it starts
+    kv_export: bool = False
+    kv_import: KVBlocks | None = None
+
+    def named(self, request_id: str) -> Submission:
+        return dataclasses.replace(self, request_id=request_id)
 
 
 class EngineFront(Protocol):
@@ -35,22 +58,15 @@ class EngineFront(Protocol):
     def fail_all(self, why: str) -> None:
         """End every request in flight with EngineNotRunningError(why)."""
 
-    async def submit(
-        self,
-        params: SamplingParams,
-        prompt_token_ids: list[int],
-        request_id: str | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        deadline: float | None = None,
-    ) -> RequestStream:
+    async def submit(self, job: Submission) -> RequestStream:
         """Queue a request; once the engine has accepted it, return its stream of updates.
 
         Raises what LLMEngine.add_request raises (ValueError subclasses for bad input,
         QueueFullError when the queue is full). The stream raises DeadlineExceededError
         when `deadline` (a time.monotonic() value) passes first, and RequestFailedError when
         the engine fails while running the request. Leaving the stream early (break,
-        cancellation, aclose) cancels the request.
+        cancellation, aclose) cancels the request. Raises ValueError for a field this front
+        cannot honour (kv_export, kv_import: a core client's alone).
         """
 
     def abort(self, request_id: str) -> None:
@@ -60,19 +76,9 @@ class EngineFront(Protocol):
         self._next_id = getattr(self, "_next_id", 0) + 1
         return f"{prefix}-{self._next_id}-{time.monotonic_ns() % 10**9}"
 
-    async def generate(
-        self,
-        params: SamplingParams,
-        prompt_token_ids: list[int],
-        request_id: str | None = None,
-        priority: int = 0,
-        cache_salt: str | None = None,
-        deadline: float | None = None,
-    ):
-        """submit() and stream in one: `async for update in front.generate(...)`."""
-        stream = await self.submit(
-            params, prompt_token_ids, request_id, priority, cache_salt, deadline
-        )
+    async def generate(self, job: Submission):
+        """submit() and stream in one: `async for update in front.generate(job)`."""
+        stream = await self.submit(job)
         try:
             async for update in stream:
                 yield update

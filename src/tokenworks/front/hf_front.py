@@ -1,4 +1,4 @@
-"""A `transformers` model behind the EngineFront interface (engine/front.py): for an
+"""A `transformers` model behind the EngineFront interface (front/interface.py): for an
 architecture the native engine lacks, or as a reference beside it. The server, its limits,
 deadlines, metrics and both protocols take it as they take a core.
 
@@ -20,19 +20,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenworks.engine.admission import Admission, QueueFullError
+from tokenworks.engine.admission import Admission
 from tokenworks.engine.detokenizer import RequestText
-from tokenworks.engine.front import EngineFront
 from tokenworks.engine.messages import (
     CompletionDelta,
     DeadlineExceededError,
     EngineNotRunningError,
+    QueueFullError,
     RequestFailedError,
     RequestMetrics,
     RequestUpdate,
 )
 from tokenworks.engine.request import FinishReason, SamplingParams
-from tokenworks.engine.streams import RequestStream, Stream
+from tokenworks.front.interface import EngineFront, Submission
+from tokenworks.front.streams import RequestStream, Stream
 
 log = logging.getLogger("tokenworks.engine")
 UNSUPPORTED = (  # (the request asks for it, what to say)
@@ -166,8 +167,11 @@ class HFFront(EngineFront):
 
     # ------------------------------------------------------------------ requests
 
-    async def submit(self, params, prompt_token_ids, request_id=None, priority=0,
-                     cache_salt=None, deadline=None) -> RequestStream:  # fmt: skip
+    async def submit(self, submission: Submission) -> RequestStream:
+        params, prompt_token_ids = submission.params, submission.prompt_token_ids
+        request_id, deadline = submission.request_id, submission.deadline
+        if submission.kv_export or submission.kv_import is not None:
+            raise UnsupportedError("the transformers backend moves no KV blocks")
         if not self.is_running:
             raise EngineNotRunningError("the transformers backend is not running")
         asked = [what for test, what in UNSUPPORTED if test(params)]
