@@ -16,6 +16,7 @@ from tokenworks.kernels import KERNELS
 from tokenworks.kernels.batch import KernelBatch
 from tokenworks.kernels.build import library, unavailable
 from tokenworks.kernels.forward import LlamaForward
+from tokenworks.kernels.model_structs import declines
 from tokenworks.kernels.products import packed_built, tiles_granted, use_tiles
 
 log = logging.getLogger("tokenworks.kernels")
@@ -73,7 +74,7 @@ class CKernels:
                 tiles = amx_tiles and tiles_granted()
                 return cls(forward, block_size, tiles), ""
             arch = spec.arch if spec is not None else type(model).__name__
-            why = LlamaForward.declines(model, pool) or (
+            why = declines(model, pool) or (
                 "a layer's weights are in a form it does not take (dense float32 or "
                 "bfloat16, int8 rows, int4 blocks or a GGUF's blocks)"
             )

@@ -24,8 +24,7 @@ So do models with latent attention (DeepSeek's MLA): its projections through the
 then decode rows absorbed in C (`tw_latent_attention`), prompt chunks expanded in torch.
 What the pass has no code for, `declines` names in words.
 
-One file past 400 lines: reading a model into the C structs, and the two ways of running
-it, share every pointer and every layer's layout; split, each half would restate them.
+kernels/model_structs.py reads the model into the C structs both ways share.
 """
 
 from __future__ import annotations
@@ -39,98 +38,22 @@ from torch import nn
 from tokenworks.kernels import abi as ck
 from tokenworks.kernels.attention import attend, latent_decode_attention
 from tokenworks.kernels.batch import KernelBatch, decode_only
-from tokenworks.kernels.block_linear import BlockEmbedding, BlockLinear
+from tokenworks.kernels.block_linear import BlockLinear
 from tokenworks.kernels.build import library
-from tokenworks.kernels.products import PACK_MAX, pack_weight, packed_bias, product, swiglu
-from tokenworks.ops.linear import DenseForLargeBatches, Int4Linear, Int8Linear, MatvecLinear
-from tokenworks.ops.rope import cos_sin_table
+from tokenworks.kernels.model_structs import (
+    MODULES,
+    ModelStructs,
+    batched,
+    declines,
+    group_windows,
+    products_of,
+    v_pools_of,
+)
+from tokenworks.kernels.products import PACK_MAX, product, swiglu
 
 MAX_ROWS = 8  # decode batches up to this size run the whole step in C (dot products)
 DOT_ROWS = 4  # packed, the whole step takes up to PACK_MAX rows; up to this many, dot products
-_MODULES = ("qkv", "o_proj", "gate_up", "down")  # a layer's products, as modules
 _PRODUCTS = ("qkv", "o", "gate_up", "down")  # the same, as abi.Layer fields
-
-
-def _f32(t: torch.Tensor | None, keep: list) -> int | None:
-    if t is None:
-        return None
-    t = t.detach().float().contiguous()
-    keep.append(t)
-    return ck.ptr(t)
-
-
-def _linear(
-    layer: nn.Module, keep: list, packs: dict | None = None, glu: bool = False
-) -> ck.Linear | None:
-    """The C view of a dense or int8 layer, or None for one the kernels cannot take.
-
-    packs: where the packed products run (AMX tiles or AVX-512 BF16), a dict to hold the
-    packed copies of bfloat16 weights (products.pack_weight, keyed by the weight's address):
-    those layers are multiplied on them, in the whole step and in run_batched alike.
-    glu: the layer is gate_up, packed for products that end in SwiGLU (ck.PACKED_GLU)."""
-    if packs is not None and isinstance(layer, (nn.Linear, MatvecLinear)):
-        packed = pack_weight(layer.weight, glu)
-        if packed is not None:
-            packs[layer.weight.data_ptr()] = packed
-            keep.append(packed)
-            n, k = layer.out_features, layer.in_features
-            bias = packed_bias(layer.bias, glu)
-            if bias is not None:
-                keep.append(bias)
-            code = ck.PACKED_GLU if glu else ck.PACKED
-            return ck.Linear(ck.ptr(packed), None, ck.ptr(bias), code, n, k)
-    if isinstance(layer, BlockLinear):  # the GGUF file's blocks, as stored
-        return layer.c_view()
-    if isinstance(layer, DenseForLargeBatches):
-        layer = layer.quantized
-    n, k = layer.out_features, layer.in_features
-    if isinstance(layer, Int4Linear):
-        if layer.q4_blocks is None:
-            return None
-        w, scale, code = layer.q4_blocks, None, ck.Q4
-    elif isinstance(layer, Int8Linear):
-        w, scale, code = layer.qweight, layer.scale, ck.I8
-    elif isinstance(layer, (nn.Linear, MatvecLinear)) and layer.weight.dtype in ck.DTYPE_CODES:
-        w, scale, code = layer.weight, None, ck.DTYPE_CODES[layer.weight.dtype]
-    else:
-        return None
-    if not w.is_contiguous():
-        return None
-    keep.append(w)
-    return ck.Linear(ck.ptr(w), _f32(scale, keep), _f32(layer.bias, keep), code, n, k)
-
-
-def _names(layer: nn.Module) -> tuple[str | None, ...]:
-    """A layer's four products (_MODULES), None for each the C pass leaves to a module: an
-    MoE layer's experts (models/moe.py), a latent-attention layer's qkv and o (models/mla.py)."""
-    attn = (None, None) if layer.mla is not None else _MODULES[:2]
-    mlp = (None, None) if layer.moe is not None else _MODULES[2:]
-    return (*attn, *mlp)
-
-
-def _dense(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """(weight, bias) of a layer torch can multiply densely, or None."""
-    if isinstance(layer, DenseForLargeBatches):
-        return layer.dense_weight, layer.quantized.bias
-    if isinstance(layer, (nn.Linear, MatvecLinear)):
-        return layer.weight, layer.bias
-    return None
-
-
-def _rope_table(model: nn.Module, name: str, rope_spec, spec) -> torch.Tensor:
-    """A model's RoPE table as C reads it (float32, contiguous): the model's own where it
-    is one already (models/llama.rope_tables), else made afresh."""
-    t = getattr(model, name)
-    if t.dtype == torch.float32 and t.is_contiguous() and t.device.type == "cpu":
-        return t
-    cos, sin = cos_sin_table(rope_spec, spec.max_position)
-    return cos if name.startswith("cos") else sin
-
-
-def _batched(layer: nn.Module):
-    """How run_batched multiplies by a layer: (weight, bias) for dense ones, the layer
-    itself for a BlockLinear; None where it cannot."""
-    return layer if isinstance(layer, BlockLinear) else _dense(layer)
 
 
 def _product(d, packs: dict, act: str | None = None):
@@ -148,28 +71,6 @@ def _product(d, packs: dict, act: str | None = None):
 def _geglu(gu: torch.Tensor) -> torch.Tensor:
     gate, up = gu.chunk(2, dim=-1)
     return (F.gelu(gate, approximate="tanh") * up).contiguous()
-
-
-# families the C forward pass runs (the MoE ones through run_batched, experts in torch)
-ARCHS = ("llama", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "olmo2", "mixtral",
-         "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3")  # fmt: skip
-
-
-def group_windows(spec, layout) -> list[int | None] | None:
-    """Each KV group's attention window (None: none), or None where a group's layers differ
-    (windows that only mask, in a model whose layers have different ones)."""
-    windows = []
-    for g in layout.groups:
-        found = {spec.window(i) for i in g.layers}
-        if len(found) != 1:
-            return None
-        windows.append(found.pop())
-    return windows
-
-
-def _v_pools(pool) -> list:
-    """Each layer's V pool (None for latent attention, which caches one row in K alone)."""
-    return pool.v or [None] * len(pool.k)
 
 
 class LlamaForward:
@@ -192,7 +93,7 @@ class LlamaForward:
         # (pool.k and pool.v are by layer: each a view of the pool tensor the layer uses)
         self.pool_ptrs = [
             tuple(zip(ck.pool_ptrs(k), ck.pool_ptrs(v), strict=True))
-            for k, v in zip(pool.k, _v_pools(pool), strict=True)
+            for k, v in zip(pool.k, v_pools_of(pool), strict=True)
         ]
         self.layers = model.layers  # for what run_batched does in torch (Q/K and output norms)
         self.geglu = spec.mlp_act == "gelu_tanh"
@@ -203,12 +104,12 @@ class LlamaForward:
         # an MoE layer's MLP is its module (models/moe.py), called between the C calls
         # a latent-attention layer's attention is its module too (_latent)
         self.moes = [layer.moe for layer in model.layers]
-        names = [_names(layer) for layer in model.layers]
+        names = [products_of(layer) for layer in model.layers]
         dense = [
-            [_batched(getattr(layer, n)) if n else None for n in row]
+            [batched(getattr(layer, n)) if n else None for n in row]
             for layer, row in zip(model.layers, names, strict=True)
         ]
-        head = _batched(model.lm_head)
+        head = batched(model.lm_head)
         pairs = [p for row, ns in zip(dense, names, strict=True) for p in zip(row, ns, strict=True)]
         found = [head] + [d for d, n in pairs if n]
         act = model.norm.dtype  # the model's float dtype: the products' inputs and outputs
@@ -219,30 +120,6 @@ class LlamaForward:
         self.rope_tables = (model.cos, model.sin)  # float32 [positions, rope dims]
         self.cover_positions = model.cover_positions  # fills the tables' rows C reads
         self._packed = self._head = None  # run_batched's products, made on first use
-
-    @staticmethod
-    def declines(model: nn.Module, pool) -> str:
-        """Why the C forward pass cannot run model over pool, in words ("" where it can)."""
-        spec = getattr(model, "spec", None)
-        if spec is None or spec.arch not in ARCHS:
-            name = spec.arch if spec is not None else type(model).__name__
-            return f"it has no code for the {name} family (it runs {', '.join(ARCHS)})"
-        if spec.mlp_act not in ck.ACTS:
-            return f"it has no code for the {spec.mlp_act} activation"
-        if group_windows(spec, pool.layout) is None:
-            return "the layers of a KV group attend over different windows"
-        if model.norm.device.type != "cpu":
-            return f"it runs on the CPU, not {model.norm.device.type}"
-        if ck.DTYPE_CODES.get(pool.k[0].dtype) not in ck.KV_CODES:
-            return f"it reads the KV cache in float32, bfloat16, int8 or fp8, not {pool.k[0].dtype}"
-        wide = spec.head_dim > 256 or spec.n_heads // spec.n_kv_heads * spec.head_dim > 2048
-        if wide and not spec.mla:  # (latent attention's buffers are its own)
-            return "its per-group buffers take head_dim up to 256, 2048 values a KV group"
-        embed = model.embed
-        floats = (torch.float32, torch.bfloat16)
-        if not isinstance(embed, BlockEmbedding) and embed.weight.dtype not in floats:
-            return f"it reads embeddings in float32 or bfloat16, not {embed.weight.dtype}"
-        return ""
 
     @classmethod
     def prepare(
@@ -262,70 +139,13 @@ class LlamaForward:
         sum in another order than the dot products, so they are left out); an MoE model,
         whose experts run between C calls, cannot."""
         lib = library()
-        if lib is None or cls.declines(model, pool):
+        if lib is None or declines(model, pool):
             return None
         spec = model.spec
         windows = group_windows(spec, pool.layout)
-        if isinstance(model.embed, BlockEmbedding):  # blocks: C dequantises the rows it reads
-            embed, embed_code = model.embed.blocks, ck.BLOCKS + model.embed.table.ggml_type
-        else:
-            embed = model.embed.weight
-            embed_code = ck.DTYPE_CODES[embed.dtype]
-        keep: list = []
-        cos, sin = (_rope_table(model, n, spec, spec) for n in ("cos", "sin"))
-        keep += [embed, cos, sin, pool]
-        local = spec.local_rope  # Gemma 3's windowed layers: their own RoPE base
-        lcos = _rope_table(model, "cos_local", local, spec) if local else None
-        lsin = _rope_table(model, "sin_local", local, spec) if local else None
-        keep += [lcos, lsin]
-        layout = pool.layout
-        silu = spec.mlp_act == "silu"  # gate_up may end in SwiGLU in the packed product
-        norms = [
-            (_f32(x.input_norm, keep), _f32(x.post_norm, keep)) if spec.pre_norms else (None, None)
-            for x in model.layers
-        ]  # (None: OLMo 2 norms no sublayer's input)
-        final_norm = _f32(model.norm, keep)
-        v_pools = _v_pools(pool)
-
-        def view(packs: dict | None):
-            """The C structs of every layer and of the model (packs: packed where it can)."""
-            layers = (ck.Layer * spec.n_layers)()
-            for i, layer in enumerate(model.layers):
-                parts = [
-                    ck.Linear()  # a module's own (_names): run_batched calls the module
-                    if n is None
-                    else _linear(getattr(layer, n), keep, packs, silu and n == "gate_up")
-                    for n in _names(layer)
-                ]
-                if any(p is None for p in parts):
-                    return None
-                local_rope = local is not None and layer.rope_table
-                (k, k_scale), (v, v_scale) = ck.pool_ptrs(pool.k[i]), ck.pool_ptrs(v_pools[i])
-                layers[i] = ck.Layer(
-                    *norms[i], *parts, k, v,
-                    q_norm=_f32(getattr(layer, "q_norm", None), keep),
-                    k_norm=_f32(getattr(layer, "k_norm", None), keep),
-                    attn_out_norm=_f32(getattr(layer, "attn_output_norm", None), keep),
-                    mlp_out_norm=_f32(getattr(layer, "mlp_output_norm", None), keep),
-                    cos=ck.ptr(lcos) if local_rope else None,
-                    sin=ck.ptr(lsin) if local_rope else None,
-                    group=layout.group_of(i),
-                    k_scale=k_scale,
-                    v_scale=v_scale,
-                    no_rope=int(layer.rope_table is None),
-                    qk_norm_whole=int(spec.qk_norm_whole),
-                    sinks=_f32(getattr(layer, "sinks", None), keep),
-                )  # fmt: skip
-            head = _linear(model.lm_head, keep, packs)
-            if head is None:
-                return None
-            # Gemma scales the embedding by sqrt(hidden), rounded to the model's dtype
-            scale = float(torch.tensor(spec.hidden_size**0.5, dtype=model.norm.dtype))
-            return layers, ck.Model(
-                ck.ptr(embed), embed_code, final_norm, head, ck.ptr(cos), ck.ptr(sin),
-                scale if spec.embed_scale else 0.0, ck.ACTS[spec.mlp_act],
-            )  # fmt: skip
-
+        structs = ModelStructs(model, pool)
+        keep = structs.keep
+        view = structs.view
         dot = view(None)
         if dot is None:
             return None
@@ -550,7 +370,7 @@ class LlamaForward:
             self._packed = [
                 [
                     _product(d, packs, act if name == "gate_up" else None) if d else None
-                    for name, d in zip(_MODULES, row, strict=True)
+                    for name, d in zip(MODULES, row, strict=True)
                 ]
                 for row in self.dense
             ]
