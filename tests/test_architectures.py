@@ -269,7 +269,7 @@ def test_the_float64_reference_matches_transformers(saved):
 def test_decoding_through_paged_blocks_matches_one_full_pass(saved, batch_decode, device):
     """Prefill 10 tokens in chunks of 3, 7, then decode one at a time through a scattered
     block table: every step's logits equal the full pass (fast and reference paths)."""
-    from tokenworks.engine.kv_cache import KVPool
+    from tokenworks.engine.kv_pool import KVPool
 
     _, _, path = saved
     loaded = load(str(path))
@@ -375,7 +375,7 @@ def test_mla_cache_bytes_per_token_equal_the_planners(new_family_dirs, capsys):
 
 
 def test_mla_absorbed_decode_equals_the_expanded_form(new_family_dirs):
-    from tokenworks.engine.kv_cache import KVPool
+    from tokenworks.engine.kv_pool import KVPool
 
     _, path = new_family_dirs["deepseek-v3"]
     loaded = load(str(path))

@@ -332,8 +332,8 @@ def test_the_host_tier_stays_in_its_budget_and_gives_back_what_it_kept(prompts, 
     tokens' K/V, and only blocks it kept are restored."""
     import torch
 
-    from tokenworks.engine.kv_cache import KVPool
     from tokenworks.engine.kv_offload import HostTier
+    from tokenworks.engine.kv_pool import KVPool
 
     pool = KVPool(1, 6, BS, 1, 1, torch.float32)
     bm = BlockManager(6, BS)
@@ -364,8 +364,8 @@ def test_the_host_tier_stays_in_its_budget_and_gives_back_what_it_kept(prompts, 
 def test_a_prefix_evicted_to_the_host_tier_is_found_again(tier_blocks):
     import torch
 
-    from tokenworks.engine.kv_cache import KVPool
     from tokenworks.engine.kv_offload import HostTier
+    from tokenworks.engine.kv_pool import KVPool
 
     pool = KVPool(1, 6, BS, 1, 1, torch.float32)
     bm = BlockManager(6, BS)

@@ -143,7 +143,7 @@ def test_kernels_c_refuses_a_model_it_cannot_run(tmp_path):
     import torch
     import transformers
 
-    from tokenworks.engine.kv_cache import KVPool
+    from tokenworks.engine.kv_pool import KVPool
     from tokenworks.kernels import CKernels, KernelsUnavailableError, build
     from tokenworks.models import build_model, load
     from tokenworks.models.toy import toy_spec, toy_weights

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from tokenworks.engine.kv_cache import KVPool
+from tokenworks.engine.kv_pool import KVPool
 from tokenworks.kernels import abi, build, products
 from tokenworks.kernels.batch import KernelBatch
 from tokenworks.kernels.forward import MAX_ROWS, LlamaForward

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokenworks.engine.kv_cache import KVPool
+from tokenworks.engine.kv_pool import KVPool
 from tokenworks.kernels import abi, build, products
 from tokenworks.kernels import attention as kattention
 from tokenworks.kernels.batch import KernelBatch

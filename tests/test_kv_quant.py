@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tokenworks import LLM, SamplingParams
-from tokenworks.engine.kv_cache import KVPool
+from tokenworks.engine.kv_pool import KVPool
 from tokenworks.ops.attention import AttentionMetadata, attention
 
 KINDS = ("int8", "fp8_e4m3")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenworks.engine.kv_cache import KVPool
+from tokenworks.engine.kv_pool import KVPool
 from tokenworks.kernels import attention as kattention
 from tokenworks.kernels import build
 from tokenworks.kernels.batch import KernelBatch

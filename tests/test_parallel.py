@@ -35,7 +35,7 @@ PROMPT, DECODE = 12, 4
 def _run(model, spec):
     """Logits of a 12-token prompt pass through a scattered block table, then 4 decode
     steps, as float64 numpy [16, vocab]."""
-    from tokenworks.engine.kv_cache import KVPool
+    from tokenworks.engine.kv_pool import KVPool
     from tokenworks.ops.attention import AttentionMetadata
 
     ids = torch.arange(5, 5 + PROMPT + DECODE)

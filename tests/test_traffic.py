@@ -82,7 +82,7 @@ def test_tiled_attention_bytes_equal_what_the_c_kernel_moves(window, tile):
     """The C decode kernel's online softmax counts the bytes it loads and stores (csrc
     count_bytes); per sequence the model's one-query tiled attention over its keys (a
     window's last keys only) predicts them."""
-    from tokenworks.engine.kv_cache import KVPool
+    from tokenworks.engine.kv_pool import KVPool
     from tokenworks.kernels import attention as kattention
     from tokenworks.kernels import build
 

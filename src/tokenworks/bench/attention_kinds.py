@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from tokenworks.bench.record import make_record, write_record
 from tokenworks.engine.host_memory import keep_freed_memory
-from tokenworks.engine.kv_cache import KVPool
+from tokenworks.engine.kv_pool import KVPool
 from tokenworks.kernels.attention import latent_decode_attention, paged_decode_attention
 from tokenworks.models.mla import LatentAttention
 from tokenworks.models.spec import MLASpec, ModelSpec

@@ -78,7 +78,7 @@ def loss_by_position(engine, ids: list[int], chunk: int = 512, buckets: int = 16
     of its own (torch's modules), averaged over position buckets of equal size."""
     import torch
 
-    from tokenworks.engine.kv_cache import KVPool
+    from tokenworks.engine.kv_pool import KVPool
     from tokenworks.ops.attention import AttentionMetadata
 
     n, bs = len(ids), engine.config.block_size

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from tokenworks.bench.attention_kinds import median_time
 from tokenworks.bench.record import make_record, write_record
-from tokenworks.engine.kv_cache import KVPool
+from tokenworks.engine.kv_pool import KVPool
 from tokenworks.kernels.abi import ONLINE_TILE
 from tokenworks.kernels.attention import paged_decode_attention
 from tokenworks.ops.attention import AttentionMetadata, attention_over_pool, sequence_attention

@@ -31,9 +31,10 @@ from tokenworks.config import EngineConfig
 from tokenworks.engine.admission import Admission, PromptTooLongError, RequestTooLargeError
 from tokenworks.engine.host_memory import keep_freed_memory, release_freed_memory
 from tokenworks.engine.kv_budget import GiB, kv_budget_bytes
-from tokenworks.engine.kv_cache import BlockManager, KVPool
+from tokenworks.engine.kv_cache import BlockManager
 from tokenworks.engine.kv_groups import KVLayout
 from tokenworks.engine.kv_offload import HostTier
+from tokenworks.engine.kv_pool import KVPool
 from tokenworks.engine.kv_quant import bytes_per_token, check_available
 from tokenworks.engine.rank import build_rank_model
 from tokenworks.engine.request import FinishReason, SamplingParams

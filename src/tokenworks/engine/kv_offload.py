@@ -26,7 +26,7 @@ class HostTier:
     """Evicted blocks by prefix-cache key, each a copy of its rows in every pool tensor."""
 
     def __init__(self, pool, budget_bytes: int):
-        self.pool = pool  # engine.kv_cache.KVPool
+        self.pool = pool  # engine.kv_pool.KVPool
         self.block_bytes = pool.nbytes // pool.num_blocks
         self.capacity = budget_bytes // self.block_bytes if self.block_bytes else 0
         self.store: OrderedDict[bytes, list[torch.Tensor]] = OrderedDict()

@@ -25,8 +25,8 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from tokenworks.config import EngineConfig
-from tokenworks.engine.kv_cache import KVPool
 from tokenworks.engine.kv_groups import KVLayout
+from tokenworks.engine.kv_pool import KVPool
 from tokenworks.engine.runner import ModelRunner, TorchStep
 from tokenworks.engine.topology import own_layers, rank_device, rank_threads
 from tokenworks.models import tensor_parallel as tp

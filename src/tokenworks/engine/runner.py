@@ -60,7 +60,7 @@ class ModelRunner:
     def __init__(
         self,
         model: torch.nn.Module,
-        pool,  # engine.kv_cache.KVPool
+        pool,  # engine.kv_pool.KVPool
         block_size: int,
         device: str,
         batch_decode: bool = True,

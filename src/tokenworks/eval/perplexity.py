@@ -16,7 +16,7 @@ import time
 import torch
 from tqdm import tqdm
 
-from tokenworks.engine.kv_cache import KVPool
+from tokenworks.engine.kv_pool import KVPool
 from tokenworks.ops.attention import AttentionMetadata
 
 

@@ -36,7 +36,7 @@ class CKernels:
     def open(
         cls,
         model: torch.nn.Module,
-        pool,  # engine.kv_cache.KVPool
+        pool,  # engine.kv_pool.KVPool
         block_size: int,
         kernels: str = "auto",
         device: str = "cpu",

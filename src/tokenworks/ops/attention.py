@@ -248,7 +248,7 @@ def attention(
     k: torch.Tensor,  # [T, KVH, D]
     v: torch.Tensor,  # [T, KVH, D]
     meta: AttentionMetadata,
-    cache,  # engine.kv_cache.KVPool or None
+    cache,  # engine.kv_pool.KVPool or None
     layer: int,
     scale: float,
     window: int | None = None,

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from tokenworks.engine.kv_cache import BlockManager, KVPool
+from tokenworks.engine.kv_cache import BlockManager
+from tokenworks.engine.kv_pool import KVPool
 from tokenworks.engine.runner import ModelRunner
 from tokenworks.engine.sampler import distribution
 from tokenworks.engine.scheduler import ScheduledSeq

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from tokenworks.config import EngineConfig
-from tokenworks.engine.kv_cache import KVPool
+from tokenworks.engine.kv_pool import KVPool
 from tokenworks.engine.runner import open_kernels
 from tokenworks.engine.speculative.draft import DraftModelProposer
 from tokenworks.engine.speculative.ngram import NgramProposer
