@@ -39,11 +39,12 @@ from tokenworks.engine.kv_quant import bytes_per_token, check_available
 from tokenworks.engine.rank import build_rank_model
 from tokenworks.engine.request import FinishReason, SamplingParams
 from tokenworks.engine.runner import ModelRunner, open_kernels
-from tokenworks.engine.sampler import ForwardOutput, argmax_only, prepare_rows, sample_row
+from tokenworks.engine.sampler import ForwardOutput, argmax_only
 from tokenworks.engine.scheduler import Scheduler, SchedulerOutput
 from tokenworks.engine.sequence import Sequence
 from tokenworks.engine.speculative import open_speculator
 from tokenworks.engine.step_log import StepCounts, StepLog, StepStats
+from tokenworks.engine.step_sampling import sample_all
 from tokenworks.engine.structured import GrammarCompiler
 from tokenworks.engine.topology import (
     block_bytes_of,
@@ -53,6 +54,7 @@ from tokenworks.engine.topology import (
     rank_threads,
     world_size,
 )
+from tokenworks.engine.warmup import warm_up
 from tokenworks.engine.workers import WorkerRanks
 from tokenworks.kernels.backend import KernelsUnavailableError
 from tokenworks.models import load
@@ -273,43 +275,8 @@ class LLMEngine:
             + (f"; host tier {host.capacity} blocks" if host is not None else "")
         )
 
-    WARMUP_PROMPT = 128  # tokens in each of the warm-up's prompts
-
     def warm_up(self) -> None:
-        """One forward pass at the token budget, on prompts of filler tokens, before any
-        request: the heap grows to a big step's peak and oneDNN builds its kernels for
-        that shape; without it the first big step of the first requests pays for both.
-        vLLM's profile run and llama.cpp's warm-up do the same. Leaves no
-        trace: no requests, stats, totals, cached blocks or cache counters."""
-        c = self.config
-        length = min(self.WARMUP_PROMPT, self.max_model_len - 1, c.max_num_batched_tokens)
-        if length < 1:  # a context of one token holds no prompt
-            return
-        blocks_each = self.kv_layout.blocks_held(length + 1, c.block_size, length, length)
-        n = min(
-            c.max_num_batched_tokens // length,
-            c.max_num_seqs,
-            self.blocks.num_blocks // blocks_each,
-        )
-        params = SamplingParams(max_tokens=1, temperature=0)
-        if self.blocks.prefix is not None:  # the same filler under salts of its own, on
-            self.blocks.prefix.warned = True  # purpose: no warning (reset_counts clears it)
-        for i in range(n):
-            self.add_request(
-                prompt_token_ids=[0] * length,
-                params=params,
-                request_id=f"warmup-{i}",
-                cache_salt=f"warmup-{i}",  # each computed, none a cache hit of another
-            )
-        while self.has_unfinished():
-            self.step()
-        self.blocks.reset_prefix_cache()
-        self.blocks.reset_counts()
-        self.pool.discard()  # the filler's K/V: nobody reads it, and it held resident pages
-        if self.workers is not None:
-            self.workers.discard()
-        self.blocks.forget_touched()
-        self.step_log.reset()
+        warm_up(self)
 
     @property
     def broken(self) -> str | None:
@@ -475,7 +442,7 @@ class LLMEngine:
                 seq.record_prompt_logprobs(first, rows)
             for seq, first, hidden in forward.pooled:
                 seq.pool(first, hidden)
-            sampled = self._sample_all([item for item in out.scheduled if item.sample],
+            sampled = sample_all(self, [item for item in out.scheduled if item.sample],
                                        forward, counts)  # fmt: skip
         except Exception:
             for f in (flight, *self._flights):  # the ranks' group is broken for all of them
@@ -493,106 +460,6 @@ class LLMEngine:
             self.speculator.end_step(out.scheduled, self.scheduler.running, duration,
                                      counts.emitted)  # fmt: skip
         self.step_log.record(out, counts, duration, self.scheduler, self.blocks, self.block_bytes)
-
-    def _sample_all(
-        self, items: list, forward: ForwardOutput, counts: StepCounts
-    ) -> list[Sequence]:
-        """Each sampling sequence's next token (its siblings' too, once its prompt is done),
-        or the tokens a verify chunk accepts; a sequence whose grammar or sampling raises
-        fails its own request alone."""
-        rows, matchers = [], []  # each logits row's sequence and grammar state
-        for item in items:
-            rows += [item.seq] * (1 + len(item.draft))
-            if item.draft:
-                matchers += self.speculator.row_matchers(item.seq, item.draft)
-            else:
-                matchers.append(item.seq.matcher)
-        logits, argmax = prepare_rows(
-            forward, rows, lambda x, guided: self._mask(x, guided, rows), matchers
-        )
-        sampled: list[Sequence] = []
-        end = 0
-        for item in items:
-            seq, r = item.seq, end
-            end += 1 + len(item.draft)
-            if seq.finished:  # its grammar failed above
-                continue
-            try:
-                if item.draft:
-                    group = [seq]
-                    rows_logits = None if logits is None else logits[r:end]
-                    self._accept(item, rows_logits, argmax[r:end], counts)
-                else:
-                    group = self._fork(seq)
-                    for s in group:
-                        if s.params.max_tokens == 0:  # the prompt alone was asked for
-                            s.finish(FinishReason.LENGTH)
-                            continue
-                        s.append(sample_row(logits, r, s, argmax[r]))
-                        counts.emitted += 1
-                for s in group:
-                    if s.finished:
-                        self.scheduler.remove(s)
-                        if s.group_finished:
-                            self.requests.pop(s.request_id, None)
-                sampled += group
-            except Exception as e:
-                self._fail_request(seq, e)
-        return [s for s in sampled if s.request_id not in self.failures]
-
-    def _accept(self, item, logits, argmax: list[int], counts: StepCounts) -> None:
-        """A verify chunk's verdict: the accepted guesses and the target's own token join
-        the sequence; the K/V of its last real token and of the accepted guesses count as
-        computed, and the blocks written only for rejected guesses go back."""
-        seq = item.seq
-        results = self.speculator.verify(seq, item.draft, logits, argmax)
-        counts.draft_tokens += len(item.draft)
-        counts.accepted_tokens += len(results) - 1
-        self.blocks.computed(seq, len(results))
-        self.blocks.trim(seq)
-        for result in results:
-            seq.append(result)
-            counts.emitted += 1
-            if seq.finished:  # a stop inside the accepted run: the rest is dropped
-                break
-        self.blocks.commit(seq, seq.n_cached)  # the accepted tokens' full blocks
-
-    def _fork(self, seq: Sequence) -> list[Sequence]:
-        """seq, and where its prompt is done for a request of n > 1, its n - 1 siblings,
-        sharing its blocks (parallel sampling: each then samples its own token)."""
-        group = [seq]
-        if seq.params.n > 1 and len(seq.group) == 1:
-            for i in range(1, seq.params.n):
-                child = seq.spawn(i)
-                self.blocks.fork(seq, child)
-                self.scheduler.add_running(child)
-                group.append(child)
-        return group
-
-    def _mask(self, logits: torch.Tensor, guided: list, sampling: list[Sequence]) -> None:
-        """The grammar masks of the guided rows; a row whose matcher raises fails its own
-        request (the others keep their masks)."""
-        try:
-            self.grammars.mask_rows(logits, guided)
-            return
-        except Exception:
-            pass
-        for r, matcher in guided:  # again one at a time, to find the one that raised
-            try:
-                self.grammars.mask_rows(logits, [(r, matcher)])
-            except Exception as e:
-                self._fail_request(sampling[r], e)
-
-    def _fail_request(self, seq: Sequence, error: Exception) -> None:
-        """Sampling for seq raised: its request alone ends, with finish reason "error" and
-        the reason in `failures`; its blocks go back to the pool."""
-        log.exception("request %s failed while sampling; the others carry on", seq.request_id)
-        self.failures[seq.request_id] = f"{type(error).__name__}: {error}"
-        for s in seq.group:
-            if not s.finished:
-                s.finish(FinishReason.ERROR)
-            self.scheduler.remove(s)
-        self.requests.pop(seq.request_id, None)
 
     def take_failures(self) -> dict[str, str]:
         """The requests that failed alone since the last call (id -> why), and forget them."""
