@@ -1,0 +1,34 @@
+"""The shape of the source tree, held by a test: small files with one job, and command-line
+layers whose functions a reader takes in at once."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "tokenworks"
+MAX_FILE_LINES = 500  # a Python file (the C kernels under kernels/csrc aside)
+MAX_PARSER_FUNCTION_LINES = 80
+# where the commands and their flags are made
+PARSERS = ["cli.py", "bench/parsers.py", "bench/configs.py", "bench/shared_options.py",
+           "plan/commands.py", "plan/configs.py", "options.py"]  # fmt: skip
+
+
+def test_no_source_file_is_over_500_lines():
+    long = sorted(
+        (len(p.read_text().splitlines()), str(p.relative_to(SRC)))
+        for p in SRC.rglob("*.py")
+        if len(p.read_text().splitlines()) > MAX_FILE_LINES
+    )
+    assert not long, f"split these by what they do: {long}"
+
+
+def test_no_function_of_the_command_line_layers_is_over_80_lines():
+    long = []
+    for name in PARSERS:
+        for node in ast.walk(ast.parse((SRC / name).read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_PARSER_FUNCTION_LINES:
+                    long.append((name, node.name, lines))
+    assert not long, f"functions to shorten: {long}"
