@@ -292,17 +292,15 @@ def test_parallel_tool_calls_false_keeps_the_first_call(parallel):
 
     from tokenworks.engine.messages import CompletionDelta, RequestUpdate
     from tokenworks.serve.answer_parser import AnswerParser
+    from tokenworks.serve.chat_job import ChatJob
     from tokenworks.serve.openai_answer import chat_chunks, fold_chat, head
-    from tokenworks.serve.protocol import ChatCompletionRequest
     from tokenworks.serve.tools import ToolCallParser
 
     text = "".join(
         f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{c}"}}}}\n</tool_call>\n'
         for c in ("Paris", "Rome")
     )
-    body = ChatCompletionRequest(
-        model=MODEL, messages=[{"role": "user", "content": "x"}], parallel_tool_calls=parallel
-    )
+    job = ChatJob([{"role": "user", "content": "x"}], parallel_tool_calls=parallel)
 
     async def updates():
         for j in range(0, len(text), 7):  # in pieces, as a stream gives it
@@ -312,7 +310,7 @@ def test_parallel_tool_calls_false_keeps_the_first_call(parallel):
 
     async def chunks():
         parsers = lambda: AnswerParser(calls=ToolCallParser())  # noqa: E731
-        return [c async for c in chat_chunks(body, updates(), parsers)]
+        return [c async for c in chat_chunks(job, updates(), parsers)]
 
     answer = fold_chat(
         asyncio.run(chunks()), head("chatcmpl-x", "chat.completion", MODEL), True, False

@@ -15,23 +15,9 @@ import secrets
 from fastapi import APIRouter, Request
 
 from tokenworks.serve import api_times, remote, structured, tools
-from tokenworks.serve.answer_parser import (
-    AnswerStep,
-    answer_parser,
-    request_thinking,
-    skip_special,
-)
-from tokenworks.serve.common import (
-    ServerState,
-    answer,
-    clamp_max_tokens,
-    render_chat,
-    sampling_params,
-    sse,
-    stream_error,
-    submit,
-    tenant_salt,
-)
+from tokenworks.serve.answer_parser import AnswerStep, answer_parser
+from tokenworks.serve.chat_job import ChatJob, offered_tools, remote_chunks, render, start
+from tokenworks.serve.common import ServerState, answer, sse, stream_error
 from tokenworks.serve.errors import bad_request
 from tokenworks.serve.protocol import AnthropicMessagesRequest, AnthropicPrompt
 
@@ -125,28 +111,34 @@ def _stop_reason(finish: str | None, stop_reason, has_calls: bool) -> tuple[str,
     return _STOP.get(finish or "stop", "end_turn"), None
 
 
-def _prompt(state: ServerState, body: AnthropicPrompt, output_format=None) -> tuple:
-    """(prompt token ids, the tools offered, the output's grammar, its thinking) of a
-    request. thinking disabled: a budget of 0, and the template is told (Qwen3's
-    enable_thinking). state: the model's (ServerState.for_model)."""
+def parse_messages(state: ServerState, body: AnthropicPrompt, output=None) -> ChatJob:
+    """A Messages request's conversation, tools and thinking (and, for POST /v1/messages,
+    its sampling) as the job every protocol's requests become. Thinking disabled: a
+    budget of 0, and the template is told (Qwen3's enable_thinking)."""
     state.limits.check_tools(body.tools)
     tool_list = tools.anthropic_tools(body.tools)
     mode, name = tools.anthropic_choice(body.tool_choice, tool_list)
-    offered, constraint = tools.resolve(
-        tool_list,
-        mode,
-        name,
-        output_format,
-        "tool_choice any or tool cannot be combined with an output format",
-        state.tool_format,
-    )
     think = body.thinking
     disabled = think is not None and think.type == "disabled"
-    kwargs = {"enable_thinking": False} if disabled else {}
-    prompt = render_chat(state, to_chat_messages(body), offered, **kwargs)
-    budget = 0 if disabled else (think.budget_tokens if think is not None else None)
-    thinking = request_thinking(state, prompt, [("thinking.budget_tokens", budget)])
-    return state.encode(prompt), offered, constraint, thinking
+    job = ChatJob(
+        to_chat_messages(body),
+        tools=tool_list,
+        tool_mode=mode,
+        tool_name=name,
+        output=output,
+        reasoning_budget=0 if disabled else (think.budget_tokens if think is not None else None),
+        template_kwargs={"enable_thinking": False} if disabled else {},
+        names={"stop": "stop_sequences", "max_reasoning_tokens": "thinking.budget_tokens"},
+        tool_conflict="tool_choice any or tool cannot be combined with an output format",
+        id_prefix="msg",
+        call_id_prefix="toolu_",
+        full_status=529,
+    )
+    if isinstance(body, AnthropicMessagesRequest):
+        job.max_tokens, job.temperature, job.top_p = body.max_tokens, body.temperature, body.top_p
+        job.top_k, job.seed, job.timeout = body.top_k, body.seed, body.deadline
+        job.stop = list(body.stop_sequences or [])
+    return job
 
 
 @router.post("/v1/messages/count_tokens")
@@ -155,12 +147,13 @@ async def count_tokens(body: AnthropicPrompt, request: Request):
     read (its template and tool descriptions included)."""
     api_times.handler_entered()
     state = request.app.state.tokenworks.for_model(body.model)
+    job = parse_messages(state, body)
     if state.remote is not None:  # the upstream's own count (vLLM's /tokenize)
-        messages = {"model": state.remote.model, "messages": to_chat_messages(body)}
+        messages = {"model": state.remote.model, "messages": job.messages}
         counted = await state.remote.post("/tokenize", messages, state.deadline(None), root=True)
         return {"input_tokens": counted["count"]}
-    prompt_ids, *_ = _prompt(state, body)
-    return {"input_tokens": len(prompt_ids)}
+    offered, _ = offered_tools(state, job)
+    return {"input_tokens": len(state.encode(render(state, job, offered)))}
 
 
 @router.post("/v1/messages")
@@ -168,60 +161,17 @@ async def messages(body: AnthropicMessagesRequest, request: Request):
     api_times.handler_entered()
     state: ServerState = request.app.state.tokenworks.for_model(body.model)
     message_id = "msg_" + secrets.token_hex(12)
+    job = parse_messages(state, body, structured.from_anthropic(body))
     if state.remote is not None:
-        chunks = state.remote.chat_chunks(upstream_chat(body), state.deadline(body.deadline))
-        items = message_events(body, remote.chunk_steps(chunks), message_id)
+        steps = remote.chunk_steps(remote_chunks(state, job))
+        items = message_events(body, steps, message_id)
         return await answer(state, request, [], items, body.stream, stream_body, fold_message)
-    prompt_ids, offered, constraint, thinking = _prompt(
-        state, body, structured.from_anthropic(body)
+    started = await start(state, request, job)
+    parser = answer_parser(state, started.thinking, started.offered, job.call_id_prefix)
+    items = message_events(body, engine_steps(started.updates, parser), message_id)
+    return await answer(
+        state, request, [started.request_id], items, body.stream, stream_body, fold_message
     )
-    state.limits.check_stop(list(body.stop_sequences or []), "stop_sequences")
-    max_tokens = clamp_max_tokens(state, body.max_tokens, len(prompt_ids))
-    params = sampling_params(
-        {"stop": "stop_sequences"},
-        max_tokens=max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=body.top_k or 0,
-        seed=body.seed,
-        stop=list(body.stop_sequences or []),
-        structured=constraint,
-        thinking=thinking,
-        skip_special_tokens=skip_special(state, offered, True),
-    )
-    rid = state.engine.new_request_id("msg")
-    updates = await submit(
-        state,
-        params,
-        prompt_ids,
-        anthropic=True,
-        request_id=rid,
-        deadline=state.deadline(body.deadline),
-        cache_salt=tenant_salt(state, request, None),
-    )
-    parser = answer_parser(state, thinking, offered, "toolu_")
-    steps = engine_steps(updates, parser)
-    items = message_events(body, steps, message_id)
-    return await answer(state, request, [rid], items, body.stream, stream_body, fold_message)
-
-
-def upstream_chat(body: AnthropicMessagesRequest) -> dict:
-    """A Messages request as an OpenAI chat completion's body, for a remote backend."""
-    tool_list = tools.anthropic_tools(body.tools)
-    mode, name = tools.anthropic_choice(body.tool_choice, tool_list)
-    out = {"messages": to_chat_messages(body), "max_tokens": body.max_tokens}
-    out |= remote.tool_fields(tool_list, mode, name)
-    sampling = (("temperature", body.temperature), ("top_p", body.top_p),
-                ("top_k", body.top_k), ("seed", body.seed))  # fmt: skip
-    out |= {key: value for key, value in sampling if value is not None}
-    if body.stop_sequences:
-        out["stop"] = list(body.stop_sequences)
-    if body.thinking is not None and body.thinking.type == "disabled":
-        out["chat_template_kwargs"] = {"enable_thinking": False}
-        out["max_reasoning_tokens"] = 0
-    elif body.thinking is not None and body.thinking.budget_tokens is not None:
-        out["max_reasoning_tokens"] = body.thinking.budget_tokens
-    return out | remote.response_format(structured.from_anthropic(body))
 
 
 def _usage(input_tokens: int, output_tokens: int, cached: int) -> dict:

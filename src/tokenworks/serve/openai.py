@@ -12,14 +12,13 @@ import secrets
 from fastapi import APIRouter, Request
 
 from tokenworks.serve import api_times, structured, tools
-from tokenworks.serve.answer_parser import answer_parser, request_thinking, skip_special
+from tokenworks.serve.chat_job import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ChatJob, start
 from tokenworks.serve.common import (
     CHAT_TEMPLATE_RESERVED,
     ServerState,
     answer,
     clamp_max_tokens,
     merge,
-    render_chat,
     sampling_params,
     submit,
     tenant_salt,
@@ -62,23 +61,16 @@ def _common_params(
     return dict(
         prompt_logprobs=prompt_logprobs,
         max_tokens=max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
+        temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
+        top_p=DEFAULT_TOP_P if body.top_p is None else body.top_p,
         top_k=max(body.top_k or 0, 0),
-        min_p=body.min_p or 0.0,
-        repetition_penalty=body.repetition_penalty or 1.0,
-        presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
         seed=body.seed,
         stop=_stop_list(body),
-        stop_token_ids=body.stop_token_ids or [],
-        ignore_eos=body.ignore_eos,
         logprobs=logprobs,
-        include_stop_str_in_output=body.include_stop_str_in_output,
         skip_special_tokens=body.skip_special_tokens,
         n=body.n,
         structured=constraint,
-        logit_bias={int(k): v for k, v in body.logit_bias.items()} if body.logit_bias else None,
+        **_extra_sampling(body),
     )
 
 
@@ -261,16 +253,11 @@ def chat_messages(raw: list) -> list[dict]:
     return out
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request):
-    state = _state(request)
-    state = state.for_model(body.model)
-    if state.remote is not None:
-        raw, deadline = await request.json(), state.deadline(body.deadline)
-        return await state.remote.relay(raw, "/chat/completions", body.model, deadline)
+def parse_chat(state: ServerState, body: ChatCompletionRequest) -> ChatJob:
+    """A chat completion's body as the job every protocol's requests become."""
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
-    _check_limits(state, body, body.top_logprobs, "top_logprobs")
+    state.limits.check_logit_bias(body.logit_bias, state.engine.engine.admission.vocab_size)
     state.limits.check_tools(body.tools)
     reserved = sorted(set(body.chat_template_kwargs or {}) & set(CHAT_TEMPLATE_RESERVED))
     if reserved:
@@ -281,53 +268,63 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         )
     tool_list = tools.openai_tools(body.tools)
     mode, name = tools.openai_choice(body.tool_choice, tool_list)
-    offered, constraint = tools.resolve(
-        tool_list,
-        mode,
-        name,
-        structured.from_openai(body),
-        "tool_choice required or named cannot be combined with response_format",
-        state.tool_format,
-    )
-    prompt = render_chat(
-        state,
+    max_tokens_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+    return ChatJob(
         chat_messages(body.messages),
-        offered,
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+        stop=_stop_list(body),
+        n=body.n,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        sampling=_extra_sampling(body),
+        tools=tool_list,
+        tool_mode=mode,
+        tool_name=name,
+        parallel_tool_calls=body.parallel_tool_calls,
+        output=structured.from_openai(body),
+        reasoning_budget=body.max_reasoning_tokens,
+        reasoning_effort=body.reasoning_effort,
+        template_kwargs=body.chat_template_kwargs or {},
         add_generation_prompt=body.add_generation_prompt,
-        **(body.chat_template_kwargs or {}),
-    )
-    prompt_ids = state.encode(prompt)
-    thinking = request_thinking(
-        state,
-        prompt,
-        [("max_reasoning_tokens", body.max_reasoning_tokens),
-         ("reasoning_effort", body.reasoning_effort)],
-    )  # fmt: skip
-    requested = body.max_completion_tokens or body.max_tokens
-    field_name = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-    max_tokens = clamp_max_tokens(state, requested, len(prompt_ids), field_name)
-    logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_params(
-        {"logprobs": "top_logprobs"},
-        **_common_params(body, max_tokens, logprobs, constraint)
-        | {"skip_special_tokens": skip_special(state, offered, body.skip_special_tokens)},
-        thinking=thinking,
-    )
-    rid = state.engine.new_request_id("chatcmpl")
-    updates = await submit(
-        state,
-        params,
-        prompt_ids,
-        request_id=rid,
-        deadline=state.deadline(body.deadline),
+        skip_special_tokens=body.skip_special_tokens,
         priority=body.priority,
-        cache_salt=tenant_salt(state, request, body.cache_salt),
+        cache_salt=body.cache_salt,
+        timeout=body.deadline,
+        names={"logprobs": "top_logprobs", "max_tokens": max_tokens_field},
+        tool_conflict="tool_choice required or named cannot be combined with response_format",
     )
-    parse = bool(offered)
-    chunks = chat_chunks(body, updates, lambda: answer_parser(state, thinking, offered))
+
+
+def _extra_sampling(body) -> dict:
+    """OpenAI's (and vLLM's) sampling fields beyond those every protocol has."""
+    return dict(
+        min_p=body.min_p or 0.0,
+        repetition_penalty=body.repetition_penalty or 1.0,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        stop_token_ids=body.stop_token_ids or [],
+        ignore_eos=body.ignore_eos,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+        logit_bias={int(k): v for k, v in body.logit_bias.items()} if body.logit_bias else None,
+    )
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    state = _state(request)
+    state = state.for_model(body.model)
+    if state.remote is not None:  # an OpenAI upstream takes the body as it came
+        raw, deadline = await request.json(), state.deadline(body.deadline)
+        return await state.remote.relay(raw, "/chat/completions", body.model, deadline)
+    job = parse_chat(state, body)
+    started = await start(state, request, job)
+    chunks = chat_chunks(job, started.updates, lambda: started.parser(state))
     top = head("chatcmpl-" + secrets.token_hex(12), "chat.completion.chunk", body.model)
     return await answer(
-        state, request, [rid], chunks, body.stream,
+        state, request, [started.request_id], chunks, body.stream,
         lambda items: stream_body(items, top, _include_usage(body)),
-        lambda items: fold_chat(items, top, parse, bool(body.logprobs)),
+        lambda items: fold_chat(items, top, bool(started.offered), job.logprobs is not None),
     )  # fmt: skip

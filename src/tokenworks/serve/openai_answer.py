@@ -147,14 +147,14 @@ def _tool_call(c: tools.ToolCall, index: int) -> dict:
     return {"index": index, "id": c.id, "type": "function", "function": function}
 
 
-async def chat_chunks(body, updates, new_parser):
-    """/v1/chat/completions: new_parser() makes each completion's AnswerParser (thinking,
-    text and tool calls)."""
-    n = body.n
+async def chat_chunks(job, updates, new_parser):
+    """A chat job's answer (serve/chat_job.py) as chat completion chunks: new_parser()
+    makes each completion's AnswerParser (thinking, text and tool calls)."""
+    n = job.n
     parsers = {k: new_parser() for k in range(n)}
     reasoning = dict.fromkeys(range(n), 0)  # each completion's thinking tokens
     calls = dict.fromkeys(range(n), 0)  # tool calls each completion has finished
-    single = body.parallel_tool_calls is False  # then calls after the first are dropped
+    single = job.parallel_tool_calls is False  # then calls after the first are dropped
     completion_tokens, last = 0, None
 
     def choice(index, delta, finish=None, logprobs=None, stop_reason=None):
@@ -188,8 +188,8 @@ async def chat_chunks(body, updates, new_parser):
                 completion_tokens += len(d.token_ids)
                 reasoning[d.index] = d.reasoning_tokens
                 logprobs = None
-                if body.logprobs:
-                    logprobs = chat_logprobs(d.logprobs or [], body.top_logprobs or 0)
+                if job.logprobs is not None:
+                    logprobs = chat_logprobs(d.logprobs or [], job.logprobs)
                 finished = d.finish_reason is not None
                 pieces = deltas_of(d.index, parsers[d.index].feed(d.text, finished))
                 if logprobs and not pieces:

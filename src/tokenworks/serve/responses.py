@@ -19,22 +19,17 @@ from __future__ import annotations
 import copy
 import secrets
 import time
-from types import SimpleNamespace
 
 from fastapi import APIRouter, Request
 
 from tokenworks.engine.request import StructuredOutput
-from tokenworks.serve import api_times, remote, tools
-from tokenworks.serve.answer_parser import answer_parser, request_thinking, skip_special
+from tokenworks.serve import api_times, tools
+from tokenworks.serve.chat_job import ChatJob, remote_chunks, start
 from tokenworks.serve.common import (
     ServerState,
     answer,
-    clamp_max_tokens,
-    render_chat,
-    sampling_params,
     sse,
     stream_error,
-    submit,
     tenant_salt,
 )
 from tokenworks.serve.errors import APIError, bad_request
@@ -174,13 +169,26 @@ async def create_response(body: ResponsesRequest, request: Request):
     tool_list = _tools(body)
     mode, name = tools.openai_choice(_choice(body.tool_choice), tool_list)
     try:
-        constraint = _format(body.text)
+        output = _format(body.text)
     except ValueError as e:
         raise bad_request(str(e), "text.format") from e
-    offered, constraint = tools.resolve(
-        tool_list, mode, name, constraint,
-        "tool_choice required or a function cannot be combined with text.format",
-        state.tool_format,
+    job = ChatJob(
+        system + conversation,
+        max_tokens=body.max_output_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        tools=tool_list,
+        tool_mode=mode,
+        tool_name=name,
+        parallel_tool_calls=body.parallel_tool_calls,
+        output=output,
+        reasoning_effort=_effort((body.reasoning or {}).get("effort")),
+        timeout=body.deadline,
+        names={"max_tokens": "max_output_tokens", "messages": "input",
+               "reasoning_effort": "reasoning.effort"},
+        tool_conflict="tool_choice required or a function cannot be combined with text.format",
+        id_prefix="resp",
     )  # fmt: skip
     response = _response_shell(body, "resp_" + secrets.token_hex(12), mode, name)
 
@@ -190,36 +198,13 @@ async def create_response(body: ResponsesRequest, request: Request):
 
     fold = lambda events: events[-1]["response"]  # noqa: E731
     if state.remote is not None:
-        upstream = _upstream_chat(body, system + conversation, offered, mode, name)
-        chunks = state.remote.chat_chunks(upstream, state.deadline(body.deadline))
-        items = response_events(chunks, response, keep)
+        items = response_events(remote_chunks(state, job), response, keep)
         return await answer(state, request, [], items, body.stream, stream_body, fold)
-    prompt = render_chat(state, system + conversation, offered)
-    prompt_ids = state.encode(prompt)
-    effort = (body.reasoning or {}).get("effort")
-    thinking = request_thinking(state, prompt, [("reasoning.effort", _effort(effort))])
-    max_tokens = clamp_max_tokens(state, body.max_output_tokens, len(prompt_ids),
-                                  "max_output_tokens", "input")  # fmt: skip
-    params = sampling_params(
-        {"max_tokens": "max_output_tokens"},
-        max_tokens=max_tokens,
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        seed=body.seed,
-        structured=constraint,
-        thinking=thinking,
-        skip_special_tokens=skip_special(state, offered, True),
-    )
-    rid = state.engine.new_request_id("resp")
-    updates = await submit(
-        state, params, prompt_ids, request_id=rid, deadline=state.deadline(body.deadline),
-        cache_salt=tenant_salt(state, request, None),
-    )  # fmt: skip
-    chat = SimpleNamespace(n=1, logprobs=False, top_logprobs=None,
-                           parallel_tool_calls=body.parallel_tool_calls)  # fmt: skip
-    chunks = chat_chunks(chat, updates, lambda: answer_parser(state, thinking, offered))
+    started = await start(state, request, job)
+    chunks = chat_chunks(job, started.updates, lambda: started.parser(state))
     items = response_events(chunks, response, keep)
-    return await answer(state, request, [rid], items, body.stream, stream_body, fold)
+    return await answer(state, request, [started.request_id], items, body.stream, stream_body,
+                        fold)  # fmt: skip
 
 
 @router.get("/v1/responses/{response_id}")
@@ -239,17 +224,6 @@ async def delete_response(response_id: str, request: Request):
     if not state.responses.delete(response_id, tenant_salt(state, request, None)):
         raise _not_found(response_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}
-
-
-def _upstream_chat(body: ResponsesRequest, messages: list[dict], offered, mode, name) -> dict:
-    """A Responses request as an OpenAI chat completion's body, for a remote backend."""
-    out = {"messages": messages} | remote.tool_fields(offered, mode, name)
-    fields = (("max_tokens", body.max_output_tokens), ("temperature", body.temperature),
-              ("top_p", body.top_p), ("seed", body.seed),
-              ("parallel_tool_calls", body.parallel_tool_calls),
-              ("reasoning_effort", (body.reasoning or {}).get("effort")))  # fmt: skip
-    out |= {key: value for key, value in fields if value is not None}
-    return out | remote.response_format(_format(body.text))
 
 
 def _effort(effort) -> str | None:
