@@ -5,39 +5,40 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict, dataclass, field
 
+from tokenworks import SamplingParams
 from tokenworks.bench.parsers import add_bench_parsers
 from tokenworks.config import add_engine_arguments, engine_kwargs
 from tokenworks.models.catalogue import DEFAULT_MODEL
-from tokenworks.options import add_arguments
+from tokenworks.options import add_arguments, from_args, option
 from tokenworks.serve.limits import ServerLimits
 from tokenworks.serve.serve_config import ServeConfig
 
-
-def _sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+_DEFAULTS = SamplingParams()
 
 
-def _params(args):
-    from tokenworks import SamplingParams
+@dataclass(frozen=True)
+class SamplingOptions:
+    """generate's and chat's sampling flags, with the API's defaults (SamplingParams') but
+    one: an answer on the command line runs to 128 tokens, not the API's 16."""
 
-    return SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-        stop=args.stop,
+    max_tokens: int = field(default=128, metadata=option("tokens to generate at most"))
+    temperature: float = field(
+        default=_DEFAULTS.temperature, metadata=option("0: greedy; higher: more varied")
     )
+    top_k: int = field(default=_DEFAULTS.top_k, metadata=option("keep the k likeliest (0: off)"))
+    top_p: float = field(default=_DEFAULTS.top_p, metadata=option("nucleus sampling (1: off)"))
+    min_p: float = field(default=_DEFAULTS.min_p, metadata=option("drop tokens below this share"))
+    repetition_penalty: float = field(
+        default=_DEFAULTS.repetition_penalty, metadata=option("above 1 discourages repeats")
+    )
+    seed: int | None = field(default=None, metadata=option("makes sampling reproducible"))
+    stop: list[str] = field(default_factory=list, metadata=option("a stop string (repeatable)"))
+
+
+def _params(args) -> SamplingParams:
+    return SamplingParams(**asdict(from_args(SamplingOptions, args)))
 
 
 def _llm(args):
@@ -202,13 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt")
     p.add_argument("--chat-template", action="store_true", help="wrap the prompt as a user turn")
     add_engine_arguments(p)
-    _sampling_args(p)
+    add_arguments(p, SamplingOptions)
     p.set_defaults(fn=cmd_generate, max_num_seqs=1)  # one stream: size the KV pool for it
 
     p = sub.add_parser("chat", help="an interactive conversation using the model's chat template")
     p.add_argument("--system", default=None, help="a system message")
     add_engine_arguments(p)
-    _sampling_args(p)
+    add_arguments(p, SamplingOptions)
     p.set_defaults(fn=cmd_chat, max_num_seqs=1)
 
     p = sub.add_parser("serve", help="an OpenAI- and Anthropic-compatible HTTP server")
