@@ -48,3 +48,8 @@ def test_the_page_is_written_from_the_sources():
     assert (HERE / "README.md").read_text() == render.page(), (
         "docs/diagrams/README.md is out of date: run python docs/diagrams/render.py"
     )
+
+
+def test_the_architecture_page_draws_the_floors_as_the_source_has_them():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    assert (HERE / "floors.mmd").read_text().strip() in page

@@ -12,6 +12,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DIAGRAMS = {  # source -> what it shows
     "stages.mmd": "The stage table: a request to a measured outcome, each stage in its package.",
+    "floors.mmd": "The floors of the source tree, and which may import which.",
     "request-path.mmd": "A request's path through the processes: the API process, the "
     "engine cores (one per replica), their workers.",
     "engine-step.mmd": "One engine step, `LLMEngine.step()`.",
