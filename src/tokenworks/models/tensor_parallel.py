@@ -341,13 +341,3 @@ def parallelize_(model: nn.Module, spec: ModelSpec, shard: Shard) -> nn.Module:
             layer.down = RowParallel(layer.down, shard)
     model.tensor_parallel = shard
     return model
-
-
-def resident_bytes(model: nn.Module) -> int:
-    """Bytes of the weights this rank's model holds (each storage once)."""
-    seen, total = set(), 0
-    for t in list(model.parameters()) + list(model.buffers()):
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            total += t.numel() * t.element_size()
-    return total
