@@ -15,7 +15,7 @@ import secrets
 from fastapi import APIRouter, Request
 
 from tokenworks.serve import api_times, remote, structured, tools
-from tokenworks.serve.answer_parser import AnswerStep, answer_parser
+from tokenworks.serve.answer_parser import AnswerStep
 from tokenworks.serve.chat_job import ChatJob, offered_tools, remote_chunks, render, start
 from tokenworks.serve.common import ServerState, answer, sse, stream_error
 from tokenworks.serve.errors import bad_request
@@ -167,8 +167,7 @@ async def messages(body: AnthropicMessagesRequest, request: Request):
         items = message_events(body, steps, message_id)
         return await answer(state, request, [], items, body.stream, stream_body, fold_message)
     started = await start(state, request, job)
-    parser = answer_parser(state, started.thinking, started.offered, job.call_id_prefix)
-    items = message_events(body, engine_steps(started.updates, parser), message_id)
+    items = message_events(body, engine_steps(started.updates, started.parser(state)), message_id)
     return await answer(
         state, request, [started.request_id], items, body.stream, stream_body, fold_message
     )

@@ -81,9 +81,11 @@ class Started:
     updates: RequestStream
     offered: list[Tool]
     thinking: Thinking | None
+    call_id_prefix: str = "call_"
 
     def parser(self, state: ServerState):
-        return answer_parser(state, self.thinking, self.offered)
+        """A completion's answer parser: its thinking, text and tool calls apart."""
+        return answer_parser(state, self.thinking, self.offered, self.call_id_prefix)
 
 
 def offered_tools(state: ServerState, job: ChatJob) -> tuple[list[Tool], StructuredOutput | None]:
@@ -135,7 +137,7 @@ async def start(state: ServerState, request: Request, job: ChatJob) -> Started:
         deadline=state.deadline(job.timeout), priority=job.priority,
         cache_salt=tenant_salt(state, request, job.cache_salt),
     )  # fmt: skip
-    return Started(rid, updates, offered, thinking)
+    return Started(rid, updates, offered, thinking, job.call_id_prefix)
 
 
 def upstream(job: ChatJob) -> dict:
