@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from tokenworks import environment
 from tokenworks.config import EngineConfig
 from tokenworks.options import option
 
@@ -78,10 +79,13 @@ def seed(default: int = 0, help: str = "of the random prompts"):
     return field(default=default, metadata=option(help))
 
 
-def peers_dir(default: str = "peers"):
+def peers_dir():
     return field(
-        default=default,
-        metadata=option("where benchmarks/peers.sh put the peers (llama.cpp: llamacpp/bin)"),
+        default=environment.get("TOKENWORKS_PEERS", "peers"),
+        metadata=option(
+            "where benchmarks/peers.sh put the peers (llama.cpp: llamacpp/bin; default "
+            "$TOKENWORKS_PEERS or ./peers)"
+        ),
     )
 
 
