@@ -133,7 +133,7 @@ async def start(state: ServerState, request: Request, job: ChatJob) -> Started:
     )
     rid = state.engine.new_request_id(job.id_prefix)
     updates = await submit(
-        state, params, prompt_ids, anthropic=job.full_status == 529, request_id=rid,
+        state, params, prompt_ids, full_status=job.full_status, request_id=rid,
         deadline=state.deadline(job.timeout), priority=job.priority,
         cache_salt=tenant_salt(state, request, job.cache_salt),
     )  # fmt: skip

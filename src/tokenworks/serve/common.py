@@ -180,7 +180,7 @@ async def submit(
     state: ServerState,
     params: SamplingParams,
     prompt_ids: list[int],
-    anthropic: bool = False,
+    full_status: int = 429,  # a full queue's HTTP status (Anthropic's API says 529)
     **kw,
 ):
     """Queue a request; refusals become HTTP errors (400 bad input, 429/529 when full)."""
@@ -189,8 +189,8 @@ async def submit(
         api_times.owns(stream)
         return stream
     except QueueFullError as e:
-        status = 529 if anthropic else 429
-        raise APIError(status, str(e), code="queue_full", retry_after=state.retry_after_s) from e
+        wait = state.retry_after_s
+        raise APIError(full_status, str(e), code="queue_full", retry_after=wait) from e
     except DeadlineExceededError as e:
         raise APIError(504, str(e), code="deadline_exceeded") from e
     except EngineNotRunningError as e:
