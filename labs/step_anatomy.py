@@ -38,6 +38,7 @@ from tokenworks import LLM, SamplingParams  # noqa: E402
 from tokenworks.bench.labs import parse_lab_args, save_figure  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
+from tokenworks.engine import engine as engine_module  # noqa: E402
 from tokenworks.kernels.abi import SIGNATURES  # noqa: E402
 from tokenworks.kernels.build import library  # noqa: E402
 from tokenworks.models import load  # noqa: E402
@@ -79,7 +80,7 @@ def anatomy(llm: LLM, batch: int, steps: int) -> dict:
     """Median milliseconds per part over `steps` pure decode steps of `batch` sequences."""
     engine, clock = llm.engine, Clock()
     clock.wrap(engine.scheduler, "schedule", "schedule")
-    clock.wrap(engine, "_sample_all", "sample")
+    clock.wrap(engine_module, "sample_all", "sample")  # (engine.py calls it by that name)
     clock.wrap(engine.runner, "start", "forward_python_torch")  # the batch laid out and run
     lib = library()
     originals = {name: getattr(lib, name) for name in SIGNATURES} if lib is not None else {}
