@@ -1,13 +1,14 @@
-"""One chat request, whatever protocol it came in, and the one pipeline that serves it.
+"""One request, whatever protocol it came in, and the one pipeline that serves it.
 
-Each protocol module (serve/openai.py's chat completions, serve/anthropic.py's Messages,
-serve/responses.py) only parses its body into a ChatJob and turns what comes back into its
-own wire format. `start` runs the pipeline on the model's own engine, through whichever
-front holds it (the native engine core, the transformers front): the server's limits, the
-tools offered and the grammar they force, the chat template, the thinking budget,
-admission once, the sampling parameters, submit. `upstream` is the one way a job goes to a
-remote backend instead: an OpenAI chat completion's body. The defaults a request leaves
-out live here once (DEFAULT_TEMPERATURE, DEFAULT_TOP_P), as SamplingParams has them.
+Each protocol module (serve/openai.py's chat completions and completions,
+serve/anthropic.py's Messages, serve/responses.py) only parses its body into a ChatJob and
+turns what comes back into its own wire format. `start` runs the pipeline on the model's
+own engine, through whichever front holds it (the native engine core, the transformers
+front): the server's limits, the tools offered and the grammar they force, the chat
+template, the thinking budget, admission once, the sampling parameters, submit.
+`upstream` is the one way a job goes to a remote backend instead: an OpenAI chat
+completion's body. The defaults a request leaves out live here once (DEFAULT_TEMPERATURE,
+DEFAULT_TOP_P), as SamplingParams has them.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ DEFAULT_TOP_P = SamplingParams.top_p
 class ChatJob:
     """What every chat protocol asks of the engine; None where the request said nothing."""
 
-    messages: list[dict]  # OpenAI-shaped, as the chat template is fed
+    messages: list[dict]  # OpenAI-shaped, as the chat template is fed ([]: a raw prompt)
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -101,18 +102,24 @@ def render(state: ServerState, job: ChatJob, offered: list[Tool]) -> str:
                        **job.template_kwargs)  # fmt: skip
 
 
-async def start(state: ServerState, request: Request, job: ChatJob) -> Started:
-    """Run the pipeline and submit: the engine's stream of the job's one request."""
+async def start(
+    state: ServerState, request: Request, job: ChatJob, prompt_ids: list[int] | None = None
+) -> Started:
+    """Run the pipeline and submit: the engine's stream of the job's one request. With
+    prompt_ids (/v1/completions: a prompt's tokens as given), no template, tools or
+    thinking: the rest of the pipeline alike."""
     limits = state.limits
     limits.check_stop(job.stop, job.name("stop"))
     limits.check_n(job.n)
     limits.check_logprobs(job.logprobs, job.name("logprobs"))
-    offered, constraint = offered_tools(state, job)
-    prompt = render(state, job, offered)
-    prompt_ids = state.encode(prompt)
-    asked = [(job.name("max_reasoning_tokens"), job.reasoning_budget),
-             (job.name("reasoning_effort"), job.reasoning_effort)]  # fmt: skip
-    thinking = request_thinking(state, prompt, asked)
+    offered, constraint, thinking = [], job.output, None
+    if prompt_ids is None:
+        offered, constraint = offered_tools(state, job)
+        prompt = render(state, job, offered)
+        prompt_ids = state.encode(prompt)
+        asked = [(job.name("max_reasoning_tokens"), job.reasoning_budget),
+                 (job.name("reasoning_effort"), job.reasoning_effort)]  # fmt: skip
+        thinking = request_thinking(state, prompt, asked)
     max_tokens = clamp_max_tokens(
         state, job.max_tokens, len(prompt_ids), job.name("max_tokens"), job.name("messages")
     )

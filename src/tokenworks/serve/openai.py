@@ -12,16 +12,12 @@ import secrets
 from fastapi import APIRouter, Request
 
 from tokenworks.serve import api_times, structured, tools
-from tokenworks.serve.chat_job import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ChatJob, start
+from tokenworks.serve.chat_job import ChatJob, start
 from tokenworks.serve.common import (
     CHAT_TEMPLATE_RESERVED,
     ServerState,
     answer,
-    clamp_max_tokens,
     merge,
-    sampling_params,
-    submit,
-    tenant_salt,
 )
 from tokenworks.serve.errors import bad_request
 from tokenworks.serve.openai_answer import (
@@ -44,34 +40,6 @@ def _state(request: Request) -> ServerState:
 
 def _stop_list(body) -> list[str]:
     return [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-
-
-def _check_limits(state: ServerState, body, logprobs: int | None, logprobs_field: str) -> None:
-    """The server's bounds on what the request asks (serve/limits.py)."""
-    limits = state.limits
-    limits.check_stop(_stop_list(body))
-    limits.check_n(body.n)
-    limits.check_logprobs(logprobs, logprobs_field)
-    limits.check_logit_bias(body.logit_bias, state.engine.engine.admission.vocab_size)
-
-
-def _common_params(
-    body, max_tokens: int, logprobs: int | None, constraint, prompt_logprobs: int | None = None
-) -> dict:
-    return dict(
-        prompt_logprobs=prompt_logprobs,
-        max_tokens=max_tokens,
-        temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
-        top_p=DEFAULT_TOP_P if body.top_p is None else body.top_p,
-        top_k=max(body.top_k or 0, 0),
-        seed=body.seed,
-        stop=_stop_list(body),
-        logprobs=logprobs,
-        skip_special_tokens=body.skip_special_tokens,
-        n=body.n,
-        structured=constraint,
-        **_extra_sampling(body),
-    )
 
 
 # ------------------------------------------------------------------ /v1/models
@@ -104,52 +72,58 @@ def _model_card(state: ServerState, name: str) -> dict:
 # ------------------------------------------------------------------ /v1/completions
 
 
-@router.post("/v1/completions")
-async def completions(body: CompletionRequest, request: Request):
-    state = _state(request)
-    state = state.for_model(body.model)
-    if state.remote is not None:
-        raw = await request.json()
-        return await state.remote.relay(
-            raw, "/completions", body.model, state.deadline(body.deadline)
-        )
+def parse_completion(state: ServerState, body: CompletionRequest) -> ChatJob:
+    """A completion's body as the job every protocol's requests become (its prompts are
+    each submitted with it)."""
     if body.suffix:
         raise bad_request("suffix is not supported (no fill-in-the-middle here)", "suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of must equal n here (no server-side ranking)", "best_of")
-    _check_limits(state, body, body.logprobs, "logprobs")
+    state.limits.check_logit_bias(body.logit_bias, state.engine.engine.admission.vocab_size)
     state.limits.check_logprobs(body.prompt_logprobs, "prompt_logprobs")
     # echo with logprobs reports the prompt's tokens too, as OpenAI's legacy API did
     scored = [
         k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None
     ]
-    prompt_logprobs = max(scored) if scored else None
+    return ChatJob(
+        [],
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        seed=body.seed,
+        stop=_stop_list(body),
+        n=body.n,
+        logprobs=body.logprobs,
+        sampling=_extra_sampling(body) | {"prompt_logprobs": max(scored) if scored else None},
+        output=structured.from_openai(body),
+        skip_special_tokens=body.skip_special_tokens,
+        priority=body.priority,
+        cache_salt=body.cache_salt,
+        timeout=body.deadline,
+        names={"messages": "prompt"},
+        id_prefix="cmpl",
+    )
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request):
+    state = _state(request)
+    state = state.for_model(body.model)
+    if state.remote is not None:  # an OpenAI upstream takes the body as it came
+        raw = await request.json()
+        return await state.remote.relay(
+            raw, "/completions", body.model, state.deadline(body.deadline)
+        )
+    job = parse_completion(state, body)
     prompts = prompt_token_lists(state, body.prompt)
-    constraint = structured.from_openai(body)
-    deadline = state.deadline(body.deadline)
-    streams, ids = [], []
+    started = []
     try:
         for p in prompts:
-            max_tokens = clamp_max_tokens(state, body.max_tokens, len(p), prompt_field="prompt")
-            params = sampling_params(
-                **_common_params(body, max_tokens, body.logprobs, constraint, prompt_logprobs)
-            )
-            rid = state.engine.new_request_id("cmpl")
-            streams.append(
-                await submit(
-                    state,
-                    params,
-                    p,
-                    request_id=rid,
-                    deadline=deadline,
-                    priority=body.priority,
-                    cache_salt=tenant_salt(state, request, body.cache_salt),
-                )
-            )
-            ids.append(rid)
+            started.append(await start(state, request, job, p))
     except BaseException:
-        for s in streams:
-            await s.aclose()
+        for s in started:
+            await s.updates.aclose()
         raise
     # the prompts as text (and each one's first token, which has no logprob), for echo only
     decode = state.tokenizer.decode
@@ -157,10 +131,10 @@ async def completions(body: CompletionRequest, request: Request):
         (decode(p, skip_special_tokens=False), p[0], decode(p[:1], False))
         for p in (prompts if body.echo else [])
     ]
-    chunks = completion_chunks(body, merge(streams), echoed)
+    chunks = completion_chunks(body, merge([s.updates for s in started]), echoed)
     top = head("cmpl-" + secrets.token_hex(12), "text_completion", body.model)
     return await answer(
-        state, request, ids, chunks, body.stream,
+        state, request, [s.request_id for s in started], chunks, body.stream,
         lambda items: stream_body(items, top, _include_usage(body)),
         lambda items: fold_completion(items, top),
     )  # fmt: skip
