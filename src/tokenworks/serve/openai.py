@@ -1,8 +1,9 @@
 """The OpenAI API: /v1/completions, /v1/chat/completions and /v1/models, streamed and not.
 
-Every request becomes one engine request per prompt (n completions share its prompt's KV
-blocks); the answer is assembled from the engine's updates once (serve/openai_answer.py):
-streamed as it comes, or folded into one body.
+Each body is parsed into serve/chat_job.py's job and goes through its one pipeline, one
+engine request per prompt (n completions share its prompt's KV blocks); the answer is
+assembled from the engine's updates once (serve/openai_answer.py): streamed as it comes,
+or folded into one body.
 """
 
 from __future__ import annotations
