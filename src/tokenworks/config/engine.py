@@ -46,11 +46,8 @@ class EngineConfig(ParallelConfig, SchedulerConfig, CacheConfig, KernelConfig, M
         if self.speculative_config is not None:
             spec = SpeculativeConfig.parse(self.speculative_config)
             object.__setattr__(self, "speculative_config", spec)
-        self.check_model()
-        self.check_kernels()
-        self.check_cache()
-        self.check_scheduler()
-        self.check_parallel()
+        for part in PARTS:  # each part's own checks, then the rules between them
+            part.__post_init__(self)
         for rule in RULES:
             rule.check(self)
 

@@ -86,24 +86,15 @@ def parse_completion(state: ServerState, body: CompletionRequest) -> ChatJob:
     scored = [
         k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None
     ]
+    fields = _shared_fields(body)
+    fields["sampling"]["prompt_logprobs"] = max(scored) if scored else None
     return ChatJob(
         [],
         max_tokens=body.max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        seed=body.seed,
-        stop=_stop_list(body),
-        n=body.n,
         logprobs=body.logprobs,
-        sampling=_extra_sampling(body) | {"prompt_logprobs": max(scored) if scored else None},
-        output=structured.from_openai(body),
-        skip_special_tokens=body.skip_special_tokens,
-        priority=body.priority,
-        cache_salt=body.cache_salt,
-        timeout=body.deadline,
         names={"messages": "prompt"},
         id_prefix="cmpl",
+        **fields,
     )
 
 
@@ -247,29 +238,37 @@ def parse_chat(state: ServerState, body: ChatCompletionRequest) -> ChatJob:
     return ChatJob(
         chat_messages(body.messages),
         max_tokens=body.max_completion_tokens or body.max_tokens,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
+        tools=tool_list,
+        tool_mode=mode,
+        tool_name=name,
+        parallel_tool_calls=body.parallel_tool_calls,
+        reasoning_budget=body.max_reasoning_tokens,
+        reasoning_effort=body.reasoning_effort,
+        template_kwargs=body.chat_template_kwargs or {},
+        add_generation_prompt=body.add_generation_prompt,
+        names={"logprobs": "top_logprobs", "max_tokens": max_tokens_field},
+        tool_conflict="tool_choice required or named cannot be combined with response_format",
+        **_shared_fields(body),
+    )
+
+
+def _shared_fields(body) -> dict:
+    """The job's fields a completion and a chat completion name alike (their bodies share
+    the sampling fields, and the response format)."""
+    return dict(
         temperature=body.temperature,
         top_p=body.top_p,
         top_k=body.top_k,
         seed=body.seed,
         stop=_stop_list(body),
         n=body.n,
-        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
         sampling=_extra_sampling(body),
-        tools=tool_list,
-        tool_mode=mode,
-        tool_name=name,
-        parallel_tool_calls=body.parallel_tool_calls,
         output=structured.from_openai(body),
-        reasoning_budget=body.max_reasoning_tokens,
-        reasoning_effort=body.reasoning_effort,
-        template_kwargs=body.chat_template_kwargs or {},
-        add_generation_prompt=body.add_generation_prompt,
         skip_special_tokens=body.skip_special_tokens,
         priority=body.priority,
         cache_salt=body.cache_salt,
         timeout=body.deadline,
-        names={"logprobs": "top_logprobs", "max_tokens": max_tokens_field},
-        tool_conflict="tool_choice required or named cannot be combined with response_format",
     )
 
 
