@@ -25,6 +25,7 @@ from tokenworks.bench.record import make_record, write_record
 from tokenworks.bench.workload import latency_prompt
 from tokenworks.config import EngineConfig
 from tokenworks.engine.engine import LLMEngine
+from tokenworks.engine.loop import EngineLoop
 from tokenworks.engine.request import SamplingParams
 from tokenworks.models.loaded import LoadedModel
 from tokenworks.models.toy import byte_tokenizer, toy_spec, toy_weights
@@ -63,14 +64,13 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_all(engine: LLMEngine, prompts, n_out: int, device: str) -> float:
+def run_all(loop: EngineLoop, prompts, n_out: int, device: str) -> float:
     params = SamplingParams(max_tokens=n_out, temperature=0, ignore_eos=True)
     for p in prompts:
-        engine.add_request(prompt_token_ids=p, params=params)
+        loop.add_request(p, params)
     sync(device)
     t = time.perf_counter()
-    while engine.has_unfinished():
-        engine.step()
+    loop.run_while(loop.engine.has_unfinished)
     sync(device)
     return time.perf_counter() - t
 
@@ -94,9 +94,10 @@ def main() -> None:
             kv_cache_memory=4.0,
         )
         engine = LLMEngine(config, loaded)
+        loop = EngineLoop(engine)
         prompts = [latency_prompt(128, 49152, seed=1000 + i) for i in range(batch)]
-        run_all(engine, prompts[:1], 4, args.device)  # warm up
-        elapsed = run_all(engine, prompts, 128, args.device)
+        run_all(loop, prompts[:1], 4, args.device)  # warm up
+        elapsed = run_all(loop, prompts, 128, args.device)
         steps = list(engine.stats)[-129:]
         decode = [s.duration_s for s in steps if s.decode_tokens and not s.prefill_tokens]
         results[f"batch_{batch}"] = {
@@ -106,14 +107,16 @@ def main() -> None:
         }
         print(batch, results[f"batch_{batch}"], flush=True)
         # the same prompt is timed repeatedly: no prefix cache, or a hit would time nothing
-        engine = LLMEngine(dataclasses.replace(config, enable_prefix_caching=False), loaded)
+        loop = EngineLoop(
+            LLMEngine(dataclasses.replace(config, enable_prefix_caching=False), loaded)
+        )
         prompt = latency_prompt(512, 49152, seed=7)
         times = []
         for _ in range(4):
-            engine.add_request(prompt_token_ids=prompt, params=SamplingParams(max_tokens=1))
+            loop.add_request(prompt, SamplingParams(max_tokens=1))
             sync(args.device)
             t = time.perf_counter()
-            engine.step()
+            loop.step()
             sync(args.device)
             times.append(time.perf_counter() - t)
         results["prefill_512_tok_s"] = 512 / sorted(times[1:])[1]
@@ -124,9 +127,9 @@ def main() -> None:
         config = EngineConfig(model="random", **base, **MODES[mode])
         results[f"steps_{mode}"] = measure_mode(loaded, config, 512, 128, [1, 16, 64], 5)
         print(mode, results[f"steps_{mode}"], flush=True)
-    engine = LLMEngine(EngineConfig(model="random", **base, kernels="torch"), loaded)
+    loop = EngineLoop(LLMEngine(EngineConfig(model="random", **base, kernels="torch"), loaded))
     hw = ceiling(args.device, None)
-    results["profile"] = profile(engine, prompt_tokens=512, batch=16, repeats=5, hw=hw)
+    results["profile"] = profile(loop, prompt_tokens=512, batch=16, repeats=5, hw=hw)
     print(profile_table(results["profile"]), flush=True)
     print(results)
     record = make_record(

@@ -39,12 +39,11 @@ from tokenworks.bench.workload import latency_prompt  # noqa: E402
 
 def decode_with_cache(llm: LLM, prompt: list[int], n: int) -> list[tuple[int, float]]:
     """(context, seconds) of each decode step as one sequence generates n tokens."""
-    engine = llm.engine
+    engine, loop = llm.engine, llm.loop
     engine.stats.clear()
     params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
-    engine.add_request(prompt_token_ids=prompt, params=params)
-    while engine.has_unfinished():
-        engine.step()
+    loop.add_request(prompt, params=params)
+    loop.run_while(engine.has_unfinished)
     steps = list(engine.stats)
     assert steps[0].prefill_tokens == len(prompt)
     # step k (k >= 1) computes token k + 1 over a context of len(prompt) + k tokens
@@ -53,7 +52,7 @@ def decode_with_cache(llm: LLM, prompt: list[int], n: int) -> list[tuple[int, fl
 
 def recompute_s(llm: LLM, prompt: list[int], repeats: int) -> float:
     """Median seconds of one forward pass over the whole prompt: a token without a cache."""
-    times = [sum(s.duration_s for s in prompt_steps(llm.engine, prompt)) for _ in range(repeats)]
+    times = [sum(s.duration_s for s in prompt_steps(llm.loop, prompt)) for _ in range(repeats)]
     return statistics.median(times)
 
 

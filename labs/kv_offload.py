@@ -36,7 +36,7 @@ from tokenworks.models import load  # noqa: E402
 def chat(llm: LLM, args, vocab: int) -> dict:
     """Every turn of every conversation, round by round: each turn's TTFT, and what the
     engine computed and found."""
-    engine = llm.engine
+    engine, loop = llm.engine, llm.loop
     params = SamplingParams(max_tokens=args.answer_tokens, temperature=0, ignore_eos=True)
     history = [latency_prompt(args.system_tokens, vocab, seed=100 + c)
                for c in range(args.conversations)]  # fmt: skip
@@ -47,12 +47,11 @@ def chat(llm: LLM, args, vocab: int) -> dict:
             question = latency_prompt(args.question_tokens, vocab, seed=1000 * c + turn)
             prompt = history[c] + question
             t0 = time.perf_counter()
-            seq = engine.add_request(prompt_token_ids=prompt, params=params)
+            seq = loop.add_request(prompt, params=params)
             while not seq.output_ids:
-                engine.step()
+                loop.step()
             ttft.setdefault(turn, []).append(time.perf_counter() - t0)
-            while engine.has_unfinished():
-                engine.step()
+            loop.run_while(engine.has_unfinished)
             history[c] = prompt + seq.output_ids
     host, prefix = engine.blocks.host, engine.blocks.prefix
     return {

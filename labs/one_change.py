@@ -99,7 +99,7 @@ def impossible(model: str, loaded, threads: int) -> dict:
             out[name] = {"refused": True, "seconds": time.perf_counter() - t0,
                          "error": type(e).__name__, "message": str(e)}  # fmt: skip
     llm = LLM(model, loaded=loaded, threads=threads, warmup=False)
-    engine = llm.engine
+    engine, loop = llm.engine, llm.loop
     requests = {
         "prompt_past_the_context": ([5] * (engine.max_model_len + 1), 4),
         "token_outside_the_vocabulary": ([spec.vocab_size + 5], 4),
@@ -109,7 +109,7 @@ def impossible(model: str, loaded, threads: int) -> dict:
         steps = len(engine.stats)
         t0 = time.perf_counter()
         try:
-            engine.add_request(prompt_token_ids=ids, params=SamplingParams(max_tokens=max_tokens))
+            loop.add_request(ids, params=SamplingParams(max_tokens=max_tokens))
             out[name] = {"refused": False, "seconds": time.perf_counter() - t0}
         except ValueError as e:
             out[name] = {"refused": True, "seconds": time.perf_counter() - t0,

@@ -33,6 +33,7 @@ from tokenworks import LLM, SamplingParams  # noqa: E402
 from tokenworks.bench.labs import parse_lab_args, save_figure  # noqa: E402
 from tokenworks.bench.record import make_record, model_record, write_record  # noqa: E402
 from tokenworks.bench.workload import latency_prompt  # noqa: E402
+from tokenworks.engine.loop import LocalInbox  # noqa: E402
 from tokenworks.models import load  # noqa: E402
 from tokenworks.plan.batching import compare_paging, lengths  # noqa: E402
 from tokenworks.shapes import kv_bytes_per_token  # noqa: E402
@@ -41,15 +42,14 @@ from tokenworks.shapes import kv_bytes_per_token  # noqa: E402
 def run(llm: LLM, prompts: list[list[int]], outputs: list[int]) -> dict:
     """Every request at once, stepped to the end; after each step, the sequences running
     and the share of the slots in their blocks that hold a token."""
-    engine = llm.engine
+    engine, loop = llm.engine, llm.loop
     for prompt, n in zip(prompts, outputs, strict=True):
         params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
-        engine.add_request(prompt_token_ids=prompt, params=params)
+        loop.add_request(prompt, params=params)
     running, held, slots = [], 0, 0
     preempted = engine.totals["preemptions"]
     t0 = time.perf_counter()
-    while engine.has_unfinished():
-        engine.step()
+    for _ in loop.turns(LocalInbox(), engine.has_unfinished):
         live = engine.scheduler.running
         running.append(len(live))
         held += sum(seq.num_tokens for seq in live)

@@ -44,7 +44,7 @@ def batched_decode_tok_s(llm: LLM, batch_prompt: int, steps: int = 12) -> float:
     """Tokens/s of pure decode steps with BATCH sequences of batch_prompt tokens."""
     vocab = llm.engine.spec.vocab_size
     prompts = [latency_prompt(batch_prompt, vocab, seed=50 + i) for i in range(BATCH)]
-    return BATCH / statistics.median(decode_step_times(llm.engine, prompts, steps))
+    return BATCH / statistics.median(decode_step_times(llm.loop, prompts, steps))
 
 
 def newest_peer_latency(results: Path) -> tuple[str | None, dict]:

@@ -47,22 +47,22 @@ def stall(model: str, loaded, chunk: int, decoders: int, long_prompt: int, threa
     llm = LLM(model, loaded=loaded, threads=threads, enable_prefix_caching=False,
               enable_chunked_prefill=bool(chunk), max_num_batched_tokens=budget,
               max_num_seqs=decoders + 1)  # fmt: skip
-    engine, vocab = llm.engine, llm.engine.spec.vocab_size
+    engine, loop, vocab = llm.engine, llm.loop, llm.engine.spec.vocab_size
     short = SamplingParams(max_tokens=96, temperature=0, ignore_eos=True)
-    seqs = [engine.add_request(prompt_token_ids=latency_prompt(32, vocab, seed=i), params=short)
+    seqs = [loop.add_request(latency_prompt(32, vocab, seed=i), params=short)
             for i in range(decoders)]  # fmt: skip
     for _ in range(8):  # every short one prefilled and decoding
-        engine.step()
+        loop.step()
     times: dict[int, list[float]] = {i: [] for i in range(decoders)}
     counts = [len(s.output_ids) for s in seqs]
     arrived = time.perf_counter()
-    long = engine.add_request(
-        prompt_token_ids=latency_prompt(long_prompt, vocab, seed=99),
+    long = loop.add_request(
+        latency_prompt(long_prompt, vocab, seed=99),
         params=SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
     )
     first = None
     while not long.finished:
-        engine.step()
+        loop.step()
         now = time.perf_counter()
         for i, s in enumerate(seqs):
             if len(s.output_ids) > counts[i]:
@@ -72,9 +72,8 @@ def stall(model: str, loaded, chunk: int, decoders: int, long_prompt: int, threa
             first = now - arrived
     gaps = [b - a for t in times.values() for a, b in zip([arrived, *t], t, strict=False)]
     for s in seqs:
-        engine.abort_request(s.request_id)
-    while engine.has_unfinished():
-        engine.step()
+        loop.abort(s.request_id)
+    loop.run_while(engine.has_unfinished)
     return {
         "chunk": chunk or "whole",
         "longest_gap_ms": 1000 * max(gaps),
@@ -106,7 +105,7 @@ def queue_order(
 ) -> dict:
     llm = LLM(model, loaded=loaded, threads=threads, enable_prefix_caching=False,
               max_num_seqs=2, scheduling_policy=policy)  # fmt: skip
-    engine, vocab = llm.engine, llm.engine.spec.vocab_size
+    engine, loop, vocab = llm.engine, llm.loop, llm.engine.spec.vocab_size
     service = alone(llm, vocab)
     weights = [k[2] for k in KINDS.values()]
     mean = sum(service[k] * KINDS[k][2] for k in KINDS) / sum(weights)
@@ -123,14 +122,13 @@ def queue_order(
         while pending and pending[0][0] <= now:
             at, kind, i = pending.pop(0)
             prompt, new, _ = KINDS[kind]
-            seqs[i] = (at, kind, engine.add_request(
-                prompt_token_ids=latency_prompt(prompt, vocab, seed=i),
+            seqs[i] = (at, kind, loop.add_request(latency_prompt(prompt, vocab, seed=i),
                 params=SamplingParams(max_tokens=new, temperature=0, ignore_eos=True),
                 priority=0 if kind == "short" else 1))  # fmt: skip
         if not engine.has_unfinished():
             time.sleep(max(0.0, pending[0][0] - now))
             continue
-        engine.step()
+        loop.step()
         now = time.perf_counter() - start
         for i, (at, kind, seq) in seqs.items():
             if i not in done and seq.finished:

@@ -39,7 +39,7 @@ CONTEXT = 64  # prompt tokens of each decoding sequence
 def prefill_step_s(llm: LLM, n: int, seed: int) -> float:
     """Seconds of the single step that prefills an n-token prompt (and samples 1 token)."""
     prompt = latency_prompt(n, llm.engine.spec.vocab_size, seed=seed)
-    steps = prompt_steps(llm.engine, prompt)
+    steps = prompt_steps(llm.loop, prompt)
     assert len(steps) == 1 and steps[0].prefill_tokens == n, "prompt was split across steps"
     return steps[0].duration_s
 
@@ -48,7 +48,7 @@ def decode_step_s(llm: LLM, batch: int, steps: int, seed: int) -> list[float]:
     """Durations of pure decode steps with `batch` sequences in the pass."""
     vocab = llm.engine.spec.vocab_size
     prompts = [latency_prompt(CONTEXT, vocab, seed=seed * 1000 + i) for i in range(batch)]
-    return decode_step_times(llm.engine, prompts, steps)
+    return decode_step_times(llm.loop, prompts, steps)
 
 
 def main() -> None:

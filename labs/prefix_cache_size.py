@@ -38,15 +38,14 @@ from tokenworks.shapes import kv_bytes_per_token  # noqa: E402
 
 def run(llm: LLM, prompts: list[list[int]], concurrency: int, salts=None) -> dict:
     """salts: each request's cache salt (None: one cache shared by all)."""
-    engine = llm.engine
+    engine, loop = llm.engine, llm.loop
     params = SamplingParams(max_tokens=1, temperature=0)
     salts = salts or [None] * len(prompts)
     t = time.perf_counter()
     for i in range(0, len(prompts), concurrency):
         for p, salt in zip(prompts[i : i + concurrency], salts[i : i + concurrency], strict=True):
-            engine.add_request(prompt_token_ids=p, params=params, cache_salt=salt)
-        while engine.has_unfinished():
-            engine.step()
+            loop.add_request(p, params=params, cache_salt=salt)
+        loop.run_while(engine.has_unfinished)
     prefix = engine.blocks.prefix
     return {
         "elapsed_s": time.perf_counter() - t,

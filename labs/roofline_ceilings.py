@@ -163,7 +163,7 @@ def batched_decode(hw, model: str, scheme: str, batches: list[int], prompt: int,
     for b in tqdm(batches, desc="decode batches", unit="batch"):
         vocab = llm.engine.spec.vocab_size
         prompts = [latency_prompt(prompt, vocab, seed=50 + i) for i in range(b)]
-        measured = statistics.median(decode_step_times(llm.engine, prompts, steps))
+        measured = statistics.median(decode_step_times(llm.loop, prompts, steps))
         context = prompt + steps // 2
         by_peak = {
             dt: decode(shape, hw, scheme, batch=b, context=context, compute_dtype=dt)

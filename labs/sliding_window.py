@@ -122,7 +122,7 @@ def decode_speed(model: str, contexts: list[int], steps: int, threads: int) -> d
         vocab = llm.engine.spec.vocab_size
         out[way] = {}
         for c in tqdm(contexts, desc=f"{model} decode, {way}", unit="context"):
-            times = decode_step_times(llm.engine, [latency_prompt(c, vocab, seed=7)], steps)
+            times = decode_step_times(llm.loop, [latency_prompt(c, vocab, seed=7)], steps)
             out[way][str(c)] = {"decode_step_s": statistics.median(times)}
         out[way]["engine"] = llm.config.to_dict()
         del llm

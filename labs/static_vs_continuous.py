@@ -37,20 +37,18 @@ from tokenworks.bench.workload import latency_prompt  # noqa: E402
 
 
 def run(llm: LLM, prompts, params, batch: int, static: bool) -> dict:
-    engine = llm.engine
+    engine, loop = llm.engine, llm.loop
     engine.stats.clear()
     t = time.perf_counter()
     if static:
         for i in range(0, len(prompts), batch):
             for p, sp in zip(prompts[i : i + batch], params[i : i + batch], strict=True):
-                engine.add_request(prompt_token_ids=p, params=sp)
-            while engine.has_unfinished():
-                engine.step()
+                loop.add_request(p, params=sp)
+            loop.run_while(engine.has_unfinished)
     else:
         for p, sp in zip(prompts, params, strict=True):
-            engine.add_request(prompt_token_ids=p, params=sp)
-        while engine.has_unfinished():
-            engine.step()
+            loop.add_request(p, params=sp)
+        loop.run_while(engine.has_unfinished)
     elapsed = time.perf_counter() - t
     stats = list(engine.stats)
     generated = sum(sp.max_tokens for sp in params)
@@ -67,7 +65,7 @@ def run(llm: LLM, prompts, params, batch: int, static: bool) -> dict:
 def under_load(llm: LLM, prompts, params, batch: int, static: bool, rate: float) -> dict:
     """The requests arriving at `rate` a second (Poisson, seeded): each one's seconds to
     its first token and to its end, and the empty seat-steps while one waited."""
-    engine = llm.engine
+    engine, loop = llm.engine, llm.loop
     rng = random.Random(1)
     arrivals, t = [], 0.0
     for _ in prompts:
@@ -81,12 +79,12 @@ def under_load(llm: LLM, prompts, params, batch: int, static: bool, rate: float)
         arrived = [i for i in pending if arrivals[i] <= now]
         if arrived and (not static or not engine.has_unfinished()):
             for i in arrived[:batch] if static else arrived:
-                seqs[i] = engine.add_request(prompt_token_ids=prompts[i], params=params[i])
+                seqs[i] = loop.add_request(prompts[i], params=params[i])
                 pending.remove(i)
         if not engine.has_unfinished():
             time.sleep(max(0.0, min(arrivals[i] for i in pending) - now))
             continue
-        engine.step()
+        loop.step()
         s = engine.stats[-1]
         waiting = len([i for i in pending if arrivals[i] <= now]) + s.num_waiting  # at its start
         now = time.perf_counter() - start

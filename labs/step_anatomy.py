@@ -78,7 +78,7 @@ class Clock:
 
 def anatomy(llm: LLM, batch: int, steps: int) -> dict:
     """Median milliseconds per part over `steps` pure decode steps of `batch` sequences."""
-    engine, clock = llm.engine, Clock()
+    engine, loop, clock = llm.engine, llm.loop, Clock()
     clock.wrap(engine.scheduler, "schedule", "schedule")
     clock.wrap(engine_module, "sample_all", "sample")  # (engine.py calls it by that name)
     clock.wrap(engine.runner, "start", "forward_python_torch")  # the batch laid out and run
@@ -90,13 +90,13 @@ def anatomy(llm: LLM, batch: int, steps: int) -> dict:
     prompts = [latency_prompt(CONTEXT, vocab, seed=1000 * batch + i) for i in range(batch)]
     params = SamplingParams(max_tokens=steps + 8, temperature=0, ignore_eos=True)
     for p in prompts:
-        engine.add_request(prompt_token_ids=p, params=params)
+        loop.add_request(p, params=params)
     rows = []
     try:
         while engine.has_unfinished():
             before = dict(clock.spent)
             t = time.perf_counter()
-            engine.step()
+            loop.step()
             total = time.perf_counter() - t
             s = engine.stats[-1]
             if s.prefill_tokens == 0 and s.decode_tokens == batch and len(rows) < steps:

@@ -284,6 +284,26 @@ def test_a_failed_forward_pass_aborts_its_requests_and_the_engine_carries_on(toy
     assert len(out[0].outputs[0].token_ids) == GREEDY.max_tokens
 
 
+def test_the_offline_llm_fails_a_request_as_the_server_does_and_goes_on(toy_llm, faults_here):
+    """LLM.generate steps its engine through the server's loop: a request whose sampling
+    raises ends alone with finish reason "error", a forward pass that raises ends the
+    requests in its batch the same way, and neither stops the call or the engine."""
+    import faults
+
+    llm = LLM("toy", dtype="float32", loaded=toy_llm.engine.loaded, warmup=False)
+    prompts = [[9] * 20 + [i] for i in range(3)]
+    bad = SamplingParams(max_tokens=12, ignore_eos=True, seed=faults.SAMPLING_SEED)  # (sampled)
+    out = llm.generate(prompts, [GREEDY, bad, GREEDY], use_tqdm=False)
+    assert [o.outputs[0].finish_reason for o in out] == ["length", "error", "length"]
+    assert [len(o.outputs[0].token_ids) for o in out[::2]] == [12, 12]
+    broken = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, seed=faults.FORWARD_SEED)
+    out = llm.generate(prompts[:2], [GREEDY, broken], use_tqdm=False)  # one batch: both end
+    assert [o.outputs[0].finish_reason for o in out] == ["error", "error"]
+    assert not llm.engine.has_unfinished() and not llm.loop.sent
+    again = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
+    assert again[0].outputs[0].finish_reason == "length"
+
+
 def test_no_warm_up_where_the_c_kernels_run_every_batch_as_whole_step_rows(toy_llm, monkeypatch):
     """Batch-invariant on the C kernels, a big step builds nothing the first request would
     pay for, and the warm-up pass would be a whole step of decode rows: it is skipped.

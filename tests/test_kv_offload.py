@@ -49,7 +49,7 @@ def test_a_prefix_copied_back_from_host_memory_gives_the_never_evicted_logits(to
 
 
 def test_the_host_tier_is_counted_where_metrics_read_it(toy_llm):
-    from tokenworks.engine.core import gauges_of
+    from tokenworks.engine.loop import gauges_of
     from tokenworks.serve.metrics import ServerMetrics
 
     small = LLM("toy", dtype="float32", loaded=toy_llm.engine.loaded, warmup=False,

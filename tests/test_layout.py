@@ -32,3 +32,27 @@ def test_no_function_of_the_command_line_layers_is_over_80_lines():
                 if lines > MAX_PARSER_FUNCTION_LINES:
                     long.append((name, node.name, lines))
     assert not long, f"functions to shorten: {long}"
+
+
+def test_one_loop_steps_the_engine():
+    """Generation, streaming, the warm-up, the benchmarks and the labs step an engine
+    through engine/loop.py's EngineLoop, as the server's core does: nothing else calls
+    an engine's step()."""
+    root = SRC.parents[1]
+    callers = []
+    for path in [
+        *SRC.rglob("*.py"),
+        *(root / "labs").glob("*.py"),
+        *(root / "benchmarks").glob("*.py"),
+    ]:
+        if path == SRC / "engine" / "loop.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "step"
+                and ast.unparse(node.func.value).split(".")[-1] in ("engine", "eng")
+            ):
+                callers.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not callers, f"step these through an EngineLoop: {callers}"

@@ -17,7 +17,7 @@ def profiled(smol_loaded):
 
     llm = LLM("smollm2-135m", loaded=smol_loaded, dtype="float32", kernels="torch",
               enable_prefix_caching=False, warmup=False, max_num_seqs=8)  # fmt: skip
-    return llm.engine, profile(llm.engine, prompt_tokens=64, batch=8, repeats=15, hw=_hw())
+    return llm.engine, profile(llm.loop, prompt_tokens=64, batch=8, repeats=15, hw=_hw())
 
 
 def test_profile_flops_equal_the_planners_closed_forms(profiled):
@@ -62,7 +62,7 @@ def test_an_moe_models_experts_are_the_planners_active_parameters(tmp_path):
     loaded.tokenizer_source = {"kind": "object", "tokenizer": byte_tokenizer()}
     llm = LLM(str(tmp_path), loaded=loaded, dtype="float32", kernels="torch",
               enable_prefix_caching=False, warmup=False, max_num_seqs=4)  # fmt: skip
-    _, decode = profile(llm.engine, prompt_tokens=16, batch=4, repeats=1, hw=_hw())["phases"]
+    _, decode = profile(llm.loop, prompt_tokens=16, batch=4, repeats=1, hw=_hw())["phases"]
     shape = llm.engine.spec.shape
     assert "experts" in decode["components"] and "gate_up_proj" not in decode["components"]
     ctx = decode["contexts"][0]

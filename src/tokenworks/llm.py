@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable, Iterator
 
 from tqdm import tqdm
 
 from tokenworks.config import EngineConfig
 from tokenworks.engine.engine import LLMEngine
+from tokenworks.engine.loop import EngineLoop, LocalInbox
 from tokenworks.engine.request import (
     CompletionOutput,
     FinishReason,
@@ -40,6 +42,7 @@ class LLM:
         reuses weights already read by `load()`; `draft`, a drafter's, for speculation."""
         self.config = EngineConfig(model=model, dtype=dtype, device=device, **kw)
         self.engine = LLMEngine(self.config, loaded, draft)
+        self.loop = EngineLoop(self.engine)  # outputs unsent: the sequences are at hand
         self.tokenizer = self.engine.tokenizer
         self.front = None
 
@@ -53,7 +56,8 @@ class LLM:
         """
         llm = cls.__new__(cls)
         front.start()
-        llm.config, llm.engine, llm.front = None, None, front
+        llm.config, llm.engine, llm.loop, llm.front = None, None, None, front
+        llm._ids = itertools.count()  # its requests' ids
         llm.tokenizer = front.engine.tokenizer
         return llm
 
@@ -73,21 +77,28 @@ class LLM:
         if self.front is not None:
             return asyncio.run(self._through_front(prompts, params_list))
         self._check_own_loop()
-        seqs = []
-        for p, sp in zip(prompts, params_list, strict=True):
-            if isinstance(p, str):
-                seqs.append(self.engine.add_request(prompt=p, params=sp))
-            else:
-                seqs.append(self.engine.add_request(prompt_token_ids=list(p), params=sp))
-        with tqdm(total=len(seqs), desc="generate", disable=not use_tqdm or len(seqs) < 2) as bar:
-            done = 0
-            while self.engine.has_unfinished():
-                self.engine.step()
-                now = sum(s.group_finished for s in seqs)
-                bar.update(now - done)
-                done = now
-        self.engine.take_failures()  # their outputs say so: finish_reason "error"
-        return [s.to_output() for s in seqs]
+        heads: list = []
+        try:
+            for p, sp in zip(prompts, params_list, strict=True):
+                heads.append(self._add(p, sp))
+        except Exception:  # nothing half-queued stays behind
+            for head in heads:
+                self.loop.abort(head.request_id)
+            raise
+
+        def unfinished() -> bool:
+            return any(not h.group_finished for h in heads)
+
+        with tqdm(total=len(heads), desc="generate", disable=not use_tqdm or len(heads) < 2) as bar:
+            for _ in self.loop.turns(LocalInbox(), unfinished):
+                bar.update(sum(h.group_finished for h in heads) - bar.n)
+        return [h.to_output() for h in heads]
+
+    def _add(self, prompt: str | list[int], params: SamplingParams | None):
+        """Queue one prompt on the loop; its first sequence."""
+        if isinstance(prompt, str):
+            return self.loop.add_request(self.tokenizer.encode(prompt), params, prompt)
+        return self.loop.add_request(prompt, params)
 
     def chat(
         self,
@@ -111,12 +122,13 @@ class LLM:
     async def _through_front(self, prompts, params_list) -> list[RequestOutput]:
         """Every prompt submitted to the front at once; each request's updates gathered."""
 
-        async def one(i: int, prompt, params: SamplingParams) -> RequestOutput:
+        async def one(prompt, params: SamplingParams) -> RequestOutput:
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            request_id = f"llm-{next(self._ids)}"
             text: dict[int, str] = {}
             tokens: dict[int, list[int]] = {}
             ends: dict[int, tuple] = {}
-            job = Submission(params, ids, request_id=f"llm-{i}")
+            job = Submission(params, ids, request_id=request_id)
             async for update in self.front.generate(job):
                 for d in update.deltas:
                     text[d.index] = text.get(d.index, "") + d.text
@@ -128,10 +140,10 @@ class LLM:
                 for k in sorted(text)
             ]
             prompt_text = prompt if isinstance(prompt, str) else None
-            return RequestOutput(f"llm-{i}", prompt_text, ids, outputs, finished=True)
+            return RequestOutput(request_id, prompt_text, ids, outputs, finished=True)
 
         return list(await asyncio.gather(*(
-            one(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params_list, strict=True))
+            one(p, sp) for p, sp in zip(prompts, params_list, strict=True)
         )))  # fmt: skip
 
     def _check_own_loop(self) -> None:
@@ -158,18 +170,19 @@ class LLM:
         """Yield text pieces of one completion as they are generated. cancel: asked after
         every step; when it says True the request is aborted and the stream ends."""
         self._check_own_loop()
-        seq = self.engine.add_request(prompt=prompt, params=params)
+        head = self._add(prompt, params)
+
+        def going() -> bool:
+            return not head.group_finished and not (cancel is not None and cancel())
+
         try:
-            while not seq.group_finished:
-                if cancel is not None and cancel():
-                    return
-                self.engine.step()
-                piece = seq.take_stream_text()
+            for _ in self.loop.turns(LocalInbox(), going):
+                piece = head.take_stream_text()
                 if piece:
                     yield piece
-            piece = seq.take_stream_text()
+            piece = head.take_stream_text()
             if piece:
                 yield piece
         finally:
-            if not seq.group_finished:
-                self.engine.abort_request(seq.request_id)
+            if not head.group_finished:
+                self.loop.abort(head.request_id)

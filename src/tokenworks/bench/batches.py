@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from tokenworks.bench.record import make_record, model_record, write_record
 from tokenworks.config import engine_kwargs
+from tokenworks.engine.loop import EngineLoop
 
 
 def measure(engine, prompts: list[list[int]], steps: int) -> dict:
@@ -28,10 +29,10 @@ def measure(engine, prompts: list[list[int]], steps: int) -> dict:
 
     params = SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True)
     engine.stats.clear()
+    loop = EngineLoop(engine)
     for p in prompts:
-        engine.add_request(prompt_token_ids=p, params=params)
-    while engine.has_unfinished():
-        engine.step()
+        loop.add_request(p, params)
+    loop.run_while(engine.has_unfinished)
     stats = list(engine.stats)
     pre = [s for s in stats if s.prefill_tokens]
     dec = [s for s in stats if not s.prefill_tokens and s.decode_tokens == len(prompts)]

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from tokenworks.bench.record import make_record, write_record
 from tokenworks.config import EngineConfig
 from tokenworks.engine.engine import LLMEngine
+from tokenworks.engine.loop import EngineLoop
 from tokenworks.engine.request import SamplingParams
 
 MODES = {"eager": {"kernels": "torch"}, "compiled": {"kernels": "torch", "compile": True},
@@ -33,11 +34,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed_step(engine) -> float:
-    device = engine.config.device
+def timed_step(loop: EngineLoop) -> float:
+    device = loop.engine.config.device
     _sync(device)
     t = time.perf_counter()
-    engine.step()
+    loop.step()
     _sync(device)
     return time.perf_counter() - t
 
@@ -49,26 +50,24 @@ def prompt_of(n: int, vocab: int, seed: int) -> list[int]:
 def measure_mode(loaded, config: EngineConfig, prompt: int, context: int, batches, repeats):
     """{"prefill_s", "decode_s": {batch: s}, "compile": CompileStats dict or None}."""
     engine = LLMEngine(config, loaded)
+    loop = EngineLoop(engine)
     vocab = engine.spec.vocab_size
     once = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     times = []
     for r in range(repeats + 1):  # the first builds buffers (and graphs): untimed
-        engine.add_request(prompt_token_ids=prompt_of(prompt, vocab, r), params=once)
-        t = timed_step(engine)
-        while engine.has_unfinished():
-            engine.step()
+        loop.add_request(prompt_of(prompt, vocab, r), once)
+        t = timed_step(loop)
+        loop.run_while(engine.has_unfinished)
         times.append(t)
     out = {"prefill_s": statistics.median(times[1:]), "decode_s": {}}
     long = SamplingParams(max_tokens=1 << 20, temperature=0, ignore_eos=True)
     for batch in batches:
-        seqs = [engine.add_request(prompt_token_ids=prompt_of(context, vocab, 100 + i), params=long)
-                for i in range(batch)]  # fmt: skip
-        while any(s.n_cached < context for s in seqs):
-            engine.step()
-        engine.step()  # the first step of this batch size (a graph for it, where compiled)
-        out["decode_s"][batch] = statistics.median([timed_step(engine) for _ in range(repeats)])
+        seqs = [loop.add_request(prompt_of(context, vocab, 100 + i), long) for i in range(batch)]
+        loop.run_while(lambda seqs=seqs: any(s.n_cached < context for s in seqs))
+        loop.step()  # the first step of this batch size (a graph for it, where compiled)
+        out["decode_s"][batch] = statistics.median([timed_step(loop) for _ in range(repeats)])
         for s in seqs:
-            engine.abort_request(s.request_id)
+            loop.abort(s.request_id)
     stats = engine.compile_stats
     out["compile"] = stats.to_dict() if stats is not None else None
     return out

@@ -21,6 +21,7 @@ from tokenworks.bench.peer_engines import vllm_env
 from tokenworks.bench.record import make_record, model_record, write_record
 from tokenworks.bench.workload import latency_prompt
 from tokenworks.config import engine_kwargs
+from tokenworks.engine.loop import LocalInbox
 
 PEER_SCRIPTS = {
     "llama.cpp": "llamacpp_latency.py",
@@ -33,22 +34,19 @@ SHORT_PROMPT_TOKENS = 16
 def measure_tokenworks(llm, prompt: list[int], short: list[int], n_decode: int, repeats: int):
     from tokenworks import SamplingParams
 
-    engine = llm.engine
+    loop = llm.loop
     prefill, decode = [], []
     for i in tqdm(range(repeats + 1), desc="tokenworks"):  # round 0 warms up, dropped
-        seq = engine.add_request(
-            prompt_token_ids=prompt, params=SamplingParams(max_tokens=1, temperature=0)
-        )
+        seq = loop.add_request(prompt, SamplingParams(max_tokens=1, temperature=0))
         t = time.perf_counter()
-        engine.step()
+        loop.step()
         dt = time.perf_counter() - t
         assert seq.finished
         params = SamplingParams(max_tokens=n_decode + 1, temperature=0, ignore_eos=True)
-        seq = engine.add_request(prompt_token_ids=short, params=params)
-        engine.step()  # prefill + first token
+        seq = loop.add_request(short, params)
+        loop.step()  # prefill + first token
         t = time.perf_counter()
-        while not seq.finished:
-            engine.step()
+        loop.run_while(lambda seq=seq: not seq.finished)
         dd = time.perf_counter() - t
         if i:
             prefill.append(len(prompt) / dt)
@@ -56,39 +54,38 @@ def measure_tokenworks(llm, prompt: list[int], short: list[int], n_decode: int, 
     return {"prefill_tok_s": prefill, "decode_tok_s": decode}
 
 
-def prompt_steps(engine, prompt: list[int]) -> list:
+def prompt_steps(loop, prompt: list[int]) -> list:
     """Run a prompt alone for one new token; the engine's StepStats of that run (one step
     unless the token budget chunked the prompt)."""
     from tokenworks import SamplingParams
 
+    engine = loop.engine
     engine.stats.clear()
-    engine.add_request(prompt_token_ids=prompt, params=SamplingParams(max_tokens=1, temperature=0))
-    while engine.has_unfinished():
-        engine.step()
+    loop.add_request(prompt, SamplingParams(max_tokens=1, temperature=0))
+    loop.run_while(engine.has_unfinished)
     return list(engine.stats)
 
 
-def decode_step_times(engine, prompts: list[list[int]], steps: int) -> list[float]:
+def decode_step_times(loop, prompts: list[list[int]], steps: int) -> list[float]:
     """Durations of `steps` pure decode steps with every one of the prompts' sequences in
     the pass. The prompts are prefilled first, in as many steps as the token budget needs
     (sequences prefilled early decode meanwhile, so they get the tokens to keep going);
     afterwards the sequences are aborted and their blocks freed."""
     from tokenworks import SamplingParams
 
+    engine = loop.engine
     early = -(-sum(map(len, prompts)) // engine.config.max_num_batched_tokens) + 4
     params = SamplingParams(max_tokens=steps + early, temperature=0, ignore_eos=True)
-    seqs = [engine.add_request(prompt_token_ids=p, params=params) for p in prompts]
+    seqs = [loop.add_request(p, params) for p in prompts]
     engine.stats.clear()
     timed = []
-    while len(timed) < steps and engine.has_unfinished():
-        engine.step()
+    for _ in loop.turns(LocalInbox(), lambda: len(timed) < steps and engine.has_unfinished()):
         s = engine.stats[-1]
         if s.prefill_tokens == 0 and s.decode_tokens == len(prompts):
             timed.append(s.duration_s)
     for seq in seqs:
-        engine.abort_request(seq.request_id)
-    while engine.has_unfinished():
-        engine.step()
+        loop.abort(seq.request_id)
+    loop.run_while(engine.has_unfinished)
     return timed
 
 

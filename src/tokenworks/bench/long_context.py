@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from tokenworks.bench.record import make_record, model_record, write_record
 from tokenworks.config import engine_kwargs
+from tokenworks.engine.loop import EngineLoop, LocalInbox
 
 NEEDLE = "\nThe secret number of Churchhill castle is {number}.\n"
 QUESTION = (
@@ -124,17 +125,15 @@ def haystack(tok, text_ids: list[int], length: int, depth: float, number: int) -
     return filler[:at] + needle + filler[at:] + question
 
 
-def run_trial(engine, prompt: list[int], number: int, tok) -> dict:
+def run_trial(loop: EngineLoop, prompt: list[int], number: int, tok) -> dict:
     """One needle trial alone in the engine: the answer and its times."""
     from tokenworks import SamplingParams
 
+    engine = loop.engine
     engine.stats.clear()
-    seq = engine.add_request(
-        prompt_token_ids=prompt, params=SamplingParams(max_tokens=ANSWER_TOKENS, temperature=0)
-    )
+    seq = loop.add_request(prompt, SamplingParams(max_tokens=ANSWER_TOKENS, temperature=0))
     held = None
-    while engine.has_unfinished():
-        engine.step()
+    for _ in loop.turns(LocalInbox(), engine.has_unfinished):
         if held is None and seq.n_cached >= len(prompt):  # the prompt is in
             held = engine.kv_bytes_held(seq), seq.n_cached
     stats = list(engine.stats)
@@ -154,14 +153,14 @@ def run_trial(engine, prompt: list[int], number: int, tok) -> dict:
     }
 
 
-def needles(engine, tok, text_ids, lengths, depths, seed: int) -> list[dict]:
+def needles(loop: EngineLoop, tok, text_ids, lengths, depths, seed: int) -> list[dict]:
     rng = random.Random(seed)
     trials = [(length, depth) for length in lengths for depth in depths]
     out = []
     for length, depth in tqdm(trials, desc="needles"):
         number = rng.randrange(10_000, 100_000)
         prompt = haystack(tok, text_ids, length, depth, number)
-        out.append({"length": length, "depth": depth} | run_trial(engine, prompt, number, tok))
+        out.append({"length": length, "depth": depth} | run_trial(loop, prompt, number, tok))
     return out
 
 
@@ -200,18 +199,16 @@ def window_memory(model: str, args, lengths: list[int], concurrent: int, seed: i
             "threads": args.threads or 2,
         }  # fmt: skip
         llm = LLM(model, **kwargs)
-        engine = llm.engine
+        engine, loop = llm.engine, llm.loop
         vocab = engine.spec.vocab_size
         per_length = []
         for length in tqdm(lengths, desc=f"{model} windows {kv}"):
             prompt = [rng.randrange(3, vocab) for _ in range(length)]
-            seq = engine.add_request(
-                prompt_token_ids=prompt,
-                params=SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
+            seq = loop.add_request(
+                prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
             )
             held = None
-            while not seq.finished:
-                engine.step()
+            for _ in loop.turns(LocalInbox(), lambda seq=seq: not seq.finished):
                 if held is None and seq.n_cached >= length:  # the prompt is in
                     held = engine.kv_bytes_held(seq)
             per_length.append({"context": length, "kv_bytes_held": held})
@@ -219,11 +216,8 @@ def window_memory(model: str, args, lengths: list[int], concurrent: int, seed: i
         longest = max(lengths)
         params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
         for _ in range(concurrent):
-            engine.add_request(
-                prompt_token_ids=[rng.randrange(3, vocab) for _ in range(longest)], params=params
-            )
-        while engine.has_unfinished():
-            engine.step()
+            loop.add_request([rng.randrange(3, vocab) for _ in range(longest)], params)
+        loop.run_while(engine.has_unfinished)
         peak = max(s.kv_bytes_in_use for s in engine.stats)
         out[kv] = {
             "per_sequence": per_length,
@@ -256,7 +250,7 @@ def run_long_context(args) -> Path:
     results = {"accepts": accepts(engine)}
     ppl_tokens = min(args.ppl_tokens or engine.max_model_len, len(text_ids), engine.max_model_len)
     results["behaves"] = loss_by_position(engine, text_ids[:ppl_tokens])
-    trials = needles(engine, tok, text_ids, lengths, depths, args.seed)
+    trials = needles(llm.loop, tok, text_ids, lengths, depths, args.seed)
     results["needles"] = trials
     results["fits"] = planned_kv(engine.spec, lengths, llm.config.resolved_dtype,
                                  llm.config.block_size)  # fmt: skip

@@ -56,13 +56,13 @@ def measure(name: str, mode: str, args, link) -> dict:
 
     degree = degree_of(load(name, weights=False).spec, mode, args.degree)
     llm = LLM(**_config(name, mode, args, degree))
-    eng = llm.engine
+    eng, loop = llm.engine, llm.loop
     try:
         vocab = eng.spec.vocab_size
         once = SamplingParams(max_tokens=args.decode + 2, temperature=0, ignore_eos=True)
-        seq = eng.add_request(prompt_token_ids=prompt_of(args.prompt, vocab, 1), params=once)
-        while len(seq.output_ids) < 2:  # the prompt, and the first decode step (buffers sized)
-            eng.step()
+        seq = loop.add_request(prompt_of(args.prompt, vocab, 1), once)
+        # the prompt, and the first decode step (buffers sized)
+        loop.run_while(lambda: len(seq.output_ids) < 2)
         counters = comms_of(eng.model)
         for c in counters:
             c.reset()
@@ -70,11 +70,9 @@ def measure(name: str, mode: str, args, link) -> dict:
         steps = []
         for _ in range(args.decode):
             n, t0 = len(seq.output_ids), time.perf_counter()
-            while len(seq.output_ids) == n:
-                eng.step()
+            loop.run_while(lambda n=n: len(seq.output_ids) == n)
             steps.append(time.perf_counter() - t0)
-        while eng.has_unfinished():
-            eng.step()
+        loop.run_while(eng.has_unfinished)
         comms = {"count": {}, "bytes": {}, "seconds": {}}
         for c in counters:
             for key, table in (("count", c.count), ("bytes", c.nbytes), ("seconds", c.seconds)):

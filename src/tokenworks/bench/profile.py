@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tokenworks.bench.compiled import timed_step
+from tokenworks.engine.loop import EngineLoop
 from tokenworks.shapes import ModelShape
 
 PRODUCTS = {  # module attribute -> component
@@ -179,26 +180,27 @@ def _tensors(module):
 # ------------------------------------------------------------------ the run
 
 
-def run_step(engine, clock: Clock) -> None:
+def run_step(loop: EngineLoop, clock: Clock) -> None:
     clock.stamp("step:start")
-    engine.step()
+    loop.step()
     clock.stamp("step:end")
 
 
-def profile_phase(engine, phase: str, repeats: int, hw, make_seqs) -> dict:
+def profile_phase(loop: EngineLoop, phase: str, repeats: int, hw, make_seqs) -> dict:
     """Time `phase` (make_seqs() sets up the step to run), hooked once a repeat and
     unhooked once a repeat, in turns; the fastest of each is reported (the least
     disturbed by whatever else the machine runs)."""
+    engine = loop.engine
     device = torch.device(engine.config.device)
     plain, hooked = [], []
     for _ in range(repeats):
         make_seqs()
-        plain.append(timed_step(engine))  # synchronised on CUDA, as the stamps are
+        plain.append(timed_step(loop))  # synchronised on CUDA, as the stamps are
         contexts, read, head_rows = make_seqs()
         clock = Clock(device)
         handles = hook(engine.model, clock)
         try:
-            run_step(engine, clock)
+            run_step(loop, clock)
         finally:
             for h in handles:
                 h.remove()
@@ -233,11 +235,12 @@ def profile_phase(engine, phase: str, repeats: int, hw, make_seqs) -> dict:
     }  # fmt: skip
 
 
-def profile(engine, prompt_tokens: int, batch: int, repeats: int, hw) -> dict:
+def profile(loop: EngineLoop, prompt_tokens: int, batch: int, repeats: int, hw) -> dict:
     """Both phases on an engine that runs the torch modules, with no prefix caching (each
     prompt pass computes the whole prompt)."""
     from tokenworks.engine.request import SamplingParams
 
+    engine = loop.engine
     vocab = engine.spec.vocab_size
     prompt = [(7 * i + 3) % (vocab - 1) + 1 for i in range(prompt_tokens)]
     greedy = SamplingParams(max_tokens=1 << 20, temperature=0, ignore_eos=True)
@@ -245,9 +248,9 @@ def profile(engine, prompt_tokens: int, batch: int, repeats: int, hw) -> dict:
 
     def restart(n):
         for seq in running:
-            engine.abort_request(seq.request_id)
+            loop.abort(seq.request_id)
         running.clear()
-        running.extend(engine.add_request(prompt_token_ids=prompt, params=greedy) for _ in range(n))
+        running.extend(loop.add_request(prompt, greedy) for _ in range(n))
 
     def one_prompt():
         restart(1)
@@ -256,15 +259,14 @@ def profile(engine, prompt_tokens: int, batch: int, repeats: int, hw) -> dict:
     def decode_batch():
         if len(running) != batch or running[0].n_cached < prompt_tokens:
             restart(batch)
-            while any(seq.n_cached < prompt_tokens for seq in running):
-                engine.step()
+            loop.run_while(lambda: any(seq.n_cached < prompt_tokens for seq in running))
         ctx = [seq.num_tokens for seq in running]
         return ctx, ctx, batch
 
     with torch.inference_mode():
         phases = [
-            profile_phase(engine, "prefill", repeats, hw, one_prompt),
-            profile_phase(engine, "decode", repeats, hw, decode_batch),
+            profile_phase(loop, "prefill", repeats, hw, one_prompt),
+            profile_phase(loop, "decode", repeats, hw, decode_batch),
         ]
     restart(0)
     return {
@@ -298,9 +300,9 @@ def run_profile(args) -> int:
     kw = engine_kwargs(args) | {"kernels": "torch", "enable_prefix_caching": False}
     kw["max_num_batched_tokens"] = max(kw["max_num_batched_tokens"], args.prompt_tokens)
     kw["max_num_seqs"] = max(kw["max_num_seqs"], args.batch)
-    engine = LLM(args.model, **kw).engine
-    hw = ceiling(engine.config.device, args.hardware)
-    result = profile(engine, args.prompt_tokens, args.batch, args.repeats, hw)
+    loop = LLM(args.model, **kw).loop
+    hw = ceiling(loop.engine.config.device, args.hardware)
+    result = profile(loop, args.prompt_tokens, args.batch, args.repeats, hw)
     print(json.dumps(result, indent=1, default=str) if args.json else table(result))
     if args.record:
         from tokenworks.bench.record import make_record, write_record

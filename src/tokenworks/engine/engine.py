@@ -345,7 +345,7 @@ class LLMEngine:
             raise ValueError(
                 f"logit_bias names token {max(params.logit_bias)}: the vocabulary is [0, {vocab})"
             )
-        request_id = request_id or f"req-{next(self._ids)}"
+        request_id = request_id or self.new_request_id()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
         matcher = None
@@ -368,6 +368,10 @@ class LLMEngine:
         self.requests[request_id] = seq
         self.totals["prompt_tokens"] += len(prompt_token_ids)
         return seq
+
+    def new_request_id(self) -> str:
+        """An id no request of this engine has had."""
+        return f"req-{next(self._ids)}"
 
     def abort_request(self, request_id: str) -> None:
         """Cancel a request: its sequences finish with reason abort and free their blocks."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tokenworks.engine import core_messages as m
+from tokenworks.engine.loop import EngineLoop
 from tokenworks.engine.request import SamplingParams
 
 WARMUP_PROMPT = 128  # tokens in each of the warm-up's prompts
@@ -26,15 +28,10 @@ def warm_up(engine) -> None:
     params = SamplingParams(max_tokens=1, temperature=0)
     if engine.blocks.prefix is not None:  # the same filler under salts of its own, on
         engine.blocks.prefix.warned = True  # purpose: no warning (reset_counts clears it)
-    for i in range(n):
-        engine.add_request(
-            prompt_token_ids=[0] * length,
-            params=params,
-            request_id=f"warmup-{i}",
-            cache_salt=f"warmup-{i}",  # each computed, none a cache hit of another
-        )
-    while engine.has_unfinished():
-        engine.step()
+    loop = EngineLoop(engine)
+    for i in range(n):  # each under a salt of its own: computed, none a hit of another
+        loop.add(m.AddRequest(f"warmup-{i}", [0] * length, params, cache_salt=f"warmup-{i}"))
+    loop.run_while(engine.has_unfinished)
     engine.blocks.reset_prefix_cache()
     engine.blocks.reset_counts()
     engine.pool.discard()  # the filler's K/V: nobody reads it, and it held resident pages
