@@ -74,6 +74,7 @@ ALLOWED = {
         "env_report",
         "environment",
         "extras",
+        "front",  # kv-index follows an engine's events as a router would
         "models",
         "options",
         "plan",

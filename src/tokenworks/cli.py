@@ -37,6 +37,20 @@ class SamplingOptions:
     stop: list[str] = field(default_factory=list, metadata=option("a stop string (repeatable)"))
 
 
+@dataclass(frozen=True)
+class KVIndexOptions:
+    """kv-index's flags: the engine's KV events sockets, and how often to say what it holds."""
+
+    endpoint: str = field(metadata=option("the engine's KV events PUB address to subscribe to"))
+    replay_endpoint: str | None = field(
+        default=None, metadata=option("its replay address, to fill gaps in the numbers")
+    )
+    topic: str = field(default="", metadata=option("the events' topic"))
+    interval: float = field(default=1.0, metadata=option("seconds between two summaries"))
+    seconds: float = field(default=0.0, metadata=option("stop after this long (0: never)"))
+    json: bool = field(default=False, metadata=option("a JSON object per summary"))
+
+
 def _params(args) -> SamplingParams:
     return SamplingParams(**asdict(from_args(SamplingOptions, args)))
 
@@ -179,6 +193,12 @@ def cmd_profile(args) -> int:
     return run_profile(args)
 
 
+def cmd_kv_index(args) -> int:
+    from tokenworks.front.kv_index import watch
+
+    return watch(from_args(KVIndexOptions, args))
+
+
 def cmd_inspect(args) -> int:
     from tokenworks.models.gguf_inspect import run
 
@@ -234,6 +254,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="a .gguf file")
     p.add_argument("--json", action="store_true", help="print it as JSON")
     p.set_defaults(fn=cmd_inspect)
+
+    p = sub.add_parser(
+        "kv-index",
+        help="which blocks an engine holds, rebuilt from its KV events alone "
+        "(serve --kv-events-config), summed up by medium every interval",
+    )
+    add_arguments(p, KVIndexOptions)
+    p.set_defaults(fn=cmd_kv_index)
 
     p = sub.add_parser(
         "env", help="versions, CPU features and which kernel paths run here (and why not)"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tokenworks.config.kv_events import KVEventsConfig, kv_events_arg
 from tokenworks.config.model import MEMORY
 from tokenworks.options import option
 
@@ -66,11 +67,32 @@ class CacheConfig:
             choices=["free", "mask"],
         ),
     )
+    kv_events_config: KVEventsConfig | None = field(
+        default=None,
+        metadata=option(
+            "publish every block the prefix cache stores or removes, in vLLM's format, as "
+            'JSON, e.g. \'{"enable_kv_cache_events": true, "endpoint": '
+            '"tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:5558"}\' (keys: '
+            "enable_kv_cache_events, publisher, endpoint, replay_endpoint, buffer_steps, hwm, "
+            "max_queue_size, topic; engine/kv_events.py)",
+            group=MEMORY,
+            type=kv_events_arg,
+            metavar="JSON",
+        ),
+    )
 
     def __post_init__(self) -> None:
         self.check_cache()
 
     def check_cache(self) -> None:
+        if self.kv_events_config is not None:
+            events = KVEventsConfig.parse(self.kv_events_config)
+            object.__setattr__(self, "kv_events_config", events)
+            if events.publishes and not self.enable_prefix_caching:
+                raise ValueError(
+                    "kv_events_config publishes the prefix cache's blocks: it needs prefix "
+                    "caching (drop --no-prefix-caching)"
+                )
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:

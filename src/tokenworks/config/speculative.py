@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 from dataclasses import asdict, dataclass
 
+from tokenworks.config.json_values import json_arg, json_object
 from tokenworks.config.model import DTYPES
 
 SPECULATIVE_METHODS = ("ngram", "draft_model")
 DRAFT_QUANTIZATIONS = (None, "int8", "int4")
+EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 4}'
 
 
 @dataclass(frozen=True)
@@ -33,23 +33,9 @@ class SpeculativeConfig:
     @classmethod
     def parse(cls, value) -> SpeculativeConfig:
         """From a JSON string (the command line), a dict (the Python API) or itself."""
+        value = json_object(value, cls, "speculative_config", EXAMPLE)
         if isinstance(value, cls):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"speculative_config is not valid JSON ({e}): {value!r}") from e
-        if not isinstance(value, dict):
-            raise ValueError("speculative_config: expected a JSON object such as "
-                             '{"method": "ngram", "num_speculative_tokens": 4}')  # fmt: skip
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(
-                f"speculative_config: unknown key(s) {unknown}; known: {sorted(known)}"
-            )
-        value = dict(value)
         if "method" not in value and value.get("model"):
             value["method"] = "draft_model"  # vLLM infers the method from a model
         return cls(**value)
@@ -78,9 +64,4 @@ class SpeculativeConfig:
         return json.dumps(asdict(self))
 
 
-def speculative_arg(text: str) -> SpeculativeConfig:
-    """--speculative-config's parser: a bad value's own reason, not argparse's generic one."""
-    try:
-        return SpeculativeConfig.parse(text)
-    except (ValueError, TypeError) as e:
-        raise argparse.ArgumentTypeError(str(e)) from e
+speculative_arg = json_arg(SpeculativeConfig.parse)  # --speculative-config's parser

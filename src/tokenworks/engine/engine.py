@@ -32,6 +32,7 @@ from tokenworks.engine.admission import Admission, PromptTooLongError, RequestTo
 from tokenworks.engine.host_memory import keep_freed_memory, release_freed_memory
 from tokenworks.engine.kv_budget import GiB, kv_budget_bytes
 from tokenworks.engine.kv_cache import BlockManager
+from tokenworks.engine.kv_events import open_kv_events
 from tokenworks.engine.kv_groups import KVLayout
 from tokenworks.engine.kv_offload import HostTier
 from tokenworks.engine.kv_pool import KVPool
@@ -201,6 +202,7 @@ class LLMEngine:
         # last take_failures(): request id -> why; their sequences finish with "error"
         self.failures: dict[str, str] = {}
         self.step_log = StepLog(self.model)
+        self.kv_events = None  # engine/kv_events.py's, opened once the warm-up is done
         log.info("%s", self.describe())
         if config.warmup and self.c_kernels is not None and self.c_kernels.invariant:
             # every batch runs as whole-step rows in C: nothing is built for a big step, and
@@ -211,6 +213,7 @@ class LLMEngine:
             log.info("warming up: one forward pass at the step budget, before any request")
             self.warm_up()
             log.info("ready (warm-up %.1f s)", time.perf_counter() - t0)
+        self.kv_events = open_kv_events(config, self.blocks)  # (after the warm-up's blocks)
 
     def _prompt_pass(self) -> int | None:
         """The fewest tokens a prompt pass may take (what admission counts a windowed group
@@ -284,9 +287,12 @@ class LLMEngine:
         return self.workers.failed if self.workers is not None else None
 
     def close(self) -> None:
-        """Stop the tensor-parallel workers (nothing to do without them)."""
+        """Stop the tensor-parallel workers and the KV events' sockets, where they run."""
         if self.workers is not None:
             self.workers.stop()
+        if self.kv_events is not None:
+            self.kv_events.close()
+            self.kv_events = None
 
     @property
     def stats(self) -> deque[StepStats]:

@@ -292,10 +292,13 @@ class BlockManager:
                 seq.cache_salt,
                 seq.block_hashes,
             )
+        bs, hashes = self.block_size, seq.block_hashes
         for g, table in enumerate(seq.block_tables):
             for i in range(seq.n_registered, full):
                 if table[i] != NULL:
-                    self.prefix.register(table[i], self._key(seq.block_hashes[i], g))
+                    parent = self._key(hashes[i - 1], g) if i else None
+                    tokens = seq.all_ids[i * bs : (i + 1) * bs]
+                    self.prefix.register(table[i], self._key(hashes[i], g), parent, tokens)
         if full > seq.n_registered:
             for h in self._tokens_hashes(seq, full)[seq.n_registered : full]:
                 self.prefix.remember_salt(h, seq.cache_salt)
@@ -342,10 +345,13 @@ class BlockManager:
         """The block the prefix cache holds for full-block hash h in a layer group."""
         return self.prefix.get(self._key(h, group)) if self.prefix else None
 
-    def adopt(self, h: bytes, group: int, fill) -> int | None:
-        """Cache a block whose K/V come from elsewhere (another engine prefilled it): take
-        a block, let fill(block) write it, and register it under (h, group) unreferenced,
-        for a later prompt to find. None where it is cached already or no block is free."""
+    def adopt(self, h: bytes, group: int, fill, parent: bytes | None = None,
+              tokens: list[int] | None = None) -> int | None:  # fmt: skip
+        """Cache a block whose K/V come from elsewhere (another engine prefilled it, or the
+        host tier kept it): take a block, let fill(block) write it, and register it under
+        (h, group) unreferenced, for a later prompt to find (parent: the previous block's
+        hash; tokens: its own, where known). None where it is cached already or no block
+        is free."""
         if self.prefix is None or self.cached(h, group) is not None:
             return None
         try:
@@ -353,7 +359,8 @@ class BlockManager:
         except NoFreeBlocksError:
             return None
         fill(b)
-        self.prefix.register(b, self._key(h, group))
+        parent = self._key(parent, group) if parent is not None else None
+        self.prefix.register(b, self._key(h, group), parent, tokens)
         self._decref(b)  # parked: findable, and evicted first when nobody asks for it
         return b
 

@@ -21,6 +21,8 @@ from collections import OrderedDict
 
 import torch
 
+from tokenworks.engine.kv_events import HOST
+
 
 class HostTier:
     """Evicted blocks by prefix-cache key, each a copy of its rows in every pool tensor."""
@@ -34,6 +36,7 @@ class HostTier:
         self.offloaded = 0  # blocks stored (since the last reset)
         self.restored = 0  # blocks copied back to the pool
         self.dropped = 0  # blocks the budget pushed out
+        self.events = None  # engine/kv_events.py's KVEventLog, where events are published
 
     @property
     def nbytes(self) -> int:
@@ -63,15 +66,21 @@ class HostTier:
         budget."""
         self.store[key] = copies
         self.store.move_to_end(key)
+        if self.events is not None:
+            self.events.stored(key, medium=HOST)
         while len(self.store) > self.capacity:
-            self.store.popitem(last=False)
+            dropped, _ = self.store.popitem(last=False)
             self.dropped += 1
+            if self.events is not None:
+                self.events.removed(dropped, HOST)
 
     def has(self, key: bytes) -> bool:
         return key in self.store
 
     def take(self, key: bytes) -> list[torch.Tensor]:
         """The rows stored under `key`, out of the tier (write() puts them in the pool)."""
+        if self.events is not None:
+            self.events.removed(key, HOST)
         return self.store.pop(key)
 
     def write(self, block: int, copies: list[torch.Tensor]) -> None:
@@ -82,6 +91,9 @@ class HostTier:
         self.restored += 1
 
     def clear(self) -> None:
+        if self.events is not None:
+            for key in self.store:
+                self.events.removed(key, HOST)
         self.store.clear()
 
     def reset_counts(self) -> None:

@@ -171,6 +171,8 @@ class EngineLoop:
                 return
             if engine.has_unfinished():
                 self.step()
+            if engine.kv_events is not None:
+                engine.kv_events.flush()
             if engine.broken:  # no step can run again: end what is in flight, and stop
                 log.error("the engine cannot run: %s", engine.broken)
                 self.fail(list(self.sent), f"the engine stopped: {engine.broken}")

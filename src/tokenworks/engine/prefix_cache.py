@@ -82,6 +82,7 @@ class PrefixCache:
         self.evicted: OrderedDict[bytes, None] = OrderedDict()  # keys dropped, newest last
         self.salt_of: OrderedDict[bytes, str | None] = OrderedDict()  # tokens' hash -> salt
         self.warned = False
+        self.events = None  # engine/kv_events.py's KVEventLog, where events are published
 
     def lookup(self, hashes: Sequence[bytes]) -> list[int]:
         """Block ids of the longest run of leading hashes that are cached."""
@@ -127,12 +128,17 @@ class PrefixCache:
         self.salt_of.clear()
         self.warned = False
 
-    def register(self, block: int, h: bytes) -> None:
-        """A block just became full with this content; make it findable (first one wins)."""
+    def register(
+        self, block: int, h: bytes, parent: bytes | None = None, tokens: list[int] | None = None
+    ) -> None:
+        """A block just became full with this content (its parent's key and its tokens,
+        where known, go into its event); make it findable (first one wins)."""
         if h not in self.by_hash and block not in self.hash_of:
             self.by_hash[h] = block
             self.hash_of[block] = h
             self.evicted.pop(h, None)
+            if self.events is not None:
+                self.events.stored(h, parent, tokens)
 
     def is_cached(self, block: int) -> bool:
         return block in self.hash_of
@@ -156,6 +162,8 @@ class PrefixCache:
         del self.by_hash[h]
         _remember(self.evicted, h, None)
         self.evictions += 1
+        if self.events is not None:
+            self.events.removed(h)
         return block, h
 
     def forget(self, block: int) -> None:
@@ -164,6 +172,8 @@ class PrefixCache:
         if h is not None and self.by_hash.get(h) == block:
             del self.by_hash[h]
             _remember(self.evicted, h, None)
+            if self.events is not None:
+                self.events.removed(h)
         self.evictable.pop(block, None)
 
     @property

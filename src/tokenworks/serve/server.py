@@ -161,8 +161,13 @@ def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits)
             "--pipeline-parallel-size"
         )
     cores = [
-        CoreClient(config, restart=options.restart_engine, on_death=stop, backend=backend)
-        for _ in range(sum(split) if split else options.data_parallel_size)
+        CoreClient(
+            replica_config(config, i),
+            restart=options.restart_engine,
+            on_death=stop,
+            backend=backend,
+        )  # fmt: skip
+        for i in range(sum(split) if split else options.data_parallel_size)
     ]
     if split is not None:
         engine = DisaggregatedRouter(cores[: split[0]], cores[split[0] :])
@@ -210,6 +215,13 @@ def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits)
     for front in state.fronts:  # (the app's lifespan did, unless a second signal cut it short)
         front.shutdown()
     return 1 if _died(engine) and not server.signalled else 0
+
+
+def replica_config(config: EngineConfig, i: int) -> EngineConfig:
+    """Replica i's engine config: its KV events on addresses of its own."""
+    if config.kv_events_config is None or i == 0:
+        return config
+    return dataclasses.replace(config, kv_events_config=config.kv_events_config.for_replica(i))
 
 
 def _died(front) -> bool:
