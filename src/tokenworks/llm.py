@@ -66,21 +66,27 @@ class LLM:
         prompts: str | list[str] | list[list[int]],
         params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora: str | list[str | None] | None = None,
     ) -> list[RequestOutput]:
+        """lora: the LoRA adapter each prompt runs with (one name for all, or a list; None:
+        the base model), loaded with --lora-modules or engine.lora.load()."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
+        loras = lora if isinstance(lora, list) else [lora] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(loras)} LoRA adapters")
         params_list = (
             params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         )
         if len(params_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} SamplingParams")
         if self.front is not None:
-            return asyncio.run(self._through_front(prompts, params_list))
+            return asyncio.run(self._through_front(prompts, params_list, loras))
         self._check_own_loop()
         heads: list = []
         try:
-            for p, sp in zip(prompts, params_list, strict=True):
-                heads.append(self._add(p, sp))
+            for p, sp, name in zip(prompts, params_list, loras, strict=True):
+                heads.append(self._add(p, sp, name))
         except Exception:  # nothing half-queued stays behind
             for head in heads:
                 self.loop.abort(head.request_id)
@@ -94,11 +100,11 @@ class LLM:
                 bar.update(sum(h.group_finished for h in heads) - bar.n)
         return [h.to_output() for h in heads]
 
-    def _add(self, prompt: str | list[int], params: SamplingParams | None):
+    def _add(self, prompt: str | list[int], params: SamplingParams | None, lora=None):
         """Queue one prompt on the loop; its first sequence."""
         if isinstance(prompt, str):
-            return self.loop.add_request(self.tokenizer.encode(prompt), params, prompt)
-        return self.loop.add_request(prompt, params)
+            return self.loop.add_request(self.tokenizer.encode(prompt), params, prompt, lora=lora)
+        return self.loop.add_request(prompt, params, lora=lora)
 
     def chat(
         self,
@@ -119,16 +125,16 @@ class LLM:
         params = SamplingParams(max_tokens=0, pooling=pooling)
         return [o.embedding for o in self.generate(prompts, params, use_tqdm)]
 
-    async def _through_front(self, prompts, params_list) -> list[RequestOutput]:
+    async def _through_front(self, prompts, params_list, loras) -> list[RequestOutput]:
         """Every prompt submitted to the front at once; each request's updates gathered."""
 
-        async def one(prompt, params: SamplingParams) -> RequestOutput:
+        async def one(prompt, params: SamplingParams, lora) -> RequestOutput:
             ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             request_id = f"llm-{next(self._ids)}"
             text: dict[int, str] = {}
             tokens: dict[int, list[int]] = {}
             ends: dict[int, tuple] = {}
-            job = Submission(params, ids, request_id=request_id)
+            job = Submission(params, ids, request_id=request_id, lora=lora)
             async for update in self.front.generate(job):
                 for d in update.deltas:
                     text[d.index] = text.get(d.index, "") + d.text
@@ -143,7 +149,7 @@ class LLM:
             return RequestOutput(request_id, prompt_text, ids, outputs, finished=True)
 
         return list(await asyncio.gather(*(
-            one(p, sp) for p, sp in zip(prompts, params_list, strict=True)
+            one(p, sp, name) for p, sp, name in zip(prompts, params_list, loras, strict=True)
         )))  # fmt: skip
 
     def _check_own_loop(self) -> None:

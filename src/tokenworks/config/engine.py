@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 from tokenworks.config.cache import CacheConfig
 from tokenworks.config.kernels import KernelConfig
+from tokenworks.config.lora import LoRAConfig
 from tokenworks.config.model import ModelConfig
 from tokenworks.config.parallel import ParallelConfig
 from tokenworks.config.rules import RULES
@@ -23,12 +24,14 @@ from tokenworks.config.scheduler import SchedulerConfig
 from tokenworks.config.speculative import SpeculativeConfig, speculative_arg
 from tokenworks.options import add_arguments, fields_of, option, to_argv
 
-PARTS = (ModelConfig, KernelConfig, CacheConfig, SchedulerConfig, ParallelConfig)
+PARTS = (ModelConfig, KernelConfig, CacheConfig, SchedulerConfig, ParallelConfig, LoRAConfig)
 
 
 # (a dataclass lists its bases' fields from the last base to the first: the model's first)
 @dataclass(frozen=True)
-class EngineConfig(ParallelConfig, SchedulerConfig, CacheConfig, KernelConfig, ModelConfig):
+class EngineConfig(
+    LoRAConfig, ParallelConfig, SchedulerConfig, CacheConfig, KernelConfig, ModelConfig
+):
     speculative_config: SpeculativeConfig | None = field(
         default=None,
         metadata=option(

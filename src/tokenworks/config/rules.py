@@ -64,6 +64,27 @@ RULES = (
         {"kv_cache_dtype": "int8", "compile": True},
     ),
     Rule(
+        "LoRA adapters run on the torch modules",
+        lambda c: c.enable_lora and (c.kernels == "c" or c.compile),
+        "LoRA adapters apply their products between the torch modules' (engine/lora.py): "
+        "kernels c and compile do not go with them: drop one of the two",
+        {"enable_lora": True, "kernels": "c"},
+    ),
+    Rule(
+        "LoRA adapters run in one process",
+        lambda c: c.enable_lora and _split(c),
+        "LoRA adapters are held whole by one process; with tensor or pipeline parallelism "
+        "each rank would need its shard of every adapter: drop one of the two",
+        {"enable_lora": True, "tensor_parallel_size": 2},
+    ),
+    Rule(
+        "LoRA adapters' products are not batch-invariant",
+        lambda c: c.enable_lora and c.batch_invariant is True,
+        "batch_invariant: an adapter's products run on torch's own matmuls, whose sums "
+        "depend on the batch; drop one of the two",
+        {"enable_lora": True, "batch_invariant": True},
+    ),
+    Rule(
         "the host tier keeps one process's blocks",
         lambda c: c.kv_offload_gib > 0 and _split(c),
         "kv_offload_gib keeps one process's KV blocks; with tensor or pipeline parallelism "

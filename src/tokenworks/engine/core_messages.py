@@ -26,6 +26,7 @@ class AddRequest(msgspec.Struct, tag=True):
     # out when the request ends; or read these blocks in before it starts
     kv_export: bool = False
     kv_import: KVBlocks | None = None
+    lora: str | None = None  # the LoRA adapter to run it with (None: the base model)
 
 
 class Abort(msgspec.Struct, tag=True):

@@ -37,6 +37,7 @@ from tokenworks.engine.kv_groups import KVLayout
 from tokenworks.engine.kv_offload import HostTier
 from tokenworks.engine.kv_pool import KVPool
 from tokenworks.engine.kv_quant import bytes_per_token, check_available
+from tokenworks.engine.lora import open_loras, request_salt
 from tokenworks.engine.rank import build_rank_model
 from tokenworks.engine.request import FinishReason, SamplingParams
 from tokenworks.engine.runner import ModelRunner, open_kernels
@@ -115,6 +116,8 @@ class LLMEngine:
                     f"{self.quantization} blocks: add --quantization none"
                 )
             self.compile_stats = CompileStats(layers=compile_layers_(self.model))
+        # LoRA adapters, where enabled (loaded and unloaded through engine.lora)
+        self.lora = open_loras(config, self.model, lambda: {h.lora for h in self.requests.values()})
         if config.max_model_len and config.max_model_len > self.spec.max_position:
             raise ValueError(
                 f"--max-model-len {config.max_model_len} is past the {self.spec.max_position} "
@@ -195,6 +198,7 @@ class LLMEngine:
             # flight fill them already, and a smaller part reads the weights as often
             micro_batches=config.pipeline_parallel_size if self.in_flight == 1 else 1,
         )
+        self.runner.lora = self.lora
         self._ids = itertools.count()
         self._arrivals = itertools.count()
         self.requests: dict[str, Sequence] = {}  # unfinished requests by id (group heads)
@@ -332,11 +336,14 @@ class LLMEngine:
         request_id: str | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        lora: str | None = None,
     ) -> Sequence:
         """Queue a request; return its first sequence (its `.group` holds all n).
 
-        Raises ValueError subclasses for bad input (PromptTooLongError, RequestTooLargeError)
-        and QueueFullError when the waiting queue is full.
+        lora: the name of the LoRA adapter to run it with (None: the base model).
+
+        Raises ValueError subclasses for bad input (PromptTooLongError, RequestTooLargeError,
+        LoRANotFoundError) and QueueFullError when the waiting queue is full.
         """
         params = params or SamplingParams()
         if prompt_token_ids is None:
@@ -354,6 +361,7 @@ class LLMEngine:
         request_id = request_id or self.new_request_id()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
+        cache_salt = request_salt(self.lora, lora, cache_salt)  # refuses one not loaded
         matcher = None
         if params.structured is not None:
             matcher = self.grammars.compile(params.structured)
@@ -370,6 +378,7 @@ class LLMEngine:
             cache_salt=cache_salt,
             matcher=matcher,
         )
+        seq.lora = lora
         self.scheduler.add(seq)
         self.requests[request_id] = seq
         self.totals["prompt_tokens"] += len(prompt_token_ids)

@@ -227,6 +227,7 @@ class EngineLoop:
             request_id=command.request_id,
             priority=command.priority,
             cache_salt=command.cache_salt,
+            lora=command.lora,
         )
         self.sent[command.request_id] = _Sent(head, export=command.kv_export)
         return head
@@ -235,7 +236,7 @@ class EngineLoop:
         self, prompt_token_ids: list[int], params, prompt: str | None = None, **fields
     ) -> Sequence:
         """add() for a caller in the loop's own thread, under a request id the engine makes
-        up; fields: AddRequest's others (priority, cache_salt)."""
+        up; fields: AddRequest's others (priority, cache_salt, lora)."""
         command = m.AddRequest(self.engine.new_request_id(), list(prompt_token_ids), params,
                                **fields)  # fmt: skip
         return self.add(command, prompt)

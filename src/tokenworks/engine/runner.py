@@ -27,6 +27,8 @@ def open_kernels(model, pool, config) -> tuple:
         return None, "attention_tile runs the torch path's tiled attention"
     if config.compile:
         return None, "compile runs the torch modules, compiled"
+    if config.enable_lora:
+        return None, "LoRA adapters run between the torch modules' products"
     return CKernels.open(
         model,
         pool,
@@ -103,9 +105,11 @@ class ModelRunner:
         # rows for prompt logprobs and for embeddings: (sequence, the rows' positions, the
         # flat row of the first)
         prompt_rows, pooled_rows = [], []
-        end = 0
+        end, slots = 0, []
         for item in batch:
             s, n, draft = item.seq, item.n_tokens, item.draft
+            if self.lora is not None:  # each row's adapter (engine/lora_layers.py)
+                slots.extend([self.lora.slot_of(s.lora)] * n)
             for rows_of, found in ((s.prompt_rows, prompt_rows), (s.pooled_rows, pooled_rows)):
                 wanted = rows_of(n) if not draft else range(0)
                 if wanted:
@@ -135,6 +139,8 @@ class ModelRunner:
                 rows = torch.tensor(head_rows, dtype=torch.long, device=self.device)
                 out = ForwardOutput(*self.kernels.forward(ids_t, pos_t, layout, rows, argmax_only))
                 return lambda: _with_prompt_rows(out, head_rows, last_rows, prompt_rows)
+        if self.lora is not None:
+            self.lora.rows.set(slots, self.device)
         hidden_rows = _rows(head_rows, pooled_rows) if pooled_rows else None
         step = TorchStep(ids, positions, q_lens, ctx_lens, tables, head_rows, hidden_rows,
                          list(copies), self.micro_batches)  # fmt: skip

@@ -37,6 +37,8 @@ class Sequence:
     (a counter: earlier arrivals first, and a preempted sequence keeps its place).
     """
 
+    lora: str | None = None  # the LoRA adapter it runs with (engine/lora.py)
+
     def __init__(
         self,
         request_id: str,
@@ -116,6 +118,7 @@ class Sequence:
         child.status = self.status
         child.prompt_logprobs = self.prompt_logprobs
         child.group = self.group
+        child.lora = self.lora
         self.group.append(child)
         return child
 

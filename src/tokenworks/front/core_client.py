@@ -250,7 +250,8 @@ class CoreClient(EngineFront):
         with self._lock:
             self._streams[request_id] = stream
         self._send(m.AddRequest(request_id, list(job.prompt_token_ids), job.params, job.priority,
-                                job.cache_salt, job.kv_export, job.kv_import))  # fmt: skip
+                                job.cache_salt, job.kv_export, job.kv_import,
+                                job.lora))  # fmt: skip
         try:
             accepted = await next_item(stream.queue, job.deadline)
         except BaseException:

@@ -29,6 +29,7 @@ class Submission:
     # before it starts
     kv_export: bool = False
     kv_import: KVBlocks | None = None
+    lora: str | None = None  # the LoRA adapter to run it with (None: the base model)
 
     def named(self, request_id: str) -> Submission:
         return dataclasses.replace(self, request_id=request_id)

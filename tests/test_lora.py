@@ -1,0 +1,149 @@
+"""LoRA adapters (engine/lora.py) on the default model, against PEFT on transformers with
+the same base and adapter: greedy tokens and logprobs, alone and in one batch with the
+base model and a second adapter; loading, unloading and bad adapters."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tokenworks import LLM, SamplingParams
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ADAPTERS = {"a": (1, ALL, 8), "b": (2, ["q_proj", "v_proj", "down_proj"], 4)}
+PROMPTS = ["The capital of France is", "def fibonacci(n):"]
+GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=1)
+
+
+def make_adapter(hf, path, seed: int, targets: list[str], rank: int):
+    """A PEFT adapter with random A and B (B small enough that the text stays text),
+    saved as PEFT saves it; the PEFT model."""
+    import peft
+
+    torch.manual_seed(seed)
+    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets,
+                             init_lora_weights=False)  # fmt: skip
+    model = peft.get_peft_model(copy.deepcopy(hf), config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(0.2)
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def adapters(hf_smol, tmp_path_factory):
+    pytest.importorskip("peft")  # (a dev dependency: the oracle)
+    out = {}
+    for name, (seed, targets, rank) in ADAPTERS.items():
+        path = tmp_path_factory.mktemp(f"lora-{name}")
+        out[name] = (path, make_adapter(hf_smol, path, seed, targets, rank))
+    return out
+
+
+@pytest.fixture(scope="module")
+def lora_llm(smol_loaded, adapters):
+    modules = tuple(f"{name}={path}" for name, (path, _) in adapters.items())
+    return LLM("smollm2-135m", dtype="float32", quantization="none", loaded=smol_loaded,
+               threads=2, max_num_seqs=8, kv_cache_memory=0.25, lora_modules=modules,
+               max_loras=3, warmup=False)  # fmt: skip
+
+
+def hf_run(model, ids: list[int], n: int) -> tuple[list[int], list[float]]:
+    """Greedy tokens and each one's logprob, from transformers (and PEFT)."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)  # fmt: skip
+        tokens = out[0, len(ids) :].tolist()
+        logits = model(out[:, :-1]).logits[0, len(ids) - 1 :].float()
+    logprobs = torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])
+    return tokens, logprobs.flatten().tolist()
+
+
+def ours(output) -> tuple[list[int], list[float]]:
+    c = output.outputs[0]
+    return c.token_ids, [lp.logprob for lp in c.logprobs]
+
+
+def test_one_batch_of_two_adapters_and_the_base_equals_peft(lora_llm, adapters, hf_smol):
+    """Each row runs its own adapter: the same tokens as PEFT's model with that adapter,
+    and logprobs within 1e-4 of its."""
+    ids = [lora_llm.tokenizer.encode(p) for p in PROMPTS]
+    rows = [(0, "a"), (0, None), (0, "b"), (1, "a"), (1, "b"), (1, None)]
+    got = lora_llm.generate([ids[p] for p, _ in rows], GREEDY, use_tqdm=False,
+                            lora=[name for _, name in rows])  # fmt: skip
+    base = {p: hf_run(hf_smol, ids[p], 16) for p in range(len(PROMPTS))}
+    for (p, name), out in zip(rows, got, strict=True):
+        tokens, logprobs = ours(out)
+        want_tokens, want_logprobs = hf_run(adapters[name][1], ids[p], 16) if name else base[p]
+        assert tokens == want_tokens, (p, name)
+        if name is not None:  # the adapter's effect on the base, ours against PEFT's
+            assert tokens != base[p][0] or logprobs != pytest.approx(base[p][1], abs=1e-3)
+        assert logprobs == pytest.approx(want_logprobs, abs=1e-4)
+
+
+def test_an_adapter_alone_gives_what_it_gives_in_a_mixed_batch(lora_llm):
+    ids = lora_llm.tokenizer.encode(PROMPTS[0])
+    [alone] = lora_llm.generate([ids], GREEDY, use_tqdm=False, lora="b")
+    mixed = lora_llm.generate([ids] * 3, GREEDY, use_tqdm=False, lora=["a", "b", None])
+    assert ours(alone)[0] == ours(mixed[1])[0]
+    assert ours(alone)[1] == pytest.approx(ours(mixed[1])[1], abs=1e-5)
+
+
+def test_the_prefix_cache_keeps_adapters_apart(lora_llm):
+    ids = lora_llm.tokenizer.encode("A long shared preamble " * 8)
+    one = SamplingParams(max_tokens=1, temperature=0)
+    lora_llm.generate([ids], one, use_tqdm=False, lora="a")
+    [same] = lora_llm.generate([ids], one, use_tqdm=False, lora="a")
+    [other] = lora_llm.generate([ids], one, use_tqdm=False, lora="b")
+    assert same.num_cached_tokens > 0 and other.num_cached_tokens == 0
+
+
+def test_loading_unloading_and_bad_adapters_say_what_to_fix(lora_llm, adapters, tmp_path):
+    from tokenworks.engine.lora import LoRANotFoundError
+
+    loras = lora_llm.engine.lora
+    with pytest.raises(LoRANotFoundError, match="'c' is not loaded"):
+        lora_llm.generate(["hi"], GREEDY, use_tqdm=False, lora="c")
+    loras.load("c", str(adapters["b"][0]))
+    assert (
+        ours(lora_llm.generate(["hi"], GREEDY, use_tqdm=False, lora="c")[0])[0]
+        == ours(lora_llm.generate(["hi"], GREEDY, use_tqdm=False, lora="b")[0])[0]
+    )
+    with pytest.raises(ValueError, match="--max-loras"):
+        loras.load("d", str(adapters["b"][0]))
+    loras.unload("c")
+    with pytest.raises(LoRANotFoundError):
+        lora_llm.generate(["hi"], GREEDY, use_tqdm=False, lora="c")
+    with pytest.raises(ValueError, match="neither a PEFT directory"):
+        loras.load("e", str(tmp_path / "missing"))
+    loras.max_rank = 4
+    try:
+        with pytest.raises(ValueError, match="rank 8, above --max-lora-rank 4"):
+            loras.load("f", str(adapters["a"][0]))
+    finally:
+        loras.max_rank = 16
+    assert sorted(loras.adapters) == ["a", "b"]
+
+
+def test_the_adapter_merged_into_the_weights_gives_the_same_tokens(lora_llm, smol_loaded):
+    """W + scale * B A written into the base weights, run with no adapter at all."""
+    import dataclasses
+
+    from tokenworks.kernels.block_linear import dense
+
+    adapter = lora_llm.engine.lora.adapters["a"]
+    weights = dict(smol_loaded.weights)
+    for (layer, module), (a, b) in adapter.weights.items():
+        group = "mlp" if module in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+        key = f"model.layers.{layer}.{group}.{module}.weight"
+        weights[key] = dense(weights[key]).float() + adapter.scale * (b @ a)
+    merged = LLM("smollm2-135m", dtype="float32", quantization="none", threads=2,
+                 loaded=dataclasses.replace(smol_loaded, weights=weights), max_num_seqs=4,
+                 kv_cache_memory=0.1, warmup=False)  # fmt: skip
+    ids = [lora_llm.tokenizer.encode(p) for p in PROMPTS]
+    want = [ours(o)[0] for o in lora_llm.generate(ids, GREEDY, use_tqdm=False, lora="a")]
+    assert [ours(o)[0] for o in merged.generate(ids, GREEDY, use_tqdm=False)] == want
