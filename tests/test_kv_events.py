@@ -221,3 +221,43 @@ def test_replicas_publish_on_addresses_of_their_own():
     addresses = [(e.endpoint, e.replay_endpoint) for e in events]
     assert addresses[0] == ("tcp://127.0.0.1:5557", "tcp://127.0.0.1:5559")
     assert len({a for pair in addresses for a in pair}) == 6
+
+
+def test_the_kv_events_router_sends_a_prefix_to_the_replica_that_holds_it():
+    """Two core processes, each publishing its events: a prompt whose prefix one replica
+    computed (sent to it directly) goes there; a new prompt goes to the least loaded."""
+    import asyncio
+
+    from conftest import wait_for
+
+    from tokenworks.config import EngineConfig
+    from tokenworks.engine.prefix_cache import prefix_hashes
+    from tokenworks.front.core_client import CoreClient
+    from tokenworks.front.interface import Submission
+    from tokenworks.front.replicas import ReplicaRouter
+    from tokenworks.serve.server import replica_config
+
+    config = EngineConfig(model="toy", dtype="float32", threads=1, kv_cache_memory=0.01,
+                          warmup=False, kv_events_config=events_config())  # fmt: skip
+    cores = [CoreClient(replica_config(config, i), startup_timeout_s=120) for i in range(2)]
+    router = ReplicaRouter(cores, "kv_events")
+    router.start()
+
+    def run(front, ids: list[int]) -> None:
+        async def go():
+            async for _ in front.generate(Submission(ONE, ids)):
+                pass
+
+        asyncio.run(go())
+
+    try:
+        prefix = [10 + i % 7 for i in range(64)]
+        run(cores[1], prefix + [1])
+        hashes = prefix_hashes(prefix, 16)
+        wait_for(lambda: router.indexes[1].poll(0) >= 0 and router.indexes[1].held(hashes) == 4)
+        run(router, prefix + [2])
+        assert router.routed == [0, 1]
+        run(router, [50] * 64)  # held nowhere: the least loaded, the first
+        assert router.routed == [1, 1]
+    finally:
+        router.shutdown()

@@ -100,10 +100,11 @@ def test_the_prefix_cache_keeps_adapters_apart(lora_llm):
     [same] = lora_llm.generate([ids], one, use_tqdm=False, lora="a")
     [other] = lora_llm.generate([ids], one, use_tqdm=False, lora="b")
     assert same.num_cached_tokens > 0 and other.num_cached_tokens == 0
+    assert other.prefix_miss == "adapter"
 
 
 def test_loading_unloading_and_bad_adapters_say_what_to_fix(lora_llm, adapters, tmp_path):
-    from tokenworks.engine.lora import LoRANotFoundError
+    from tokenworks.engine.messages import LoRANotFoundError
 
     loras = lora_llm.engine.lora
     with pytest.raises(LoRANotFoundError, match="'c' is not loaded"):
@@ -147,3 +148,131 @@ def test_the_adapter_merged_into_the_weights_gives_the_same_tokens(lora_llm, smo
     ids = [lora_llm.tokenizer.encode(p) for p in PROMPTS]
     want = [ours(o)[0] for o in lora_llm.generate(ids, GREEDY, use_tqdm=False, lora="a")]
     assert [ours(o)[0] for o in merged.generate(ids, GREEDY, use_tqdm=False)] == want
+
+
+def test_the_server_serves_adapters_by_name_and_swaps_them_while_streams_run(
+    smol_loaded, adapters, lora_llm, hf_smol, tmp_path
+):
+    """A core process of its own, as `tokenworks serve` runs it: the model field picks the
+    adapter, /v1/models lists it over its base, and loading, unloading and naming an unknown
+    adapter while 8 streams run fails none of them."""
+    import threading
+
+    import httpx
+    import openai
+    from conftest import start_server
+
+    big = tmp_path / "rank16"
+    make_adapter(hf_smol, big, 3, ["q_proj"], 16)
+    srv = start_server(smol_loaded, engine_process=True, quantization="none", max_loras=2,
+                       max_lora_rank=8, lora_modules=(f"a={adapters['a'][0]}",))  # fmt: skip
+    srv.state.runtime_lora = True
+    srv.state.add_adapter("a", str(adapters["a"][0]))
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="none")
+    try:
+        cards = {m.id: m for m in client.models.list().data}
+        assert cards["a"].parent == "smollm2-135m" and cards["a"].root == str(adapters["a"][0])
+        [want] = lora_llm.generate([PROMPTS[0]], GREEDY, use_tqdm=False, lora="a")
+        got = client.completions.create(model="a", prompt=PROMPTS[0], max_tokens=16,
+                                        temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+        assert got.choices[0].text == want.outputs[0].text
+
+        ends, errors = [], []
+
+        def stream(model: str):
+            try:
+                chunks = client.completions.create(model=model, prompt=PROMPTS[1], max_tokens=48,
+                                                   temperature=0, stream=True,
+                                                   extra_body={"ignore_eos": True})  # fmt: skip
+                ends.append([c.choices[0].finish_reason for c in chunks if c.choices][-1])
+            except Exception as e:  # noqa: BLE001 (any failure is the test's to report)
+                errors.append(e)
+
+        threads = [threading.Thread(target=stream, args=(("a", "smollm2-135m")[i % 2],))
+                   for i in range(8)]  # fmt: skip
+        for t in threads:
+            t.start()
+        post = httpx.Client(base_url=srv.url, timeout=120).post
+        r = post("/v1/load_lora_adapter", json={"lora_name": "b",
+                                                "lora_path": str(adapters["b"][0])})  # fmt: skip
+        assert r.status_code == 200, r.text
+        r = post("/v1/load_lora_adapter", json={"lora_name": "c", "lora_path": str(big)})
+        assert r.status_code == 400 and "--max-lora-rank 8" in r.json()["error"]["message"]
+        with pytest.raises(openai.NotFoundError, match="'zzz'"):
+            client.completions.create(model="zzz", prompt="hi", max_tokens=2)
+        assert post("/v1/unload_lora_adapter", json={"lora_name": "a"}).status_code == 200
+        for t in threads:
+            t.join(120)
+        assert not errors and ends == ["length"] * 8
+        with pytest.raises(openai.NotFoundError, match="'a'"):
+            client.completions.create(model="a", prompt="hi", max_tokens=2)
+        assert client.completions.create(model="b", prompt="hi", max_tokens=2).choices
+        assert post("/v1/unload_lora_adapter", json={"lora_name": "a"}).status_code == 404
+    finally:
+        srv.stop()
+        srv.state.engine.shutdown()
+
+
+def test_the_gateway_reads_its_gauges_under_vllms_names(lora_llm):
+    """The Gateway API Inference Extension's model-server metrics, with --metrics-prefix
+    vllm: the queue, the running set, the KV cache's use and the adapters in flight."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tokenworks.engine.loop import gauges_of
+    from tokenworks.serve.metrics import ServerMetrics
+
+    loop = lora_llm.loop
+    long = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    heads = [loop.add_request([5 + i] * 20, long, lora=name)
+             for i, name in enumerate(("b", None, "a", "b"))]  # fmt: skip
+    try:
+        loop.step()
+        metrics = ServerMetrics("smollm2-135m", "vllm")
+        metrics.on_step(0, gauges_of(lora_llm.engine))
+        families = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+    finally:
+        for head in heads:
+            loop.abort(head.request_id)
+    for name in ("num_requests_waiting", "num_requests_running", "kv_cache_usage_perc",
+                 "lora_requests_info"):  # fmt: skip
+        assert families[f"vllm:{name}"].type == "gauge", name
+    [info] = families["vllm:lora_requests_info"].samples
+    assert info.labels["max_lora"] == "3" and info.labels["running_lora_adapters"] == "a,b"
+    assert info.labels["waiting_lora_adapters"] == "" and info.value > 0
+    [running] = families["vllm:num_requests_running"].samples
+    assert running.value == 4
+
+
+def test_a_gguf_lora_file_gives_what_its_peft_directory_gives(lora_llm, adapters, tmp_path):
+    """The adapter written as llama.cpp's convert_lora_to_gguf.py writes one (its tensors
+    blk.N.<name>.weight.lora_a and lora_b, adapter.lora.alpha), read back."""
+    import gguf
+
+    from tokenworks.engine.lora import GGUF_TARGETS, read_peft
+
+    peft_dir = adapters["b"][0]
+    adapter = read_peft("b", peft_dir)
+    path = tmp_path / "b.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_type("adapter")
+    writer.add_string("adapter.type", "lora")
+    writer.add_float32("adapter.lora.alpha", adapter.scale * adapter.rank)
+    names = {module: name for name, module in GGUF_TARGETS.items()}
+    for (layer, module), (a, b) in sorted(adapter.weights.items()):
+        base = f"blk.{layer}.{names[module]}.weight"
+        writer.add_tensor(base + ".lora_a", a.numpy())
+        writer.add_tensor(base + ".lora_b", b.numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    loras = lora_llm.engine.lora
+    loaded = loras.load("g", str(path))
+    try:
+        assert loaded.rank == adapter.rank and loaded.scale == pytest.approx(adapter.scale)
+        ids = [lora_llm.tokenizer.encode(p) for p in PROMPTS]
+        via_gguf = lora_llm.generate(ids, GREEDY, use_tqdm=False, lora="g")
+        via_peft = lora_llm.generate(ids, GREEDY, use_tqdm=False, lora="b")
+        assert [ours(o)[0] for o in via_gguf] == [ours(o)[0] for o in via_peft]
+    finally:
+        loras.unload("g")

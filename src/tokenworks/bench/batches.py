@@ -23,15 +23,16 @@ from tokenworks.config import engine_kwargs
 from tokenworks.engine.loop import EngineLoop
 
 
-def measure(engine, prompts: list[list[int]], steps: int) -> dict:
-    """Prefill and decode tok/s of the prompts run together for `steps` decode steps."""
+def measure(engine, prompts: list[list[int]], steps: int, loras=None) -> dict:
+    """Prefill and decode tok/s of the prompts run together for `steps` decode steps
+    (loras: each prompt's LoRA adapter, None for the base model)."""
     from tokenworks import SamplingParams
 
     params = SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True)
     engine.stats.clear()
     loop = EngineLoop(engine)
-    for p in prompts:
-        loop.add_request(p, params)
+    for p, lora in zip(prompts, loras or [None] * len(prompts), strict=True):
+        loop.add_request(p, params, lora=lora)
     loop.run_while(engine.has_unfinished)
     stats = list(engine.stats)
     pre = [s for s in stats if s.prefill_tokens]

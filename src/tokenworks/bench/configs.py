@@ -75,6 +75,15 @@ class BatchesConfig(EngineBench):
 
 
 @dataclass(frozen=True)
+class LoRABenchConfig(EngineBench):
+    mixes: tuple[int, ...] = o.comma_list((1, 4, 16), "adapters mixed in one batch", o.ints)
+    batch: int = o.count(16, "sequences running together")
+    rank: int = o.count(8, "each adapter's rank")
+    prompt_tokens: int = o.count(64, "a sequence's prompt")
+    decode_tokens: int = o.count(16, "decode steps timed")
+
+
+@dataclass(frozen=True)
 class StructuredConfig(EngineBench):
     batch_sizes: tuple[int, ...] = o.comma_list((1, 8), "sequence counts", o.ints)
     output_tokens: int = o.count(128, "tokens each sequence generates")

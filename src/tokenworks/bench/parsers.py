@@ -34,6 +34,9 @@ BENCHES = {
     "batches": Bench(c.BatchesConfig, "batches:run_batches",
                      "prefill and decode tok/s against the sequences running together (1 to "
                      "256), beside llama-batched-bench on the same file, plotted"),
+    "lora": Bench(c.LoRABenchConfig, "lora:run_lora",
+                  "throughput of one batch mixing 1, 4 and 16 LoRA adapters against the base "
+                  "model alone, on the same engine"),
     "structured": Bench(c.StructuredConfig, "structured:run_structured",
                         "decode throughput with and without a JSON schema"),
     "serve": Bench(c.ServeBenchConfig, "serving:run_serving",

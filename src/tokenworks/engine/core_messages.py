@@ -47,6 +47,15 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
+class LoRACommand(msgspec.Struct, tag=True):
+    """Load (from path) or unload a LoRA adapter; answered Accepted or Refused by id."""
+
+    request_id: str
+    action: str  # load or unload
+    name: str
+    path: str | None = None
+
+
 # ------------------------------------------------------------------ core -> API
 
 
@@ -97,7 +106,7 @@ class Outputs(msgspec.Struct, tag=True):
     finished: list[RequestMetrics] = []
 
 
-ToCore = AddRequest | Abort | StopSequence | Shutdown
+ToCore = AddRequest | Abort | StopSequence | Shutdown | LoRACommand
 FromCore = Ready | Accepted | Refused | Failed | Outputs
 
 _encoder = msgspec.msgpack.Encoder()

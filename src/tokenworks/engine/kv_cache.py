@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 
 from tokenworks.engine.kv_groups import NULL, KVLayout
-from tokenworks.engine.prefix_cache import PrefixCache, prefix_hashes
+from tokenworks.engine.prefix_cache import PrefixCache, adapter_of, prefix_hashes
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -221,7 +221,9 @@ class BlockManager:
         if any(self._key(h, g) in cache.evicted for g in range(len(self.windows))):
             return "evicted"
         salt = cache.salt_of.get(self._tokens_hashes(seq, k + 1)[k], seq.cache_salt)
-        return "salt" if salt != seq.cache_salt else "never_cached"
+        if salt == seq.cache_salt:
+            return "never_cached"
+        return "adapter" if adapter_of(salt) != adapter_of(seq.cache_salt) else "salt"
 
     def _tokens_hashes(self, seq, n: int) -> list[bytes]:
         """The chained hashes of seq's first n full blocks without its cache salt (its

@@ -32,6 +32,7 @@ IDLE_POLL_MS = 500  # how often an idle loop looks whether it should still run
 def gauges_of(engine) -> EngineGauges:
     """The engine's gauges as /metrics shows them."""
     prefix, spec, host = engine.blocks.prefix, engine.speculator, engine.blocks.host
+    scheduler, loras = engine.scheduler, engine.lora
     return EngineGauges(
         len(engine.scheduler.running),
         len(engine.scheduler.waiting),
@@ -44,6 +45,9 @@ def gauges_of(engine) -> EngineGauges:
         host.restored if host is not None else None,
         host.nbytes if host is not None else None,
         host.dropped if host is not None else None,
+        loras.max_loras if loras is not None else None,
+        sorted({s.lora for s in scheduler.running if s.lora}) if loras else [],
+        sorted({s.lora for s in scheduler.waiting if s.lora}) if loras else [],
     )
 
 
@@ -206,6 +210,8 @@ class EngineLoop:
             self.abort(command.request_id)
         elif isinstance(command, m.StopSequence):
             self.stop_sequence(command)
+        elif isinstance(command, m.LoRACommand):
+            self.lora_command(command)
         else:
             try:
                 self.add(command)
@@ -245,6 +251,22 @@ class EngineLoop:
         """Cancel a request: its sequences finish with reason abort and free their blocks."""
         self.sent.pop(request_id, None)
         self.engine.abort_request(request_id)
+
+    def lora_command(self, command: m.LoRACommand) -> None:
+        """Load or unload an adapter between two steps; say whether it was done."""
+        try:
+            loras = self.engine.lora
+            if loras is None:
+                raise ValueError("this engine serves no LoRA adapters: start it with "
+                                 "--enable-lora or --lora-modules")  # fmt: skip
+            if command.action == "load":
+                loras.load(command.name, command.path)
+            else:
+                loras.unload(command.name)
+        except Exception as e:
+            self.send(m.Refused(command.request_id, type(e).__name__, str(e)))
+        else:
+            self.send(m.Accepted(command.request_id))
 
     def import_blocks(self, command: m.AddRequest) -> None:
         """Another engine prefilled the prompt: take its blocks into the prefix cache (the

@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 
 from tokenworks.engine.lora_layers import TARGETS, BatchRows, wrap_layers
+from tokenworks.engine.messages import LoRANotFoundError
+from tokenworks.engine.prefix_cache import adapter_salt
 
 log = logging.getLogger("tokenworks.engine")
 
@@ -31,13 +33,6 @@ GGUF_TARGETS = {
     "ffn_up": "up_proj",
     "ffn_down": "down_proj",
 }
-
-
-LORA_SALT = "lora:"  # how an adapter's name enters its requests' prefix-cache salt
-
-
-class LoRANotFoundError(ValueError):
-    """A request named an adapter the engine does not serve."""
 
 
 @dataclass
@@ -255,11 +250,9 @@ def open_loras(config, model, in_use) -> LoRAAdapters | None:
 
 
 def request_salt(loras: LoRAAdapters | None, lora: str | None, cache_salt: str | None):
-    """The prefix cache's salt for a request of adapter `lora` (the same tokens under
-    another adapter, or none, hold other keys and values); one not loaded is refused."""
-    if lora is None:
-        return cache_salt
-    if loras is None or lora not in loras.adapters:
+    """The prefix cache's salt for a request of adapter `lora` (prefix_cache.adapter_salt);
+    one not loaded is refused."""
+    if lora is not None and (loras is None or lora not in loras.adapters):
         served = "" if loras is not None else ": this engine serves none (--enable-lora)"
         raise LoRANotFoundError(f"LoRA adapter {lora!r} is not loaded{served}")
-    return f"{cache_salt or ''}\x00{LORA_SALT}{lora}"
+    return adapter_salt(cache_salt, lora)

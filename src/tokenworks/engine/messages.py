@@ -8,10 +8,14 @@ engine/core_messages.py carries them between processes).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenworks.engine.request import TokenLogprob
 from tokenworks.engine.speculative.metrics import SpeculativeMetrics
+
+
+class LoRANotFoundError(ValueError):
+    """A request or command named a LoRA adapter the engine does not serve."""
 
 
 class QueueFullError(RuntimeError):
@@ -128,6 +132,11 @@ class EngineGauges:
     restored_blocks: int | None = None
     offload_bytes: int | None = None
     offload_dropped_blocks: int | None = None
+    # LoRA adapters (engine/lora.py; max_loras None: none served): how many may be loaded,
+    # and the adapters of the requests running and waiting
+    max_loras: int | None = None
+    running_loras: list[str] = field(default_factory=list)
+    waiting_loras: list[str] = field(default_factory=list)
 
     @property
     def idle(self) -> bool:

@@ -33,13 +33,26 @@ MISS_REASONS = (
     "never_cached",  # its tokens (after this prefix) were never cached
     "evicted",  # they were, and the block was evicted (or dropped) since
     "salt",  # they are or were cached under another tenant's cache salt
+    "adapter",  # they are or were cached by requests of another LoRA adapter (or none)
     "window",  # the layers without a window hold it; a windowed group gave its block
     # back early (its window had passed) and it has gone since
     "not_full",  # no full block is left to find: the rest of the prompt is a partial
     # block, or the block holding the last token, which must run to give logits
 )
+ADAPTER_MARK = "\x00lora:"  # what joins a LoRA adapter's name to a request's salt
 HISTORY = 1 << 16  # blocks remembered for telling the reasons apart
 WARN_AFTER = 8  # requests that could have hit, and none did, before the log says so
+
+
+def adapter_salt(cache_salt: str | None, lora: str | None) -> str | None:
+    """A request's prefix-cache salt with its LoRA adapter's name joined to it: the same
+    tokens under another adapter (or none) hold other keys and values."""
+    return cache_salt if lora is None else f"{cache_salt or ''}{ADAPTER_MARK}{lora}"
+
+
+def adapter_of(salt: str | None) -> str:
+    """The LoRA adapter a prefix-cache salt was made for ("" for the base model)."""
+    return salt.partition(ADAPTER_MARK)[2] if salt else ""
 
 
 def block_hash(parent: bytes | None, token_ids: Sequence[int], salt: str | None = None) -> bytes:

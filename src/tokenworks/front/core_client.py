@@ -261,6 +261,25 @@ class CoreClient(EngineFront):
             raise accepted
         return RequestStream(self.abort, stream, job.deadline)
 
+    async def lora(self, action: str, name: str, path: str | None = None) -> None:
+        """EngineFront.lora: the command sent to the core, its answer awaited."""
+        if not self.is_running or self._stopping:
+            raise EngineNotRunningError(
+                f"the engine core is not running ({self.died or 'not started or stopping'})"
+            )
+        request_id = self.new_request_id("lora")
+        stream = Stream(request_id, asyncio.get_running_loop(), asyncio.Queue(), None)
+        with self._lock:
+            self._streams[request_id] = stream
+        self._send(m.LoRACommand(request_id, action, name, path))
+        try:
+            answer = await stream.queue.get()
+        finally:
+            with self._lock:
+                self._streams.pop(request_id, None)
+        if isinstance(answer, BaseException):
+            raise answer
+
     def abort(self, request_id: str) -> None:
         with self._lock:
             gone = self._streams.pop(request_id, None) is None

@@ -9,7 +9,7 @@ from tokenworks.config import EngineConfig
 from tokenworks.engine import core_messages as m
 from tokenworks.engine.admission import Admission, PromptTooLongError, RequestTooLargeError
 from tokenworks.engine.kv_groups import KVGroup, KVLayout
-from tokenworks.engine.messages import QueueFullError
+from tokenworks.engine.messages import LoRANotFoundError, QueueFullError
 from tokenworks.engine.request import SamplingError, StructuredOutputError
 from tokenworks.models.spec import ModelSpec
 from tokenworks.tokenizer import TokenizerWrapper
@@ -19,7 +19,7 @@ REFUSALS = {
     cls.__name__: cls
     for cls in (
         PromptTooLongError, RequestTooLargeError, QueueFullError, SamplingError,
-        StructuredOutputError,
+        StructuredOutputError, LoRANotFoundError,
     )
 }  # fmt: skip
 

@@ -172,6 +172,8 @@ class HFFront(EngineFront):
         request_id, deadline = submission.request_id, submission.deadline
         if submission.kv_export or submission.kv_import is not None:
             raise UnsupportedError("the transformers backend moves no KV blocks")
+        if submission.lora is not None:
+            raise UnsupportedError("the transformers backend serves no LoRA adapters")
         if not self.is_running:
             raise EngineNotRunningError("the transformers backend is not running")
         asked = [what for test, what in UNSUPPORTED if test(params)]

@@ -73,6 +73,11 @@ class EngineFront(Protocol):
     def abort(self, request_id: str) -> None:
         """Cancel a request; returns at once (applied before the core's next step)."""
 
+    async def lora(self, action: str, name: str, path: str | None = None) -> None:
+        """Load ("load", from path) or unload ("unload") a LoRA adapter in every engine
+        behind this front, between two steps; raises what the engine refused it with."""
+        raise ValueError(f"{type(self).__name__} serves no LoRA adapters")
+
     def new_request_id(self, prefix: str = "req") -> str:
         self._next_id = getattr(self, "_next_id", 0) + 1
         return f"{prefix}-{self._next_id}-{time.monotonic_ns() % 10**9}"

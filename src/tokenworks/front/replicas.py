@@ -10,7 +10,10 @@ threads and KV pool. The router sees each request before it goes anywhere:
 - `prefix` (the default): the replica that last took a prompt starting with the same
   blocks, so a shared system prompt or an earlier turn is found in that replica's prefix
   cache; the least loaded one when the prompt is new or that replica carries more than
-  twice the least loaded one's load.
+  twice the least loaded one's load;
+- `kv_events`: the replica whose prefix cache holds the most of the prompt's leading
+  blocks, as its KV events say (engine/kv_events.py, front/kv_index.py: what it holds
+  now, evictions included, not what it was last sent), with the same load guard.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ import itertools
 from collections import OrderedDict
 
 from tokenworks.engine.messages import QueueFullError
-from tokenworks.engine.prefix_cache import prefix_hashes
+from tokenworks.engine.prefix_cache import adapter_salt, prefix_hashes
 from tokenworks.engine.request import SamplingParams
 from tokenworks.front.core_client import CoreClient
 from tokenworks.front.interface import EngineFront, Submission
+from tokenworks.front.kv_index import KVIndex
 
-POLICIES = ("prefix", "least_loaded", "round_robin")
+POLICIES = ("prefix", "kv_events", "least_loaded", "round_robin")
 PREFIX_BLOCKS = 4  # the leading blocks a prompt is known by
 REMEMBERED_PREFIXES = 65536
 
@@ -39,6 +43,7 @@ class ReplicaRouter(EngineFront):
         self._turn = itertools.cycle(range(len(replicas)))
         self._load: dict[str, tuple[int, int]] = {}  # request id -> (replica, tokens)
         self._prefixes: OrderedDict[bytes, int] = OrderedDict()  # leading blocks -> replica
+        self.indexes: list[KVIndex] = []  # kv_events: what each replica's cache holds
         self.routed = [0] * len(replicas)
 
     # ------------------------------------------------------------------ lifecycle
@@ -49,10 +54,15 @@ class ReplicaRouter(EngineFront):
         for r in rest:  # the same model: the server process reads it once
             r.engine = r.engine or first.engine
             r.start()
+        if self.policy == "kv_events":
+            self.indexes = [_index_of(r) for r in self.replicas]
 
     def shutdown(self) -> None:
         for r in self.replicas:
             r.shutdown()
+        for index in self.indexes:
+            index.close()
+        self.indexes = []
 
     @property
     def is_running(self) -> bool:
@@ -106,6 +116,8 @@ class ReplicaRouter(EngineFront):
         if self.policy == "least_loaded":
             return least
         block_size = self.engine.admission.block_size
+        if self.policy == "kv_events":
+            return self._by_events(prompt, cache_salt, loads, least)
         n = min(PREFIX_BLOCKS, (len(prompt) - 1) // block_size)
         if n < 1:
             return least
@@ -118,10 +130,29 @@ class ReplicaRouter(EngineFront):
             self._prefixes.popitem(last=False)
         return choice
 
+    def _by_events(self, prompt: list[int], salt: str | None, loads, least: int) -> int:
+        """The replica holding the most leading blocks of the prompt (the least loaded
+        where none holds any, or where that one carries over twice its load)."""
+        block_size = self.engine.admission.block_size
+        hashes = prefix_hashes(prompt[: (len(prompt) - 1) // block_size * block_size],
+                               block_size, salt)  # fmt: skip
+        held = []
+        for index in self.indexes:
+            index.poll(0)
+            held.append(index.held(hashes))
+        best = max(range(len(held)), key=lambda i: (held[i], -loads[i]))
+        return best if held[best] and loads[best] <= 2 * loads[least] + 1 else least
+
+    async def lora(self, action: str, name: str, path: str | None = None) -> None:
+        """EngineFront.lora on every replica (each holds its own copy of the adapter)."""
+        for replica in self.replicas:
+            await replica.lora(action, name, path)
+
     async def submit(self, job: Submission):
         """As EngineFront.submit, on the replica the policy picks; where that one's queue
         is full, on the others from the least loaded (QueueFullError once all are)."""
-        first = self.pick(job.prompt_token_ids, job.params, job.cache_salt)
+        salt = adapter_salt(job.cache_salt, job.lora)  # as the engine will key its blocks
+        first = self.pick(job.prompt_token_ids, job.params, salt)
         job = job.named(job.request_id or self.new_request_id())
         loads = self.loads()
         others = sorted((i for i in range(len(self.replicas)) if i != first), key=loads.__getitem__)
@@ -142,3 +173,14 @@ class ReplicaRouter(EngineFront):
     def abort(self, request_id: str) -> None:
         for r in self.replicas:  # a replica that does not hold it ignores it
             r.abort(request_id)
+
+
+def _index_of(replica: CoreClient) -> KVIndex:
+    """An index of what one replica's prefix cache holds, from its KV events."""
+    events = replica.config.kv_events_config if replica.config is not None else None
+    if events is None or not events.publishes:
+        raise ValueError(
+            "the kv_events router follows each replica's KV events: start the server with "
+            '--kv-events-config \'{"enable_kv_cache_events": true, "replay_endpoint": ...}\''
+        )
+    return KVIndex(events.endpoint, events.replay_endpoint, events.topic)

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenworks.serve import anthropic, embeddings, openai, responses
+from tokenworks.serve import anthropic, embeddings, lora_routes, openai, responses
 from tokenworks.serve.api_times import APITimesMiddleware
 from tokenworks.serve.common import ServerState, render_chat
 from tokenworks.serve.errors import APIError, is_anthropic_path
@@ -113,6 +113,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.include_router(anthropic.router)
     app.include_router(embeddings.router)
     app.include_router(responses.router)
+    app.include_router(lora_routes.router)
 
     @app.get("/health")
     async def health():

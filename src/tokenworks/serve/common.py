@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import time
@@ -17,6 +18,7 @@ from fastapi.responses import StreamingResponse
 from tokenworks.engine.messages import (
     DeadlineExceededError,
     EngineNotRunningError,
+    LoRANotFoundError,
     QueueFullError,
     ReaderTooSlowError,
     RequestFailedError,
@@ -62,6 +64,13 @@ class ServerState:
     # NAME=SPEC): name -> its ServerState, sharing this one's limits, keys and store
     others: dict[str, ServerState] = field(default_factory=dict)
     remote: RemoteBackend | None = None  # the model is an upstream's (serve/remote.py)
+    # LoRA adapters served over this model (--lora-modules, /v1/load_lora_adapter): name ->
+    # a view of this state whose requests run with that adapter
+    adapters: dict[str, ServerState] = field(default_factory=dict)
+    lora: str | None = None  # the adapter this view's requests run with
+    lora_path: str | None = None
+    parent: str | None = None  # an adapter's base model, by the name it is served under
+    runtime_lora: bool = False  # adapters may be loaded and unloaded while serving
     draining: bool = False  # shutting down: new requests get 503 (serve/guards.py's Drain)
     active: int = 0  # HTTP requests in flight, streams until their last event
 
@@ -94,6 +103,8 @@ class ServerState:
         """The state of the model a request names (this one's, or another backend's)."""
         if name in self.model_names:
             return self
+        if name in self.adapters:
+            return self.adapters[name]
         if name in self.others:
             return self.others[name]
         raise APIError(
@@ -106,7 +117,19 @@ class ServerState:
 
     @property
     def served_names(self) -> list[str]:
-        return [*self.model_names, *self.others]
+        return [*self.model_names, *self.adapters, *self.others]
+
+    def add_adapter(self, name: str, path: str) -> None:
+        """Serve LoRA adapter `name` (loaded in the engine already) under its own name."""
+        self.adapters[name] = dataclasses.replace(
+            self,
+            model_names=[name],
+            adapters={},
+            others={},
+            lora=name,
+            lora_path=path,
+            parent=self.model_names[0],
+        )
 
     @property
     def fronts(self) -> list:
@@ -185,7 +208,7 @@ async def submit(
 ):
     """Queue a request; refusals become HTTP errors (400 bad input, 429/529 when full)."""
     try:
-        stream = await state.engine.submit(Submission(params, prompt_ids, **kw))
+        stream = await state.engine.submit(Submission(params, prompt_ids, lora=state.lora, **kw))
         api_times.owns(stream)
         return stream
     except QueueFullError as e:
@@ -195,6 +218,8 @@ async def submit(
         raise APIError(504, str(e), code="deadline_exceeded") from e
     except EngineNotRunningError as e:
         raise APIError(503, str(e), code="engine_unavailable") from e
+    except LoRANotFoundError as e:  # unloaded since the request named it
+        raise APIError(404, str(e), param="model", code="model_not_found") from e
     except RequestFailedError as e:  # the engine failed before it said it took the request
         raise APIError(500, str(e), code="engine_failure") from e
     except ValueError as e:  # too long, too large, bad token ids, bad grammar

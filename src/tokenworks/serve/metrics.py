@@ -10,6 +10,8 @@ its own registry, and every series is labelled by engine (replica).
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Bucket edges in seconds (vLLM's, trimmed to what a CPU sees).
@@ -88,10 +90,18 @@ class ServerMetrics:
                 f"{prefix}:kv_offload_dropped_blocks",
                 "Blocks the host tier's budget pushed out, oldest first (gone for good).",
             ),
+            # the gateway's adapter gauge (vLLM's): one series, its labels the adapters of
+            # the requests running and waiting, its value when they were last seen
+            "loras": Gauge(
+                f"{prefix}:lora_requests_info",
+                "Running stats on LoRA requests.",
+                ["max_lora", "running_lora_adapters", "waiting_lora_adapters", *labels],
+                registry=r,
+            ),
             "misses": counter(
                 f"{prefix}:prefix_cache_misses",
                 "Finished requests by why the first prompt block the prefix cache did not "
-                "serve missed (never_cached, evicted, salt, window, not_full).",
+                "serve missed (never_cached, evicted, salt, adapter, window, not_full).",
                 ("reason",),
             ),
             # speculative decoding (vLLM's spec_decode names), with the time each side took
@@ -166,7 +176,7 @@ class ServerMetrics:
 _SPEC = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_emitted_tokens",
          "draft_seconds", "verify_seconds")  # fmt: skip
 # families with a label of their own beyond the engine
-_LABELLED = ("per_pos", "finished", "misses")
+_LABELLED = ("per_pos", "finished", "misses", "loras")
 
 
 class EngineMetrics:
@@ -178,6 +188,7 @@ class EngineMetrics:
         f = server.families
         self.series = {k: v.labels(**self._labels) for k, v in f.items() if k not in _LABELLED}
         self._per_pos, self._finished, self._misses = f["per_pos"], f["finished"], f["misses"]
+        self._loras, self._lora_labels = f["loras"], None
         self._spec_seen: dict = {}
         self._queried = self._hits = 0
         self._offloaded = self._restored = self._dropped = 0
@@ -188,6 +199,18 @@ class EngineMetrics:
         s["running"].set(gauges.running)
         s["waiting"].set(gauges.waiting)
         s["kv_usage"].set(gauges.kv_usage)
+        if gauges.max_loras is not None:
+            self._lora_info(gauges)
+
+    def _lora_info(self, gauges) -> None:
+        """The adapter gauge's one series for this engine, its labels as they are now."""
+        labels = (str(gauges.max_loras), ",".join(gauges.running_loras),
+                  ",".join(gauges.waiting_loras))  # fmt: skip
+        if labels != self._lora_labels:
+            if self._lora_labels is not None:
+                self._loras.remove(*self._lora_labels, *self._labels.values())
+            self._lora_labels = labels
+        self._loras.labels(*labels, *self._labels.values()).set(time.time())
 
     def on_step(self, preemptions: int, gauges) -> None:
         self.on_state(gauges)

@@ -60,7 +60,7 @@ async def get_model(name: str, request: Request):
 
 
 def _model_card(state: ServerState, name: str) -> dict:
-    return {
+    card = {
         "id": name,
         "object": "model",
         "created": state.created,
@@ -68,6 +68,9 @@ def _model_card(state: ServerState, name: str) -> dict:
         "root": state.model_names[0],
         "max_model_len": state.max_model_len,
     }
+    if state.lora is not None:  # an adapter: its file, over the base model (vLLM's shape)
+        card |= {"root": state.lora_path, "parent": state.parent}
+    return card
 
 
 # ------------------------------------------------------------------ /v1/completions

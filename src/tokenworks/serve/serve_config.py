@@ -109,9 +109,10 @@ class ServeConfig:
     router: str = field(
         default="prefix",
         metadata=option(
-            "with --data-parallel-size: which replica takes a request: the one that last "
-            "took a prompt with the same leading blocks (its prefix cache has them), the one "
-            "with the fewest outstanding tokens, or each in turn",
+            "with --data-parallel-size: which replica takes a request: prefix (the one that "
+            "last took a prompt with the same leading blocks), kv_events (the one whose "
+            "prefix cache holds most of them, from its --kv-events-config events), "
+            "least_loaded (the fewest outstanding tokens) or round_robin (each in turn)",
             choices=POLICIES,
         ),
     )
@@ -142,6 +143,12 @@ class ServeConfig:
             "OpenAI-compatible server at URL, its API base; http://KEY@host/v1 sends KEY); "
             "repeatable",
             metavar="NAME=KIND:MODEL",
+        ),
+    )
+    allow_runtime_lora_updating: bool = field(
+        default=False,
+        metadata=option(
+            "take POST /v1/load_lora_adapter and /v1/unload_lora_adapter (with --enable-lora)"
         ),
     )
     served_model_name: list[str] = field(

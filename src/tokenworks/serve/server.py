@@ -192,6 +192,10 @@ def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits)
         reasoning_budget=options.reasoning_budget,
         tool_call_parser=options.tool_call_parser,
     )
+    state.runtime_lora = options.allow_runtime_lora_updating
+    for item in config.lora_modules:  # loaded by the engine as it started
+        name, _, path = item.partition("=")
+        state.add_adapter(name, path)
     for name, spec in options.backends.items():
         front = backend_front(name, config, spec, options, stop)
         front.start()
