@@ -203,6 +203,7 @@ class LoRAAdapters:
             parts[part] = (a.to(**on), b.to(**on), adapter.scale)
         for key, parts in per_product.items():
             self.products[key].weights[slot] = parts
+            self.products[key].pack()
 
     def unload(self, name: str) -> None:
         """Stop serving an adapter; requests in flight with it finish with it."""
@@ -219,7 +220,8 @@ class LoRAAdapters:
         for name in [n for n in self.retired if n not in in_use]:
             slot = self.retired.pop(name)
             for lora in self.products.values():
-                lora.weights.pop(slot, None)
+                if lora.weights.pop(slot, None) is not None:
+                    lora.pack()
 
     def slot_of(self, name: str | None) -> int:
         """A request's adapter slot (-1: the base model)."""

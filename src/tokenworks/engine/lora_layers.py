@@ -2,11 +2,11 @@
 mixing requests of several adapters and of the base model applies each row's own.
 
 A LoRA adapter adds scale * B(A x) to a product W x, with A [r, in] and B [out, r] of a
-small rank r. Rows of one adapter are gathered and take its two small products together
-(the segmented product of punica and S-LoRA), so a batch of n adapters costs n pairs of
-small matmuls per product, beside the one base product all rows share. Q, K and V are one
-fused product here, and so are gate and up: each part adds its own adapter's delta into
-its own slice of the output.
+small rank r. Every loaded adapter's A and B are laid side by side, and each row keeps the
+columns of its own adapter (the masked form of punica's and S-LoRA's batched products), so
+a batch mixing any number of adapters costs the same few matmuls per product, beside the
+one base product all rows share. Q, K and V are one fused product here, and so are gate
+and up: each part adds its own adapter's delta into its own slice of the output.
 """
 
 from __future__ import annotations
@@ -27,46 +27,66 @@ TARGETS = {
 
 
 class BatchRows:
-    """Which rows of the running forward belong to which adapter: set by the runner before
-    each forward, read by every LoRALinear in it."""
+    """Which adapter each row of the running forward takes: set by the runner before each
+    forward, read by every LoRALinear in it."""
 
     def __init__(self):
-        self.groups: list[tuple[int, torch.Tensor]] = []  # (slot, its rows), base rows left out
+        self.slots: torch.Tensor | None = None  # [rows] slot, -1 the base; None: no adapter
 
     def set(self, slots: list[int], device) -> None:
         """slots: each row's adapter slot, -1 for the base model."""
-        self.groups = []
-        if not any(s >= 0 for s in slots):
-            return
-        at = torch.tensor(slots, device=device)
-        for slot in sorted(set(slots) - {-1}):
-            self.groups.append((slot, torch.nonzero(at == slot).flatten()))
+        has = any(s >= 0 for s in slots)
+        self.slots = torch.tensor(slots, device=device)[:, None] if has else None
 
 
 class LoRALinear(nn.Module):
     """A product (nn.Linear or a GGUF block product) and the adapters' deltas on it.
 
     weights[slot][part] is (A, B, scale) or None where that adapter leaves the part alone;
-    `bounds` are each part's output columns."""
+    `bounds` are each part's output columns. pack() lays every adapter's A side by side and
+    each part's B (scaled) side by side, so that a batch of any mix of adapters costs two
+    matmuls a part: every row's x times every A, the columns of other adapters zeroed
+    (exact zeros, so a row of the base model gets y exactly), times B."""
 
     def __init__(self, base: nn.Module, bounds: list[tuple[int, int]], rows: BatchRows):
         super().__init__()
         self.base, self.bounds, self.rows = base, bounds, rows
         self.weights: dict[int, list[tuple | None]] = {}
+        self.packed: tuple | None = None  # (A's [C, in], each column's slot [C], parts)
+
+    def pack(self) -> None:
+        """Lay the adapters' weights out for forward(), after any was loaded or dropped."""
+        a_rows, col_slot, parts = [], [], []
+        at = 0
+        for i, bound in enumerate(self.bounds):
+            bs = []
+            for slot in sorted(self.weights):
+                part = self.weights[slot][i]
+                if part is not None:
+                    a, b, scale = part
+                    a_rows.append(a)
+                    col_slot += [slot] * a.shape[0]
+                    bs.append(b * scale)
+            if bs:
+                width = sum(b.shape[1] for b in bs)
+                parts.append((bound, at, at + width, torch.cat(bs, dim=1)))
+                at += width
+        if not a_rows:
+            self.packed = None
+            return
+        slots = torch.tensor(col_slot, device=a_rows[0].device)[None, :]
+        self.packed = (torch.cat(a_rows, dim=0), slots, parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        for slot, rows in self.rows.groups:
-            parts = self.weights.get(slot)
-            if parts is None:
-                continue
-            xs = x.index_select(0, rows)
-            for (lo, hi), part in zip(self.bounds, parts, strict=True):
-                if part is None:
-                    continue
-                a, b, scale = part
-                delta = (xs @ a.t()) @ b.t()
-                y[rows, lo:hi] += (scale * delta).to(y.dtype)
+        rows = self.rows.slots
+        if rows is None or self.packed is None:
+            return y
+        a, col_slot, parts = self.packed
+        u = x @ a.t()  # [rows, every adapter's rank]
+        u *= rows == col_slot  # each row keeps its own adapter's columns
+        for (lo, hi), c0, c1, b in parts:
+            y[:, lo:hi] += u[:, c0:c1] @ b.t()
         return y
 
 
