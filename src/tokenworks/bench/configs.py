@@ -84,6 +84,19 @@ class LoRABenchConfig(EngineBench):
 
 
 @dataclass(frozen=True)
+class RoutingBenchConfig(EngineBench):
+    policies: tuple[str, ...] = o.comma_list(
+        ("round_robin", "prefix", "kv_events"), "the router policies compared"
+    )
+    replicas: int = o.count(2, "engine cores behind the router")
+    conversations: int = o.count(8, "conversations, each with its own system prompt")
+    turns: int = o.count(4, "turns of each conversation")
+    system_tokens: int = o.count(256, "a conversation's system prompt")
+    question_tokens: int = o.count(16, "each turn's new question")
+    answer_tokens: int = o.count(16, "each turn's answer")
+
+
+@dataclass(frozen=True)
 class StructuredConfig(EngineBench):
     batch_sizes: tuple[int, ...] = o.comma_list((1, 8), "sequence counts", o.ints)
     output_tokens: int = o.count(128, "tokens each sequence generates")

@@ -37,6 +37,9 @@ BENCHES = {
     "lora": Bench(c.LoRABenchConfig, "lora:run_lora",
                   "throughput of one batch mixing 1, 4 and 16 LoRA adapters against the base "
                   "model alone, on the same engine"),
+    "routing": Bench(c.RoutingBenchConfig, "routing:run_routing",
+                     "prefix hit rate of multi-turn conversations across replicas, by router "
+                     "policy (round robin, the last prompt's replica, KV events)"),
     "structured": Bench(c.StructuredConfig, "structured:run_structured",
                         "decode throughput with and without a JSON schema"),
     "serve": Bench(c.ServeBenchConfig, "serving:run_serving",
