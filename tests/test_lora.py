@@ -85,6 +85,13 @@ def test_one_batch_of_two_adapters_and_the_base_equals_peft(lora_llm, adapters, 
         assert logprobs == pytest.approx(want_logprobs, abs=1e-4)
 
 
+def test_an_adapters_bytes_are_what_the_planner_counts(lora_llm):
+    from tokenworks.plan.memory import lora_bytes
+
+    shape = lora_llm.engine.spec.shape
+    assert lora_llm.engine.lora.adapters["a"].nbytes == lora_bytes(shape, 8, 4)  # float32
+
+
 def test_an_adapter_alone_gives_what_it_gives_in_a_mixed_batch(lora_llm):
     ids = lora_llm.tokenizer.encode(PROMPTS[0])
     [alone] = lora_llm.generate([ids], GREEDY, use_tqdm=False, lora="b")

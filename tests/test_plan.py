@@ -179,6 +179,23 @@ def test_fit_splits_by_tensor_and_pipeline_parallelism():
     assert fit(m, h100, tp=2, scheme=parse_scheme("q4_1"), context=8192).fits
 
 
+def test_fit_takes_lora_adapters_out_of_the_kv_budget():
+    """An adapter of rank r on every product of Llama 3 8B: r x (in + out) of q, k, v, o,
+    gate, up and down, per layer, in bf16 (a rank-64 one is 168M parameters)."""
+    from tokenworks.plan.memory import lora_bytes
+
+    m, h100 = get_model("llama-3-8b"), get_hardware("h100")
+    per_layer = (4096 + 4096) + 2 * (4096 + 1024) + (4096 + 4096) + 3 * (4096 + 14336)
+    assert lora_bytes(m, 64) == 32 * 64 * per_layer * 2
+    plain = fit(m, h100, scheme=BF16, context=8192)
+    eight = fit(m, h100, scheme=BF16, context=8192, adapters=8, adapter_rank=64)
+    assert eight.adapters_per_device == 8 * lora_bytes(m, 64)
+    assert eight.kv_budget_per_device == plain.kv_budget_per_device - 8 * lora_bytes(m, 64)
+    assert eight.max_sequences < plain.max_sequences
+    halves = fit(m, h100, tp=2, scheme=BF16, context=8192, adapters=8, adapter_rank=64)
+    assert halves.adapters_per_device == eight.adapters_per_device / 2
+
+
 def test_a_memory_bound_decode_step_is_its_bytes_over_bandwidth():
     m, hw = get_model("llama-3-8b"), get_hardware("h100")
     c = decode(m, hw, BF16, batch=1, context=1024)

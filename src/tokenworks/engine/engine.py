@@ -37,7 +37,7 @@ from tokenworks.engine.kv_groups import KVLayout
 from tokenworks.engine.kv_offload import HostTier
 from tokenworks.engine.kv_pool import KVPool
 from tokenworks.engine.kv_quant import bytes_per_token, check_available
-from tokenworks.engine.lora import open_loras, request_salt
+from tokenworks.engine.lora import lora_reserve, open_loras, request_salt
 from tokenworks.engine.rank import build_rank_model
 from tokenworks.engine.request import FinishReason, SamplingParams
 from tokenworks.engine.runner import ModelRunner, open_kernels
@@ -324,7 +324,9 @@ class LLMEngine:
 
     def kv_budget_bytes(self) -> int:
         """The KV pool's bytes (engine/kv_budget.py)."""
-        return kv_budget_bytes(self.config, self.kv_layout, self.max_model_len, self.block_bytes)
+        held = lora_reserve(self.config, self.rank_spec.shape)  # the adapters' memory first
+        return kv_budget_bytes(self.config, self.kv_layout, self.max_model_len, self.block_bytes,
+                               held)  # fmt: skip
 
     # ------------------------------------------------------------------ requests
 

@@ -23,8 +23,9 @@ def available_memory_bytes() -> int:
 
 
 def kv_budget_bytes(config: EngineConfig, layout: KVLayout, max_model_len: int,
-                    block_bytes: int) -> int:  # fmt: skip
-    """The KV pool's bytes for this config (see the module's docstring)."""
+                    block_bytes: int, reserved: int = 0) -> int:  # fmt: skip
+    """The KV pool's bytes for this config (see the module's docstring); reserved: bytes
+    taken from the free memory first (LoRA adapters that may be loaded)."""
     if config.kv_cache_memory is not None:
         return int(config.kv_cache_memory * GiB)
     held = layout.blocks_held(max_model_len, config.block_size)
@@ -33,4 +34,4 @@ def kv_budget_bytes(config: EngineConfig, layout: KVLayout, max_model_len: int,
         free = torch.cuda.mem_get_info(torch.device(config.device))[0]
     else:
         free = available_memory_bytes()
-    return int(min(want, config.kv_cache_fraction * free))
+    return int(min(want, config.kv_cache_fraction * max(free - reserved, 0)))

@@ -20,6 +20,7 @@ import torch
 from tokenworks.engine.lora_layers import TARGETS, BatchRows, wrap_layers
 from tokenworks.engine.messages import LoRANotFoundError
 from tokenworks.engine.prefix_cache import adapter_salt
+from tokenworks.plan.memory import lora_bytes
 
 log = logging.getLogger("tokenworks.engine")
 
@@ -258,3 +259,12 @@ def request_salt(loras: LoRAAdapters | None, lora: str | None, cache_salt: str |
         served = "" if loras is not None else ": this engine serves none (--enable-lora)"
         raise LoRANotFoundError(f"LoRA adapter {lora!r} is not loaded{served}")
     return adapter_salt(cache_salt, lora)
+
+
+def lora_reserve(config, shape) -> int:
+    """Bytes the adapters an engine may load take at most (--max-loras of --max-lora-rank
+    on every product, in its dtype; 0 without LoRA): kept out of the KV pool's budget."""
+    if not config.enable_lora:
+        return 0
+    size = torch.tensor([], dtype=config.torch_dtype).element_size()
+    return config.max_loras * lora_bytes(shape, config.max_lora_rank, size)

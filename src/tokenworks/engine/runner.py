@@ -76,6 +76,7 @@ class ModelRunner:
         self.workers, self.micro_batches = workers, micro_batches
         self.device, self.batch_decode = device, batch_decode
         self.kernels = kernels
+        self.lora = None  # the engine's LoRA adapters (engine/lora.py), where it serves any
         self.rows_up_to = rows_up_to
         self.compile_stats = compile_stats
         layout = pool.layout

@@ -85,6 +85,7 @@ def cmd_hardware(args) -> int:
 
 def cmd_kv(args) -> int:
     from tokenworks.plan.kv import kv_bytes, kv_bytes_per_token
+    from tokenworks.plan.memory import lora_bytes
     from tokenworks.plan.models import get_model
 
     m = get_model(args.model)
@@ -110,8 +111,13 @@ def cmd_kv(args) -> int:
         f"{fmt_bytes(kv_bytes_per_token(m, args.kv_dtype))} per token"
         + (f" (before windows: local layers keep {m.sliding_window})" if m.sliding_window else "")
     )
-    _emit(args, {"model": m.name, "per_token_bytes": kv_bytes_per_token(m, args.kv_dtype),
-                 "rows": rows}, head + "\n" + table(rows))  # fmt: skip
+    out = {"model": m.name, "per_token_bytes": kv_bytes_per_token(m, args.kv_dtype),
+           "rows": rows}  # fmt: skip
+    if args.max_lora_rank:  # what one adapter costs beside the cache
+        out["lora_adapter_bytes"] = adapter = lora_bytes(m, args.max_lora_rank)
+        head += (f"; a rank-{args.max_lora_rank} LoRA adapter on every product: "
+                 f"{fmt_bytes(adapter)} (bf16)")  # fmt: skip
+    _emit(args, out, head + "\n" + table(rows))
     return 0
 
 
@@ -132,6 +138,8 @@ def cmd_fit(args) -> int:
         kv_dtype=args.kv_dtype,
         utilization=args.utilization,
         overhead=args.overhead_gib * GiB,
+        adapters=args.max_loras,
+        adapter_rank=args.max_lora_rank,
     )
     rows = [
         {"per device": "memory", "value": fmt_bytes(f.device_memory)},
@@ -143,6 +151,16 @@ def cmd_fit(args) -> int:
             "per device": f"weights ({f.weight_format}, tp {f.tp}, pp {f.pp})",
             "value": fmt_bytes(f.weights_per_device),
         },  # fmt: skip
+        *(
+            [
+                {
+                    "per device": f"LoRA adapters ({args.max_loras} of rank {args.max_lora_rank})",
+                    "value": fmt_bytes(f.adapters_per_device),
+                }
+            ]
+            if args.max_loras
+            else []
+        ),  # fmt: skip
         {"per device": "left for the KV cache", "value": fmt_bytes(f.kv_budget_per_device)},
         {"per device": "KV per token", "value": fmt_bytes(f.kv_per_token_per_device)},
         {

@@ -77,6 +77,9 @@ class KvPlan(ModelPlan):
         "also count whole blocks of a paged cache whose windowed layers give back the "
         "blocks behind their window (the engine's pool)",
     )
+    max_lora_rank: int | None = _count(
+        None, "also say what one LoRA adapter of this rank on every product holds"
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +91,8 @@ class FitPlan(DevicePlan):
     kv_dtype: str = _kv_dtype()
     utilization: float = field(default=0.9, metadata=option("share of memory to use"))
     overhead_gib: float = field(default=1.0, metadata=option("activations, runtime"))
+    max_loras: int = _count(0, "LoRA adapters held at once, beside the weights")
+    max_lora_rank: int = _count(16, "their rank (every attention and MLP product)")
 
 
 @dataclass(frozen=True, kw_only=True)

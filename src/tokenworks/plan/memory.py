@@ -40,9 +40,19 @@ class Fit:
     max_sequences: int  # at this context
     fits: bool
     verdict: str
+    adapters_per_device: float = 0.0  # LoRA adapters held beside the weights
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def lora_bytes(model: ModelShape, rank: int, element_bytes: int = 2) -> int:
+    """One LoRA adapter of this rank on every attention and MLP product (q, k, v, o, gate,
+    up, down), A and B, in elements of this size."""
+    q, kv = model.n_heads * model.head_dim, model.n_kv_heads * model.head_dim
+    h, i = model.hidden, model.intermediate
+    per_layer = (h + q) + 2 * (h + kv) + (q + h) + 2 * (h + i) + (i + h)
+    return model.n_layers * rank * per_layer * element_bytes
 
 
 def check_parallel(model: ModelShape, tp: int, pp: int) -> None:
@@ -91,7 +101,11 @@ def fit(
     kv_dtype: str = "bf16",
     utilization: float = 0.9,
     overhead: float = 1 * GiB,
+    adapters: int = 0,
+    adapter_rank: int = 16,
 ) -> Fit:
+    """adapters: LoRA adapters of adapter_rank held at once (--max-loras), split over the
+    devices as the weights are."""
     check_parallel(model, tp, pp)
     context = context or model.max_context
     if context < 1 or batch < 1:
@@ -103,8 +117,9 @@ def fit(
     kv_token_dev = kv_bytes_per_token(model, kv_dtype, layers) * share
     kv_seq_dev = kv_bytes(model, context, kv_dtype, layers) * share  # windows capped
     weights = weights_per_device(model, scheme, tp, pp)
+    held = adapters * lora_bytes(model, adapter_rank) / (tp * pp)
     usable = hw.memory_bytes * utilization - overhead
-    budget = usable - weights
+    budget = usable - weights - held
     max_seqs = max(0, int(budget // kv_seq_dev)) if kv_seq_dev else 0
     if budget <= 0:
         fits, verdict = False, "the weights alone do not fit"
@@ -132,4 +147,5 @@ def fit(
         max_sequences=max_seqs,
         fits=fits,
         verdict=verdict,
+        adapters_per_device=held,
     )
