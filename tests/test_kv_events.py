@@ -6,7 +6,6 @@ subscriber never got comes back through the replay socket."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenworks import LLM, SamplingParams
+from tokenworks.bench.peer_engines import free_port
 from tokenworks.engine.kv_budget import GiB
 from tokenworks.engine.kv_events import DECODER, HOST, AllBlocksCleared, BlockStored
 from tokenworks.front.kv_index import KVIndex
@@ -26,9 +26,7 @@ ONE = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
 
 
 def free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 def events_config() -> dict:

@@ -233,12 +233,6 @@ class LoRAAdapters:
             raise LoRANotFoundError(f"LoRA adapter {name!r} is not loaded")
         return slot
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes the loaded adapters hold, in the engine's dtype."""
-        size = torch.tensor([], dtype=self.dtype).element_size()
-        return sum(a.nbytes // 4 * size for a in self.adapters.values())
-
 
 def open_loras(config, model, in_use) -> LoRAAdapters | None:
     """The engine's adapters where its config enables them, --lora-modules loaded."""

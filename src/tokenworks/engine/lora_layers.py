@@ -112,10 +112,7 @@ def wrap_layers(model, rows: BatchRows) -> dict[tuple[int, str], LoRALinear]:
                 "layers: this model has latent attention or experts"
             )
         for product in ("qkv", "o_proj", "gate_up", "down"):
-            base = getattr(layer, product)
-            if isinstance(base, LoRALinear):
-                base = base.base
-            lora = LoRALinear(base, part_bounds(model.spec, product), rows)
+            lora = LoRALinear(getattr(layer, product), part_bounds(model.spec, product), rows)
             setattr(layer, product, lora)
             wrapped[(layer.layer, product)] = lora
     return wrapped

@@ -238,12 +238,15 @@ class CoreClient(EngineFront):
             except zmq.Again:
                 log.error("the engine core took no command for %d ms", SEND_TIMEOUT_MS)
 
-    async def submit(self, job: Submission) -> RequestStream:
-        """EngineFront.submit, kv_export and kv_import included."""
+    def _check_running(self) -> None:
         if not self.is_running or self._stopping:
             raise EngineNotRunningError(
                 f"the engine core is not running ({self.died or 'not started or stopping'})"
             )
+
+    async def submit(self, job: Submission) -> RequestStream:
+        """EngineFront.submit, kv_export and kv_import included."""
+        self._check_running()
         request_id = job.request_id or self.new_request_id()
         text = RequestText(job.params, self.engine.tokenizer, job.prompt_token_ids)
         stream = Stream(request_id, asyncio.get_running_loop(), asyncio.Queue(), text)
@@ -263,10 +266,7 @@ class CoreClient(EngineFront):
 
     async def lora(self, action: str, name: str, path: str | None = None) -> None:
         """EngineFront.lora: the command sent to the core, its answer awaited."""
-        if not self.is_running or self._stopping:
-            raise EngineNotRunningError(
-                f"the engine core is not running ({self.died or 'not started or stopping'})"
-            )
+        self._check_running()
         request_id = self.new_request_id("lora")
         stream = Stream(request_id, asyncio.get_running_loop(), asyncio.Queue(), None)
         with self._lock:
