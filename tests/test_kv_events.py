@@ -179,6 +179,8 @@ def test_bad_kv_events_configs_say_what_to_fix():
         EngineConfig(kv_events_config={"enable": True})
     with pytest.raises(ValueError, match="ZeroMQ address"):
         EngineConfig(kv_events_config={"enable_kv_cache_events": True, "endpoint": "5557"})
+    with pytest.raises(ValueError, match="give ZeroMQ addresses"):
+        KVIndex("5557")
     with pytest.raises(ValueError, match="prefix caching"):
         EngineConfig(kv_events_config={"enable_kv_cache_events": True},
                      enable_prefix_caching=False)  # fmt: skip

@@ -46,14 +46,21 @@ class KVIndex:
         self.sub = self.context.socket(zmq.SUB)
         self.sub.setsockopt(zmq.LINGER, 0)
         self.sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        self.monitor = self.sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        self.sub.connect(endpoint)
-        self.disconnected = False
         self.replay = None
-        if replay_endpoint is not None:
-            self.replay = self.context.socket(zmq.DEALER)
-            self.replay.setsockopt(zmq.LINGER, 0)
-            self.replay.connect(replay_endpoint)
+        self.monitor = self.sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        try:
+            self.sub.connect(endpoint)
+            if replay_endpoint is not None:
+                self.replay = self.context.socket(zmq.DEALER)
+                self.replay.setsockopt(zmq.LINGER, 0)
+                self.replay.connect(replay_endpoint)
+        except zmq.ZMQError as e:
+            self.close()
+            raise ValueError(
+                f"cannot follow KV events at {endpoint} / {replay_endpoint} "
+                f"({e}): give ZeroMQ addresses such as tcp://127.0.0.1:5557"
+            ) from e
+        self.disconnected = False
         self.blocks: dict[bytes, set[str]] = {}  # block hash -> the media holding it
         self.last_seq = -1
         self.restarts = 0  # new engines seen
