@@ -162,8 +162,13 @@ class ZmqEventPublisher:
             self.thread = threading.Thread(target=self._answer, name="kv-events-replay",
                                            daemon=True)  # fmt: skip
             self.thread.start()
-        log.info("publishing KV events on %s%s", config.endpoint,
-                 f" (replay on {config.replay_endpoint})" if self.replay else "")  # fmt: skip
+        # the addresses bound (a tcp port given as * is one the system picked)
+        self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.replay_endpoint = (
+            self.replay.getsockopt_string(zmq.LAST_ENDPOINT) if self.replay else None
+        )
+        log.info("publishing KV events on %s%s", self.endpoint,
+                 f" (replay on {self.replay_endpoint})" if self.replay else "")  # fmt: skip
 
     def publish(self, events: list[KVCacheEvent]) -> None:
         if not events:

@@ -26,7 +26,8 @@ class Stream:
     request_id: str
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
-    text: RequestText  # its completions as text (the core sends token ids alone)
+    # its completions as text (a core sends token ids alone; None where the text comes made)
+    text: RequestText | None
     # the backlog: tokens pushed (written by the delivering thread only) against tokens
     # the reader took (written by the reader only), and when the reader last took any
     pushed: int = 0
@@ -93,9 +94,11 @@ class RequestStream:
         return item
 
     @property
-    def detokenize_s(self) -> float:
-        """Seconds spent turning its tokens into text in this process."""
-        return self._stream.text.seconds
+    def detokenize_s(self) -> float | None:
+        """Seconds spent turning its tokens into text in this process (None: its text was
+        made elsewhere)."""
+        text = self._stream.text
+        return None if text is None else text.seconds
 
     async def aclose(self) -> None:
         if not self.done:

@@ -71,6 +71,33 @@ def make_state(
     )
 
 
+def serving_state(
+    front, config: EngineConfig, options: ServeConfig, limits: ServerLimits
+) -> ServerState:
+    """The state `tokenworks serve` (and serve/ray_serve.py's API replica) serves its
+    engine front with, as its options ask."""
+    state = make_state(
+        front,
+        [config.model, *options.served_model_name],
+        options.request_timeout,
+        limits,
+        api_keys=options.api_key,
+        metrics_require_key=options.metrics_require_key,
+        tenant_salts=not options.shared_prefix_cache,
+        metrics_prefix=options.metrics_prefix,
+        embedding_pooling=options.embedding_pooling,
+        chat_template=options.chat_template,
+        reasoning_parser=options.reasoning_parser,
+        reasoning_budget=options.reasoning_budget,
+        tool_call_parser=options.tool_call_parser,
+    )
+    state.runtime_lora = options.allow_runtime_lora_updating
+    for item in config.lora_modules:  # loaded by the engine as it started
+        name, _, path = item.partition("=")
+        state.add_adapter(name, path)
+    return state
+
+
 def add_model(
     state: ServerState,
     name: str,
@@ -177,25 +204,7 @@ def run_server(config: EngineConfig, options: ServeConfig, limits: ServerLimits)
         engine.start()
     except RayNotInstalledError as e:
         raise SystemExit(str(e)) from None
-    state = make_state(
-        engine,
-        [config.model, *options.served_model_name],
-        options.request_timeout,
-        limits,
-        api_keys=options.api_key,
-        metrics_require_key=options.metrics_require_key,
-        tenant_salts=not options.shared_prefix_cache,
-        metrics_prefix=options.metrics_prefix,
-        embedding_pooling=options.embedding_pooling,
-        chat_template=options.chat_template,
-        reasoning_parser=options.reasoning_parser,
-        reasoning_budget=options.reasoning_budget,
-        tool_call_parser=options.tool_call_parser,
-    )
-    state.runtime_lora = options.allow_runtime_lora_updating
-    for item in config.lora_modules:  # loaded by the engine as it started
-        name, _, path = item.partition("=")
-        state.add_adapter(name, path)
+    state = serving_state(engine, config, options, limits)
     for name, spec in options.backends.items():
         front = backend_front(name, config, spec, options, stop)
         front.start()
