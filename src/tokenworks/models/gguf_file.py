@@ -185,6 +185,8 @@ def gguf_weights(
         for name, part in parts:  # owned, writable
             value = flat[part][0] if vectors else flat[part]
             weights[name] = torch.from_numpy(np.array(value, dtype=np.float32))
+    if not names_only:  # the dense reads copied their values: drop the file pages they
+        blocks.release_pages(torch.from_numpy(mm))  # mapped (the kernel maps whole folios)
     return weights, rope_freqs
 
 
