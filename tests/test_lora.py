@@ -44,12 +44,30 @@ def adapters(hf_smol, tmp_path_factory):
     return out
 
 
+def _lora_llm(loaded, adapters, kernels: str):
+    modules = tuple(f"{name}={path}" for name, (path, _) in adapters.items())
+    llm = LLM("smollm2-135m", dtype="float32", quantization="none", loaded=loaded,
+              threads=2, max_num_seqs=8, kv_cache_memory=0.25, lora_modules=modules,
+              max_loras=3, warmup=False, kernels=kernels)  # fmt: skip
+    assert (llm.engine.c_kernels is not None) == (kernels == "c")
+    return llm
+
+
 @pytest.fixture(scope="module")
 def lora_llm(smol_loaded, adapters):
-    modules = tuple(f"{name}={path}" for name, (path, _) in adapters.items())
-    return LLM("smollm2-135m", dtype="float32", quantization="none", loaded=smol_loaded,
-               threads=2, max_num_seqs=8, kv_cache_memory=0.25, lora_modules=modules,
-               max_loras=3, warmup=False)  # fmt: skip
+    return _lora_llm(smol_loaded, adapters, "torch")
+
+
+@pytest.fixture(scope="module")
+def lora_llm_c(smol_loaded, adapters):
+    """On the C kernels: a batch without adapter rows in the whole step, one with them
+    between C calls."""
+    return _lora_llm(smol_loaded, adapters, "c")
+
+
+@pytest.fixture(params=["torch", "c"])
+def either_llm(request):
+    return request.getfixturevalue("lora_llm_c" if request.param == "c" else "lora_llm")
 
 
 def hf_run(model, ids: list[int], n: int) -> tuple[list[int], list[float]]:
@@ -68,9 +86,10 @@ def ours(output) -> tuple[list[int], list[float]]:
     return c.token_ids, [lp.logprob for lp in c.logprobs]
 
 
-def test_one_batch_of_two_adapters_and_the_base_equals_peft(lora_llm, adapters, hf_smol):
+def test_one_batch_of_two_adapters_and_the_base_equals_peft(either_llm, adapters, hf_smol):
     """Each row runs its own adapter: the same tokens as PEFT's model with that adapter,
     and logprobs within 1e-4 of its."""
+    lora_llm = either_llm
     ids = [lora_llm.tokenizer.encode(p) for p in PROMPTS]
     rows = [(0, "a"), (0, None), (0, "b"), (1, "a"), (1, "b"), (1, None)]
     got = lora_llm.generate([ids[p] for p, _ in rows], GREEDY, use_tqdm=False,
@@ -92,7 +111,8 @@ def test_an_adapters_bytes_are_what_the_planner_counts(lora_llm):
     assert lora_llm.engine.lora.adapters["a"].nbytes == lora_bytes(shape, 8, 4)  # float32
 
 
-def test_an_adapter_alone_gives_what_it_gives_in_a_mixed_batch(lora_llm):
+def test_an_adapter_alone_gives_what_it_gives_in_a_mixed_batch(either_llm):
+    lora_llm = either_llm
     ids = lora_llm.tokenizer.encode(PROMPTS[0])
     [alone] = lora_llm.generate([ids], GREEDY, use_tqdm=False, lora="b")
     mixed = lora_llm.generate([ids] * 3, GREEDY, use_tqdm=False, lora=["a", "b", None])

@@ -90,14 +90,16 @@ class LLMEngine:
         self.core_thread = False  # a core loop (engine/core.py's CoreThread) steps it
         if rank_threads(config) is not None:
             torch.set_num_threads(rank_threads(config))
-        if config.device == "cpu" and config.keep_freed_memory:
-            keep_freed_memory()  # each step's buffers reuse the last step's pages
         own = loaded is None  # weights this engine read itself are dropped once built
         loaded = loaded or load(config.model, keep_index=config.keep_gguf_index)
         self.spec = loaded.spec
         self.tokenizer = TokenizerWrapper.from_loaded(loaded)
         if config.device == "cpu":  # building a large vocabulary's merges leaves free pages
             release_freed_memory()  # that would otherwise sit under the weights' peak
+        if config.device == "cpu" and config.keep_freed_memory:
+            # each step's buffers reuse the last step's pages; set after the tokenizer, whose
+            # many mid-sized allocations would otherwise stay in the heap, fragmenting it
+            keep_freed_memory()
         # what the weights run as: the GGUF's blocks by default (config.resolved_quantization)
         self.quantization = config.resolved_quantization(loaded.gguf_index is not None)
         # the other ranks (tensor / pipeline parallel), joined before any model is built
@@ -116,8 +118,6 @@ class LLMEngine:
                     f"{self.quantization} blocks: add --quantization none"
                 )
             self.compile_stats = CompileStats(layers=compile_layers_(self.model))
-        # LoRA adapters, where enabled (loaded and unloaded through engine.lora)
-        self.lora = open_loras(config, self.model, lambda: {h.lora for h in self.requests.values()})
         if config.max_model_len and config.max_model_len > self.spec.max_position:
             raise ValueError(
                 f"--max-model-len {config.max_model_len} is past the {self.spec.max_position} "
@@ -156,6 +156,11 @@ class LLMEngine:
         # the C kernels where they run for this model and these options (why not, if not),
         # and how this engine is batch-invariant: "kernels", "torch" or "" (it is not)
         self.c_kernels, self.kernels_off_because, self.invariance = self._open_kernels()
+        # LoRA adapters, where enabled (loaded and unloaded through engine.lora): wrapped
+        # around the torch modules' products, after the C pass read the model's own
+        self.lora = open_loras(config, self.model, lambda: {h.lora for h in self.requests.values()})
+        if self.lora is not None and self.c_kernels is not None:
+            self.c_kernels.forward_pass.adapters = self.lora.rows
         self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching, self.kv_layout)
         if config.kv_offload_gib:  # evicted cached blocks go to host memory, not away
             self.blocks.host = HostTier(self.pool, int(config.kv_offload_gib * GiB))

@@ -27,15 +27,14 @@ def open_kernels(model, pool, config) -> tuple:
         return None, "attention_tile runs the torch path's tiled attention"
     if config.compile:
         return None, "compile runs the torch modules, compiled"
-    if config.enable_lora:
-        return None, "LoRA adapters run between the torch modules' products"
     return CKernels.open(
         model,
         pool,
         config.block_size,
         kernels=config.kernels,
         device=config.device,
-        batch_invariant=config.batch_invariant is not False,
+        # an adapter's products sum as torch's matmuls do, which depends on the batch
+        batch_invariant=config.batch_invariant is not False and not config.enable_lora,
         packed_products=config.packed_products,
         amx_tiles=config.amx_tiles,
     )
@@ -133,6 +132,8 @@ class ModelRunner:
         head_rows = _rows(last_rows, prompt_rows)  # ascending, where any prompt rows join
         if prompt_rows or pooled_rows:
             argmax_only = False
+        if self.lora is not None:  # (read by the C pass's products too)
+            self.lora.rows.set(slots, self.device)
         if self.kernels is not None and not pooled_rows:  # C hands back no hidden states
             layout = self.kernels.layout(q_lens, ctx_lens, tables)
             if layout is not None:
@@ -140,8 +141,6 @@ class ModelRunner:
                 rows = torch.tensor(head_rows, dtype=torch.long, device=self.device)
                 out = ForwardOutput(*self.kernels.forward(ids_t, pos_t, layout, rows, argmax_only))
                 return lambda: _with_prompt_rows(out, head_rows, last_rows, prompt_rows)
-        if self.lora is not None:
-            self.lora.rows.set(slots, self.device)
         hidden_rows = _rows(head_rows, pooled_rows) if pooled_rows else None
         step = TorchStep(ids, positions, q_lens, ctx_lens, tables, head_rows, hidden_rows,
                          list(copies), self.micro_batches)  # fmt: skip

@@ -120,6 +120,10 @@ class LlamaForward:
         self.rope_tables = (model.cos, model.sin)  # float32 [positions, rope dims]
         self.cover_positions = model.cover_positions  # fills the tables' rows C reads
         self._packed = self._head = None  # run_batched's products, made on first use
+        # LoRA adapters (engine/lora_layers.py's BatchRows: each row's adapter, set before
+        # each batch): a batch where any row has one runs run_batched on the layers' own
+        # modules, which add each row's deltas to the products (a GLU's before its gate)
+        self.adapters = None
 
     @classmethod
     def prepare(
@@ -187,7 +191,13 @@ class LlamaForward:
         return self._whole_step(query_lens) or self.dense is not None
 
     def _whole_step(self, query_lens: list[int]) -> bool:
+        if self._adapted():
+            return False
         return self.invariant or (len(query_lens) <= self.max_rows and decode_only(query_lens))
+
+    def _adapted(self) -> bool:
+        """Does a row of this batch run a LoRA adapter?"""
+        return self.adapters is not None and self.adapters.slots is not None
 
     def _buffers(self, b: int) -> tuple:
         """Scratch memory for a whole step of b rows: one set, grown to the biggest batch
@@ -380,6 +390,15 @@ class LlamaForward:
             self._head = _product(self.dense_head, packs)
         return self._packed
 
+    def _modules(self) -> list:
+        """Per layer, the four products as the layers' modules compute them (their LoRA
+        deltas included), gate_up's followed by its activation."""
+        self._products()  # (the head's)
+        act = _geglu if self.geglu else swiglu
+        return [
+            [m.qkv, m.o_proj, lambda x, m=m: act(m.gate_up(x)), m.down] for m in self.layers
+        ]
+
     def run_batched(
         self, input_ids, positions, batches: list[KernelBatch], logits_rows=None,
         float_logits=True,
@@ -408,7 +427,8 @@ class LlamaForward:
         kvs, _alive = self._kvs(batches) if decode_only else (None, None)
         dims = ctypes.byref(self.dims)
         p_delta = None
-        for i, (f_qkv, f_o, f_mlp, f_down) in enumerate(self._products()):
+        products = self._modules() if self._adapted() else self._products()
+        for i, (f_qkv, f_o, f_mlp, f_down) in enumerate(products):
             layer, g, m = self.layers_c[i], self.group_of[i], self.layers[i]
             lib.tw_residual_norm(
                 px, p_delta, code, layer.input_norm, eps, ph, code, b, hid, threads
