@@ -395,9 +395,7 @@ class LlamaForward:
         deltas included), gate_up's followed by its activation."""
         self._products()  # (the head's)
         act = _geglu if self.geglu else swiglu
-        return [
-            [m.qkv, m.o_proj, lambda x, m=m: act(m.gate_up(x)), m.down] for m in self.layers
-        ]
+        return [[m.qkv, m.o_proj, lambda x, m=m: act(m.gate_up(x)), m.down] for m in self.layers]
 
     def run_batched(
         self, input_ids, positions, batches: list[KernelBatch], logits_rows=None,
