@@ -97,9 +97,7 @@ class LLMEngine:
         if config.device == "cpu":  # building a large vocabulary's merges leaves free pages
             release_freed_memory()  # that would otherwise sit under the weights' peak
         if config.device == "cpu" and config.keep_freed_memory:
-            # each step's buffers reuse the last step's pages; set after the tokenizer, whose
-            # many mid-sized allocations would otherwise stay in the heap, fragmenting it
-            keep_freed_memory()
+            keep_freed_memory()  # each step's buffers reuse the last step's pages
         # what the weights run as: the GGUF's blocks by default (config.resolved_quantization)
         self.quantization = config.resolved_quantization(loaded.gguf_index is not None)
         # the other ranks (tensor / pipeline parallel), joined before any model is built
@@ -156,11 +154,10 @@ class LLMEngine:
         # the C kernels where they run for this model and these options (why not, if not),
         # and how this engine is batch-invariant: "kernels", "torch" or "" (it is not)
         self.c_kernels, self.kernels_off_because, self.invariance = self._open_kernels()
-        # LoRA adapters, where enabled (loaded and unloaded through engine.lora): wrapped
-        # around the torch modules' products, after the C pass read the model's own
-        self.lora = open_loras(config, self.model, lambda: {h.lora for h in self.requests.values()})
-        if self.lora is not None and self.c_kernels is not None:
-            self.c_kernels.forward_pass.adapters = self.lora.rows
+        # LoRA adapters, where enabled (loaded and unloaded through engine.lora), wrapped
+        # around the modules after the C pass read the model's own products
+        self.lora = open_loras(config, self.model, self.c_kernels,
+                               lambda: {h.lora for h in self.requests.values()})  # fmt: skip
         self.blocks = BlockManager(num_blocks, bs, config.enable_prefix_caching, self.kv_layout)
         if config.kv_offload_gib:  # evicted cached blocks go to host memory, not away
             self.blocks.host = HostTier(self.pool, int(config.kv_offload_gib * GiB))

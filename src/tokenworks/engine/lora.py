@@ -234,12 +234,17 @@ class LoRAAdapters:
         return slot
 
 
-def open_loras(config, model, in_use) -> LoRAAdapters | None:
-    """The engine's adapters where its config enables them, --lora-modules loaded."""
+def open_loras(config, model, kernels, in_use) -> LoRAAdapters | None:
+    """The engine's adapters where its config enables them, --lora-modules loaded; where
+    the engine runs the C kernels (kernels/backend.py's, or None), their deltas are added
+    in C and the C pass runs the batches with adapter rows between its calls."""
     if not config.enable_lora:
         return None
     loras = LoRAAdapters(model, config.max_loras, config.max_lora_rank, config.torch_dtype,
                          config.device, in_use)  # fmt: skip
+    if kernels is not None:
+        loras.rows.c_deltas = True
+        kernels.forward_pass.adapters = loras.rows
     for item in config.lora_modules:
         name, _, path = item.partition("=")
         loras.load(name, path)

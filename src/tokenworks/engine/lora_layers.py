@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tokenworks.kernels.lora_deltas import DeltaWeights, lora_add, runs_here
+
 # PEFT's module names -> (the fused product of models/llama.py that holds it, which part)
 TARGETS = {
     "q_proj": ("qkv", 0),
@@ -31,12 +33,17 @@ class BatchRows:
     forward, read by every LoRALinear in it."""
 
     def __init__(self):
-        self.slots: torch.Tensor | None = None  # [rows] slot, -1 the base; None: no adapter
+        self.slots: torch.Tensor | None = None  # [rows, 1] slot, -1 the base; None: no adapter
+        # the deltas in C (kernels/lora_deltas.py), each row reading its own adapter alone,
+        # where the engine runs the C kernels; else torch's masked products
+        self.c_deltas = False
+        self.c_slots: torch.Tensor | None = None  # int32 [rows], as C reads them
 
     def set(self, slots: list[int], device) -> None:
         """slots: each row's adapter slot, -1 for the base model."""
         has = any(s >= 0 for s in slots)
         self.slots = torch.tensor(slots, device=device)[:, None] if has else None
+        self.c_slots = torch.tensor(slots, dtype=torch.int32) if has and self.c_deltas else None
 
 
 class LoRALinear(nn.Module):
@@ -53,6 +60,7 @@ class LoRALinear(nn.Module):
         self.base, self.bounds, self.rows = base, bounds, rows
         self.weights: dict[int, list[tuple | None]] = {}
         self.packed: tuple | None = None  # (A's [C, in], each column's slot [C], parts)
+        self.c_weights: DeltaWeights | None = None  # the same, as the C deltas read them
 
     def pack(self) -> None:
         """Lay the adapters' weights out for forward(), after any was loaded or dropped."""
@@ -71,6 +79,7 @@ class LoRALinear(nn.Module):
                 width = sum(b.shape[1] for b in bs)
                 parts.append((bound, at, at + width, torch.cat(bs, dim=1)))
                 at += width
+        self.c_weights = DeltaWeights(self.bounds, self.weights) if self.rows.c_deltas else None
         if not a_rows:
             self.packed = None
             return
@@ -81,6 +90,9 @@ class LoRALinear(nn.Module):
         y = self.base(x)
         rows = self.rows.slots
         if rows is None or self.packed is None:
+            return y
+        if self.rows.c_slots is not None and runs_here(x) and y.dtype == x.dtype:
+            lora_add(x.contiguous(), y, self.rows.c_slots, self.c_weights)
             return y
         a, col_slot, parts = self.packed
         u = x @ a.t()  # [rows, every adapter's rank]

@@ -21,7 +21,8 @@
 // attention (DeepSeek's MLA); `tw_packed_linear` multiplies by packed bfloat16 weights (AMX
 // tiles or AVX-512 BF16 dot products); `tw_residual_norm`, `tw_swiglu`, `tw_rope_attend`
 // and `tw_rope_store` are what lies between torch's products for bigger batches;
-// `tw_prefill_attention` attends prompt chunks.
+// `tw_prefill_attention` attends prompt chunks; `tw_lora_add` adds LoRA adapters' deltas,
+// each row its own adapter's.
 //
 // Vector paths use AVX-512 (BF16 dot products where the CPU has them); every loop has a
 // plain C fallback, so the file builds for any CPU the compiler targets.
@@ -38,5 +39,6 @@
 #include "between_products.h"
 #include "prefill_attention.h"
 #include "argmax.h"
+#include "lora_deltas.h"
 #include "stream_read.h"
 #include "product_peak.h"
