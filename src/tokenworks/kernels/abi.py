@@ -193,7 +193,7 @@ SIGNATURES = {
     ]),
     "tw_argmax_rows": (None, [c_ptr, _i, _i, _i, c_ptr, _i]),
     "tw_lora_add": (None, [
-        c_ptr, c_ptr, _i, _i, _i, _i, c_ptr, _i, c_ptr, c_ptr, _i, c_ptr, c_ptr, c_ptr, _i,
+        c_ptr, c_ptr, _i, _i, _i, _i, c_ptr, _i, c_ptr, c_ptr, _i, c_ptr, c_ptr, c_ptr, _i, _i,
     ]),
     "tw_block_linear": (None, [c_ptr, _i, _i, ctypes.POINTER(Linear), c_ptr, _i, _i]),
     "tw_block_dequantize": (None, [c_ptr, _i, _i64, _i, c_ptr, _i, _i]),

@@ -14,7 +14,8 @@ from tokenworks.kernels.build import library
 
 class DeltaWeights:
     """One product's adapters as tw_lora_add reads them: per part and slot, A [rank, in]
-    and B transposed [rank, part width] with its scale applied, float32 contiguous.
+    and B transposed [rank, part width] with its scale applied, contiguous, in bfloat16
+    where the adapters are (half the bytes a step streams), else float32.
 
     parts: each part's (lo, hi) output columns; weights: slot -> per part (A, B, scale) or
     None."""
@@ -27,16 +28,19 @@ class DeltaWeights:
         self.a = (ctypes.c_void_p * max(count, 1))()
         self.bt = (ctypes.c_void_p * max(count, 1))()
         self.rank = torch.zeros(max(count, 1), dtype=torch.int32)
+        found = [part for per_part in weights.values() for part in per_part if part is not None]
+        bf16 = found and found[0][0].dtype == torch.bfloat16  # (an engine's adapters: one dtype)
+        self.dtype = torch.bfloat16 if bf16 else torch.float32
         for slot, per_part in weights.items():
             for p, part in enumerate(per_part):
                 if part is None:
                     continue
                 a, b, scale = part
-                a32 = a.detach().float().contiguous()
-                bt32 = (b.detach().float() * scale).t().contiguous()
-                self.keep += [a32, bt32]
+                a_c = a.detach().to(self.dtype).contiguous()
+                bt_c = (b.detach().float() * scale).t().to(self.dtype).contiguous()
+                self.keep += [a_c, bt_c]
                 i = p * n_slots + slot
-                self.a[i], self.bt[i], self.rank[i] = a32.data_ptr(), bt32.data_ptr(), a.shape[0]
+                self.a[i], self.bt[i], self.rank[i] = a_c.data_ptr(), bt_c.data_ptr(), a.shape[0]
         self.lo = torch.tensor([lo for lo, _ in parts], dtype=torch.int64)
         self.hi = torch.tensor([hi for _, hi in parts], dtype=torch.int64)
 
@@ -56,5 +60,5 @@ def lora_add(x: torch.Tensor, y: torch.Tensor, slots: torch.Tensor, w: DeltaWeig
     library().tw_lora_add(
         x.data_ptr(), y.data_ptr(), ck.DTYPE_CODES[y.dtype], x.shape[0], x.shape[1],
         y.shape[1], slots.data_ptr(), w.n_parts, w.lo.data_ptr(), w.hi.data_ptr(), w.n_slots,
-        w.a, w.bt, w.rank.data_ptr(), torch.get_num_threads(),
+        w.a, w.bt, w.rank.data_ptr(), ck.DTYPE_CODES[w.dtype], torch.get_num_threads(),
     )  # fmt: skip
