@@ -81,6 +81,7 @@ class LoRABenchConfig(EngineBench):
     rank: int = o.count(8, "each adapter's rank")
     prompt_tokens: int = o.count(64, "a sequence's prompt")
     decode_tokens: int = o.count(16, "decode steps timed")
+    repeats: int = o.count(3, "rounds of the base and each mix in turn (the best is kept)")
 
 
 @dataclass(frozen=True)
