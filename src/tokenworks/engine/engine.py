@@ -90,14 +90,14 @@ class LLMEngine:
         self.core_thread = False  # a core loop (engine/core.py's CoreThread) steps it
         if rank_threads(config) is not None:
             torch.set_num_threads(rank_threads(config))
+        if config.device == "cpu" and config.keep_freed_memory:
+            keep_freed_memory()  # each step's buffers reuse the last step's pages
         own = loaded is None  # weights this engine read itself are dropped once built
         loaded = loaded or load(config.model, keep_index=config.keep_gguf_index)
         self.spec = loaded.spec
         self.tokenizer = TokenizerWrapper.from_loaded(loaded)
         if config.device == "cpu":  # building a large vocabulary's merges leaves free pages
             release_freed_memory()  # that would otherwise sit under the weights' peak
-        if config.device == "cpu" and config.keep_freed_memory:
-            keep_freed_memory()  # each step's buffers reuse the last step's pages
         # what the weights run as: the GGUF's blocks by default (config.resolved_quantization)
         self.quantization = config.resolved_quantization(loaded.gguf_index is not None)
         # the other ranks (tensor / pipeline parallel), joined before any model is built
