@@ -100,7 +100,7 @@ def test_a_config_travels_as_json_and_comes_back_equal():
     import msgspec
 
     config = EngineConfig(
-        block_size=32, tensor_parallel_size=2, speculative_config='{"method": "ngram"}'
+        block_size=32, tensor_parallel_size=2, kv_events_config='{"enable_kv_cache_events": true}'
     )
     again = msgspec.json.decode(msgspec.json.encode(config), type=EngineConfig)
     assert again == config

@@ -78,6 +78,30 @@ RULES = (
         {"enable_lora": True, "tensor_parallel_size": 2},
     ),
     Rule(
+        "speculation verifies on batch-invariant rows",
+        lambda c: c.speculative_config is not None and c.batch_invariant is False,
+        "speculative decoding keeps the target's greedy text only where a verify row is "
+        "computed as a decode row (batch invariance); --no-batch-invariant breaks that: "
+        "drop one of the two",
+        {"speculative_config": '{"method": "ngram"}', "batch_invariant": False},
+    ),
+    Rule(
+        "speculation does not go with split ranks",
+        lambda c: c.speculative_config is not None and _split(c),
+        "speculative decoding keeps the target's greedy text only where a verify row is "
+        "computed as a decode row; tensor and pipeline parallel ranks sum their products "
+        "otherwise for more rows: drop one of the two",
+        {"speculative_config": '{"method": "ngram"}', "tensor_parallel_size": 2},
+    ),
+    Rule(
+        "speculation does not go with LoRA adapters",
+        lambda c: c.speculative_config is not None and c.enable_lora,
+        "speculative decoding keeps the target's greedy text only where a verify row is "
+        "computed as a decode row; LoRA adapters' products are not batch-invariant: drop "
+        "one of the two",
+        {"speculative_config": '{"method": "ngram"}', "enable_lora": True},
+    ),
+    Rule(
         "LoRA adapters' products are not batch-invariant",
         lambda c: c.enable_lora and c.batch_invariant is True,
         "batch_invariant: an adapter's products run on torch's own matmuls, whose sums "

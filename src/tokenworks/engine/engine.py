@@ -244,7 +244,8 @@ class LLMEngine:
         switched off, comes from the kernels' whole step where they run the model; asked
         for where they cannot (an MoE model, latent attention, another device), torch's
         fixed tiles give it instead, and the C kernels stand aside."""
-        asked = self.config.batch_invariant
+        # speculation asks for it: its verify rows must be computed as decode rows
+        asked = True if self.config.speculative_config else self.config.batch_invariant
         kernels, why = open_kernels(self.model, self.pool, self.config)
         if asked is False or (kernels is not None and kernels.invariant):
             return kernels, why, "" if asked is False else "kernels"
