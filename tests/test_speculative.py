@@ -260,6 +260,9 @@ def test_the_server_counts_speculation_in_its_metrics(smol_loaded):
             counts["tokenworks:spec_decode_num_accepted_tokens_per_pos_total"]
             == (counts["tokenworks:spec_decode_num_accepted_tokens_total"])
         )
+        for gauge in ("sequences_proposing", "sequences_held_back", "guessing_loses",
+                      "acceptance_estimate"):  # the controller's state  # fmt: skip
+            assert f"tokenworks:spec_decode_{gauge}" in counts
     finally:
         srv.stop()
 
@@ -372,6 +375,30 @@ def test_a_seed_fixes_the_output_with_speculation():
         outs.append(llm.generate(["abc abc"], params, use_tqdm=False)[0].outputs[0].token_ids)
         assert llm.engine.speculator.metrics.num_draft_tokens > 0
     assert outs[0] == outs[1]
+
+
+def test_the_controller_holds_back_guesses_that_do_not_pay():
+    """A drafter of other random weights almost never guesses right: with the adaptive
+    controller on, after its first verdicts the sequence mostly sits out (the gauges say
+    so at each step), where a controller kept off guesses at every step."""
+    toy = load("toy")
+    params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    drafts = {}
+    for adaptive in (True, False):
+        config = EngineConfig(model="toy", dtype="float32", warmup=False, speculative_config={
+            "model": "toy-1", "num_speculative_tokens": 4, "adaptive": adaptive})  # fmt: skip
+        engine = LLMEngine(config, toy, toy_draft())
+        engine.add_request(prompt="the cat sat", params=params)
+        held = 0
+        while engine.has_unfinished():
+            engine.step()
+            held += engine.speculator.metrics.held_back
+        m = engine.speculator.metrics
+        assert m.mean_acceptance is not None
+        drafts[adaptive] = (m.num_drafts, held, m.num_accepted_tokens / max(1, m.num_draft_tokens))
+    (on, held_on, rate), (off, held_off, _) = drafts[True], drafts[False]
+    assert rate < 0.2  # the guesses do not pay
+    assert on < off / 2 and held_on > 20 and held_off == 0
 
 
 def test_a_drafter_reads_a_prompt_longer_than_a_step_in_pieces():

@@ -125,6 +125,23 @@ class ServerMetrics:
                 f"{prefix}:spec_decode_verify_seconds",
                 "Seconds of steps that verified proposals, less their proposing.",
             ),
+            "spec_proposing": gauge(
+                f"{prefix}:spec_decode_sequences_proposing",
+                "Decoding sequences that proposed guesses at the last step.",
+            ),
+            "spec_held_back": gauge(
+                f"{prefix}:spec_decode_sequences_held_back",
+                "Decoding sequences the adaptive controller held back at the last step "
+                "(their guesses did not pay, or guessing loses at this batch size).",
+            ),
+            "spec_losing": gauge(
+                f"{prefix}:spec_decode_guessing_loses",
+                "1 where steps with guesses have been slower than without at this batch size.",
+            ),
+            "spec_acceptance": gauge(
+                f"{prefix}:spec_decode_acceptance_estimate",
+                "The decoding sequences' mean estimate of a guess's chance to be accepted.",
+            ),
             "per_pos": counter(
                 f"{prefix}:spec_decode_num_accepted_tokens_per_pos",
                 "Accepted proposals by their position in the proposal.",
@@ -231,7 +248,14 @@ class EngineMetrics:
             self._count_speculation(gauges.speculation)
 
     def _count_speculation(self, m) -> None:
-        """The speculator's running totals, as deltas since the last step."""
+        """The speculator's running totals, as deltas since the last step; its controller's
+        state as it is."""
+        s = self.series
+        s["spec_proposing"].set(m.proposing)
+        s["spec_held_back"].set(m.held_back)
+        s["spec_losing"].set(int(m.losing))
+        if m.mean_acceptance is not None:
+            s["spec_acceptance"].set(m.mean_acceptance)
         for name in _SPEC:
             value = getattr(m, name)
             self.series[name].inc(max(0, value - self._spec_seen.get(name, 0)))

@@ -1,9 +1,12 @@
-"""The speculator's running totals: plain numbers the engine's gauges carry to /metrics."""
+"""The speculator's running totals and its controller's state: plain numbers the engine's
+gauges carry to /metrics."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+
+GAUGES = ("proposing", "held_back", "losing", "mean_acceptance")
 
 
 @dataclass
@@ -18,6 +21,14 @@ class SpeculativeMetrics:
     accepted_per_pos: list[int] = field(default_factory=list)  # passes of the j-th guess
     draft_seconds: float = 0.0  # proposing (the drafter's passes, or the n-gram lookups)
     verify_seconds: float = 0.0  # steps that verified proposals, less their proposing
+    # the controller's state at the last step (gauges, not totals): decoding sequences that
+    # proposed, those it held back (sitting out after guesses that did not pay, or every one
+    # where guessing loses at this batch size), whether it loses, and the decoding
+    # sequences' mean estimate of a guess's chance to pass
+    proposing: int = 0
+    held_back: int = 0
+    losing: bool = False
+    mean_acceptance: float | None = None
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -33,8 +44,9 @@ class SpeculativeMetrics:
         counts = {
             f.name: getattr(self, f.name) - getattr(earlier, f.name)
             for f in dataclasses.fields(self)
-            if f.name != "accepted_per_pos"
+            if f.name != "accepted_per_pos" and f.name not in GAUGES
         }
+        counts |= {name: getattr(self, name) for name in GAUGES}
         per_pos = [
             a - b for a, b in zip(self.accepted_per_pos, earlier.accepted_per_pos, strict=True)
         ]
@@ -52,4 +64,4 @@ class SpeculativeMetrics:
             "mean_accepted_length": self.mean_accepted_length,
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
-        }
+        } | {name: getattr(self, name) for name in GAUGES}

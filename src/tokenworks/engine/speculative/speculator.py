@@ -51,12 +51,17 @@ class Speculator:
         self._rounds = 0
         seqs = [s for s in running if self.decoding(s)]
         costs = self.controller.costs
+        m = self.metrics
+        m.proposing, m.held_back, m.losing = 0, 0, False
+        alphas = [self.controller.state(s).alpha for s in seqs]
+        m.mean_acceptance = sum(alphas) / len(alphas) if alphas else None
         if not seqs or (self.config.adaptive and not costs.plain_known(len(seqs))):
             self._propose_s = time.perf_counter() - t0
             return {}  # a plain step first: what speculation is measured against
         # guesses that have been losing at this batch size: only the seeded requests, whose
         # choices may not hang on timings, still decide for themselves
         losing = self.config.adaptive and costs.losing(len(seqs))
+        m.losing = bool(losing)
         wants = []
         for seq in seqs:
             if losing and seq.params.seed is None:
@@ -69,6 +74,7 @@ class Speculator:
             k = self.controller.choose(seq, len(seqs), limit)
             if k:
                 wants.append((seq, k))
+        m.held_back = len(seqs) - len(wants)
         drafts = {}
         for seq, (tokens, q) in self.proposer.propose(wants).items():
             if seq.matcher is not None:  # the grammar checks each guess
@@ -77,6 +83,7 @@ class Speculator:
                 drafts[seq] = tokens
                 self._q[id(seq)] = q
                 self._rounds = max(self._rounds, len(tokens))
+        m.proposing = len(drafts)
         self._propose_s = time.perf_counter() - t0
         return drafts
 
