@@ -131,7 +131,7 @@ class RayServeFront(EngineFront):
         self.engine: EngineView | None = None
         self.observer = None
         self.max_backlog = self.max_stall_s = None
-        self._running: dict[str, tuple[asyncio.Task, object]] = {}
+        self._running: dict[str, tuple[asyncio.Task, object, Stream]] = {}
 
     async def connect(self) -> None:
         """Read what the API needs of the model from one replica's Ready."""
@@ -155,8 +155,9 @@ class RayServeFront(EngineFront):
         return len(self._running)
 
     def fail_all(self, why: str) -> None:
-        for request_id in list(self._running):
+        for request_id, (_, _, stream) in list(self._running.items()):
             self.abort(request_id)
+            stream.queue.put_nowait(EngineNotRunningError(why))  # its reader ends with it
 
     async def submit(self, job: Submission) -> RequestStream:
         if job.kv_export or job.kv_import is not None:
@@ -173,7 +174,7 @@ class RayServeFront(EngineFront):
         replies = self.handle.options(stream=True).generate.remote(m.encode(add), prefix)
         stream = Stream(rid, asyncio.get_running_loop(), asyncio.Queue(), None)
         task = asyncio.create_task(self._pump(replies, stream))
-        self._running[rid] = (task, replies)
+        self._running[rid] = (task, replies, stream)
         try:
             accepted = await next_item(stream.queue, job.deadline)
         except BaseException:
@@ -210,7 +211,7 @@ class RayServeFront(EngineFront):
             self._running.pop(rid, None)
 
     def abort(self, request_id: str) -> None:
-        task, replies = self._running.pop(request_id, (None, None))
+        task, replies, _ = self._running.pop(request_id, (None, None, None))
         if task is not None:
             replies.cancel()  # the replica's generator is cancelled, its request aborted
             task.cancel()
