@@ -40,7 +40,13 @@ from tokenworks.engine.messages import (
 )
 from tokenworks.front.engine_view import REFUSALS, EngineView
 from tokenworks.front.interface import EngineFront, Submission
-from tokenworks.front.streams import RequestStream, Stream, backlog_verdict, next_item, too_slow
+from tokenworks.front.streams import (
+    RequestStream,
+    Stream,
+    backlog_verdict,
+    once_accepted,
+    too_slow,
+)
 
 log = logging.getLogger("tokenworks.engine")
 
@@ -255,14 +261,7 @@ class CoreClient(EngineFront):
         self._send(m.AddRequest(request_id, list(job.prompt_token_ids), job.params, job.priority,
                                 job.cache_salt, job.kv_export, job.kv_import,
                                 job.lora))  # fmt: skip
-        try:
-            accepted = await next_item(stream.queue, job.deadline)
-        except BaseException:
-            self.abort(request_id)
-            raise
-        if isinstance(accepted, BaseException):
-            raise accepted
-        return RequestStream(self.abort, stream, job.deadline)
+        return await once_accepted(stream, self.abort, job.deadline)
 
     async def lora(self, action: str, name: str, path: str | None = None) -> None:
         """EngineFront.lora: the command sent to the core, its answer awaited."""

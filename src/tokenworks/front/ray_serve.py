@@ -30,7 +30,7 @@ from tokenworks.engine.prefix_cache import adapter_salt, prefix_hashes
 from tokenworks.front.core_client import CoreClient
 from tokenworks.front.engine_view import REFUSALS, EngineView
 from tokenworks.front.interface import EngineFront, Submission
-from tokenworks.front.streams import RequestStream, Stream, next_item
+from tokenworks.front.streams import RequestStream, Stream, once_accepted
 
 log = logging.getLogger("tokenworks.front")
 
@@ -175,14 +175,7 @@ class RayServeFront(EngineFront):
         stream = Stream(rid, asyncio.get_running_loop(), asyncio.Queue(), None)
         task = asyncio.create_task(self._pump(replies, stream))
         self._running[rid] = (task, replies, stream)
-        try:
-            accepted = await next_item(stream.queue, job.deadline)
-        except BaseException:
-            self.abort(rid)
-            raise
-        if isinstance(accepted, BaseException):
-            raise accepted
-        return RequestStream(self.abort, stream, job.deadline)
+        return await once_accepted(stream, self.abort, job.deadline)
 
     async def _pump(self, replies, stream: Stream) -> None:
         """The replica's replies onto the request's stream."""

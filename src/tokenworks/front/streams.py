@@ -110,6 +110,19 @@ class RequestStream:
             self._abort(self.request_id)
 
 
+async def once_accepted(stream: Stream, abort, deadline: float | None) -> RequestStream:
+    """The stream of a request just sent, once its engine accepted it (the first item: None,
+    or the error it was refused with, raised here); leaving before that cancels it."""
+    try:
+        accepted = await next_item(stream.queue, deadline)
+    except BaseException:
+        abort(stream.request_id)
+        raise
+    if isinstance(accepted, BaseException):
+        raise accepted
+    return RequestStream(abort, stream, deadline)
+
+
 async def next_item(queue: asyncio.Queue, deadline: float | None):
     """The queue's next item, or DeadlineExceededError once `deadline` (monotonic) passed."""
     if deadline is None:
