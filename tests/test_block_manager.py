@@ -210,6 +210,11 @@ def test_a_window_gives_back_the_blocks_it_no_longer_reads():
     assert held[1] <= 2 + 1 and bm.released == 10 - held[1]
     assert seq.block_tables[1][: 10 - held[1]] == [NULL] * (10 - held[1])
     bm.check([seq])
+    other = FakeSeq(list(range(8)))
+    _decode_to(bm, other, 8)
+    # what the engine panel shows per group: each group's blocks, once each
+    assert bm.held_by_group([seq, other]) == [held[0] + 2, held[1] + 2]
+    bm.free_seq(other)
     bm.free_seq(seq)
     assert bm.num_free == 64
 

@@ -181,3 +181,16 @@ def test_the_readme_links_the_map_before_any_other_page():
     readme = (ROOT / "README.md").read_text()
     first = re.search(r"docs/[\w-]+\.md", readme)
     assert first and first.group(0) == "docs/book.md"
+
+
+def test_the_package_s_chapter_table_is_the_map_s():
+    from tokenworks.book import CHAPTERS, chapters_of
+
+    assert CHAPTERS == {
+        r["number"]: (r["title"], tuple(dict.fromkeys(_signature(c) for c in r["commands"])))
+        for r in ROWS
+    }
+    for row in ROWS:  # each record the map names is filed under its chapter
+        for _, name in row["records"]:
+            record = json.loads((ROOT / "benchmarks" / "results" / f"{name}.json").read_text())
+            assert row["number"] in chapters_of(record["command"]), name

@@ -19,6 +19,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tokenworks"
 # package (or top-level module) -> the tokenworks packages and modules it may import
 ALLOWED = {
     "units": set(),
+    "book": set(),
     "paths": {"environment"},
     "shapes": {"units"},
     "ops": set(),
@@ -46,7 +47,7 @@ ALLOWED = {
     "front": {"config", "engine", "models", "tokenizer", "units"},
     "llm": {"config", "engine", "front", "models"},
     "plan": {"options", "shapes", "units"},
-    "serve": {"config", "engine", "front", "models", "options", "tokenizer", "units"},
+    "serve": {"book", "config", "engine", "front", "models", "options", "tokenizer", "units"},
     # bench measures layers below the engine directly too (one MoE layer, one attention)
     "bench": {
         "config",

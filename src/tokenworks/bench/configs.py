@@ -85,6 +85,16 @@ class LoRABenchConfig(EngineBench):
 
 
 @dataclass(frozen=True)
+class PageConfig(EngineBench):
+    requests: int = o.count(20, "requests, each sent from the page and to the API in turn")
+    max_tokens: int = o.count(16, "tokens each answer generates")
+    records_dir: str = field(
+        default="benchmarks/results",
+        metadata=option("the records the /lab page shows", metavar="DIR"),
+    )
+
+
+@dataclass(frozen=True)
 class RoutingBenchConfig(EngineBench):
     policies: tuple[str, ...] = o.comma_list(
         ("round_robin", "prefix", "kv_events"), "the router policies compared"

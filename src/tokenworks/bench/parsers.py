@@ -40,6 +40,9 @@ BENCHES = {
     "routing": Bench(c.RoutingBenchConfig, "routing:run_routing",
                      "prefix hit rate of multi-turn conversations across replicas, by router "
                      "policy (round robin, the last prompt's replica, KV events)"),
+    "page": Bench(c.PageConfig, "page:run_page",
+                  "the web page: time to the first token shown against the API's, the "
+                  "page's weight in bytes, and a screenshot of each page (headless Chromium)"),
     "structured": Bench(c.StructuredConfig, "structured:run_structured",
                         "decode throughput with and without a JSON schema"),
     "serve": Bench(c.ServeBenchConfig, "serving:run_serving",

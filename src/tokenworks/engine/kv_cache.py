@@ -107,6 +107,14 @@ class BlockManager:
         """Blocks seq references in each group."""
         return [sum(b != NULL for b in t) for t in seq.block_tables] or [0] * len(self.windows)
 
+    def held_by_group(self, seqs) -> list[int]:
+        """Blocks the sequences reference in each group, each shared block once."""
+        held: list[set[int]] = [set() for _ in self.windows]
+        for seq in seqs:
+            for g, table in enumerate(seq.block_tables):
+                held[g].update(b for b in table if b != NULL)
+        return [len(h) for h in held]
+
     # ------------------------------------------------------------------ references
 
     def _take(self) -> int:

@@ -32,7 +32,8 @@ IDLE_POLL_MS = 500  # how often an idle loop looks whether it should still run
 def gauges_of(engine) -> EngineGauges:
     """The engine's gauges as /metrics shows them."""
     prefix, spec, host = engine.blocks.prefix, engine.speculator, engine.blocks.host
-    scheduler, loras = engine.scheduler, engine.lora
+    scheduler, loras, blocks = engine.scheduler, engine.lora, engine.blocks
+    windows = blocks.windows if len(blocks.windows) > 1 else []
     return EngineGauges(
         len(engine.scheduler.running),
         len(engine.scheduler.waiting),
@@ -48,6 +49,10 @@ def gauges_of(engine) -> EngineGauges:
         loras.max_loras if loras is not None else None,
         sorted({s.lora for s in scheduler.running if s.lora}) if loras else [],
         sorted({s.lora for s in scheduler.waiting if s.lora}) if loras else [],
+        blocks.num_blocks,
+        blocks.num_free,
+        list(windows),
+        blocks.held_by_group(scheduler.running) if windows else [],
     )
 
 

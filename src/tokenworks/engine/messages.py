@@ -137,6 +137,12 @@ class EngineGauges:
     max_loras: int | None = None
     running_loras: list[str] = field(default_factory=list)
     waiting_loras: list[str] = field(default_factory=list)
+    # the block pool: blocks in all, blocks that can be handed out now, and where layers
+    # keep windows (engine/kv_groups.py) each group's window and the blocks it holds
+    kv_blocks: int = 0
+    kv_free_blocks: int = 0
+    kv_group_windows: list[int | None] = field(default_factory=list)
+    kv_group_blocks: list[int] = field(default_factory=list)
 
     @property
     def idle(self) -> bool:

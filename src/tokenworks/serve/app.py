@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tokenworks.serve import anthropic, embeddings, lora_routes, openai, responses
+from tokenworks.serve import anthropic, embeddings, lora_routes, openai, responses, web
 from tokenworks.serve.api_times import APITimesMiddleware
 from tokenworks.serve.common import ServerState, render_chat
 from tokenworks.serve.errors import APIError, is_anthropic_path
@@ -104,7 +104,9 @@ def build_app(state: ServerState) -> FastAPI:
     # key is checked before any body is read
     app.add_middleware(BodyLimit, limit=state.limits.max_body_bytes)
     if state.api_keys:
-        open_paths = ("/health",) if state.metrics_require_key else ("/health", "/metrics")
+        open_paths = ("/health", *web.OPEN_PATHS)  # the page's own files; its data need the key
+        if not state.metrics_require_key:
+            open_paths += ("/metrics",)
         app.add_middleware(KeyGuard, keys=state.api_keys, open_paths=open_paths)
     app.add_middleware(CatchAll)
     app.add_middleware(Drain, state=state)
@@ -114,6 +116,7 @@ def build_app(state: ServerState) -> FastAPI:
     app.include_router(embeddings.router)
     app.include_router(responses.router)
     app.include_router(lora_routes.router)
+    app.include_router(web.router)
 
     @app.get("/health")
     async def health():

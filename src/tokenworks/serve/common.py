@@ -27,6 +27,7 @@ from tokenworks.engine.request import SamplingError, SamplingParams
 from tokenworks.front.interface import EngineFront, Submission
 from tokenworks.serve import api_times
 from tokenworks.serve.errors import APIError, bad_request
+from tokenworks.serve.lab_records import RecordsFolder
 from tokenworks.serve.limits import ServerLimits
 from tokenworks.serve.metrics import ServerMetrics
 from tokenworks.serve.reasoning import Reasoning
@@ -71,6 +72,7 @@ class ServerState:
     lora_path: str | None = None
     parent: str | None = None  # an adapter's base model, by the name it is served under
     runtime_lora: bool = False  # adapters may be loaded and unloaded while serving
+    records: RecordsFolder = field(default_factory=lambda: RecordsFolder(None))  # for /lab
     draining: bool = False  # shutting down: new requests get 503 (serve/guards.py's Drain)
     active: int = 0  # HTTP requests in flight, streams until their last event
 

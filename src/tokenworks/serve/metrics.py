@@ -172,6 +172,9 @@ class ServerMetrics:
             self._engines[key] = EngineMetrics(self, index, key[0])
         return self._engines[key]
 
+    def engines(self) -> list[EngineMetrics]:
+        return list(self._engines.values())
+
     # engine 0's hooks: a server with one engine hands this object to it as its observer
     def on_step(self, preemptions: int, gauges) -> None:
         self._first.on_step(preemptions, gauges)
@@ -209,9 +212,15 @@ class EngineMetrics:
         self._spec_seen: dict = {}
         self._queried = self._hits = 0
         self._offloaded = self._restored = self._dropped = 0
+        # what the web page's engine panel shows (serve/engine_panel.py): the last gauges,
+        # when they came, and finished requests by why their prefix missed
+        self.model_name, self.index = model_name, index
+        self.last, self.last_at = None, None
+        self.miss_counts: dict[str, int] = {}
 
     def on_state(self, gauges) -> None:
         """The engine as it is now (EngineGauges: after a step, or after requests left)."""
+        self.last, self.last_at = gauges, time.time()
         s = self.series
         s["running"].set(gauges.running)
         s["waiting"].set(gauges.waiting)
@@ -285,3 +294,4 @@ class EngineMetrics:
             self._finished.labels(finished_reason=reason, **self._labels).inc()
         if m.prefix_miss is not None:
             self._misses.labels(reason=m.prefix_miss, **self._labels).inc()
+            self.miss_counts[m.prefix_miss] = self.miss_counts.get(m.prefix_miss, 0) + 1

@@ -155,6 +155,13 @@ class ServeConfig:
         default_factory=list,
         metadata=option("another name clients may use for the model (repeatable)"),
     )
+    records_dir: str = field(
+        default="benchmarks/results",
+        metadata=option(
+            "the evidence records the /lab page shows (and `bench report`'s output there)",
+            metavar="DIR",
+        ),
+    )
     request_timeout: float = field(
         default=600.0,
         metadata=option(

@@ -22,6 +22,7 @@ from tokenworks.front.replicas import ReplicaRouter
 from tokenworks.serve import reasoning, tool_formats
 from tokenworks.serve.app import build_app
 from tokenworks.serve.common import ServerState
+from tokenworks.serve.lab_records import RecordsFolder
 from tokenworks.serve.limits import ServerLimits
 from tokenworks.serve.metrics import ServerMetrics
 from tokenworks.serve.remote import RemoteBackend
@@ -92,6 +93,7 @@ def serving_state(
         tool_call_parser=options.tool_call_parser,
     )
     state.runtime_lora = options.allow_runtime_lora_updating
+    state.records = RecordsFolder(options.records_dir)
     for item in config.lora_modules:  # loaded by the engine as it started
         name, _, path = item.partition("=")
         state.add_adapter(name, path)
