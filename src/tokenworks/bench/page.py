@@ -27,6 +27,7 @@ PROMPTS = (
     "Name a colour.", "What is two plus two?", "Say hello in French.",
     "Name a planet.", "Write one word about rain.", "What is the opposite of hot?",
 )  # fmt: skip
+SHOWN = "Write a Python function that adds two numbers, and say in one line what it does."
 LAST = "[...document.querySelectorAll('li.message.assistant')].pop()"
 
 
@@ -119,7 +120,16 @@ def run_page(args) -> Path:
             else:
                 page.append(page_ttft_ms(browser, prompt))
                 api.append(api_ttft_ms(client, body))
-        time.sleep(1.5)  # the engine panel's sparklines take in a few polls
+        # the screenshot: one answer worth looking at, the panel watching it
+        browser.evaluate("localStorage.clear()")
+        browser.open(srv.url)
+        browser.wait("!!document.querySelector('#model option')")
+        browser.evaluate(
+            "document.getElementById('temperature').value = '0';"
+            "document.getElementById('max_tokens').value = '200'"
+        )
+        page_ttft_ms(browser, SHOWN)
+        time.sleep(1.5)  # the sparklines take in the last polls
         shots = {"chat": browser.screenshot(scratch / "chat.png")}
         weights = {"chat": page_weight(browser, srv.url, "/"),
                    "lab": page_weight(browser, srv.url, "/lab")}  # fmt: skip

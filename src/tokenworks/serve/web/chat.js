@@ -24,6 +24,7 @@ function save() {
 }
 
 function newConversation() {
+  if (current && !current.messages.length) return; // the empty one open is the new one
   current = { id: String(Date.now()), title: "new chat", messages: [], created: Date.now() };
   conversations.unshift(current);
   showList();

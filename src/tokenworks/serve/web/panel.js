@@ -11,6 +11,7 @@ let previous = null;
 function sparkline(values) {
   const svg = document.createElementNS(SVG, "svg");
   svg.setAttribute("viewBox", "0 0 60 16");
+  svg.setAttribute("preserveAspectRatio", "none");
   svg.setAttribute("class", "spark");
   svg.setAttribute("aria-hidden", "true");
   const finite = values.filter((v) => Number.isFinite(v));
@@ -18,7 +19,7 @@ function sparkline(values) {
     const hi = Math.max(...finite), lo = Math.min(0, ...finite);
     const span = hi - lo || 1;
     const points = values.map((v, i) => {
-      const x = (60 * i) / (KEEP - 1);
+      const x = 60 - (60 * (values.length - 1 - i)) / (KEEP - 1); // the newest at the right
       const y = 15 - (14 * ((Number.isFinite(v) ? v : lo) - lo)) / span;
       return x.toFixed(1) + "," + y.toFixed(1);
     });
