@@ -90,6 +90,9 @@ def only_loopback(browser, url: str) -> None:
     outside = [u for u in browser.requests() if not u.removeprefix("blob:").startswith(origin)]
     assert not outside, f"the page asked for {outside}"
     assert not browser.failed_requests()
+    # nothing refused by the page's own policy, no script error (a 401 is logged as a
+    # failed load where the key is asked for)
+    assert not [c for c in browser.complaints() if "401" not in c], browser.complaints()
 
 
 def test_the_chat_page_streams_the_api_s_greedy_answer(browser, server):

@@ -67,7 +67,7 @@ class Browser:
             raise
         self.events: list[dict] = []
         self._id = 0
-        for domain in ("Page", "Runtime", "Network"):
+        for domain in ("Page", "Runtime", "Network", "Log"):
             self.call(f"{domain}.enable")
 
     def _port(self) -> int:
@@ -162,6 +162,20 @@ class Browser:
         return [e["params"]["request"]["url"] for e in self.events
                 if e.get("method") == "Network.requestWillBeSent"
                 and e["params"]["requestId"] in failed]  # fmt: skip
+
+    def complaints(self) -> list[str]:
+        """What the browser logged as errors or warnings (a refused script, a policy
+        violation, a failed load), and exceptions the page's scripts threw."""
+        out = []
+        for e in self.events:
+            if e.get("method") == "Log.entryAdded":
+                entry = e["params"]["entry"]
+                if entry.get("level") in ("error", "warning"):
+                    out.append(f"{entry.get('source')}: {entry.get('text')}")
+            elif e.get("method") == "Runtime.exceptionThrown":
+                details = e["params"]["exceptionDetails"]
+                out.append((details.get("exception") or {}).get("description") or details["text"])
+        return out
 
     def screenshot(self, path: str | Path) -> Path:
         data = self.call("Page.captureScreenshot", format="png")["data"]

@@ -3,8 +3,11 @@
 One server on the model; headless Chromium (bench/browser.py, the network cut off) opens
 the chat page. Each request is sent twice, in turn: from the page (the time from pressing
 send to the first token shown, as the page measures it) and straight to the API over HTTP
-(the time from sending to the first content in the stream). The prefix cache is off, so
-neither helps the other. The page's weight is the bytes it loads before it can be used;
+(the time from sending to the first content in the stream). Beside each, the server's own
+TTFT for that request (arrival in the engine to the first token): what a client adds past
+it, the page's less the bare client's, is the page's own work. On a small machine the
+browser also takes CPU from the engine, which shows in the server's TTFT instead. The
+prefix cache is off, so neither request helps the other. The page's weight is the bytes it loads before it can be used;
 a screenshot of each page is written beside the record.
 """
 
@@ -76,6 +79,32 @@ def page_weight(browser, url: str, path: str) -> dict:
     return {"files": sizes, "bytes": sum(sizes.values())}
 
 
+class ServerTTFT:
+    """Each request's time to first token as the server measured it (arrival in the engine
+    to the first token), read off its TTFT histogram's sum and count."""
+
+    def __init__(self, state, model: str):
+        self.registry = state.metrics.registry
+        self.labels = {"model_name": model, "engine": "0"}
+        self.seen = self._read()
+
+    def _read(self) -> tuple[float, float]:
+        name = "tokenworks:time_to_first_token_seconds"
+        get = self.registry.get_sample_value
+        return get(name + "_sum", self.labels) or 0.0, get(name + "_count", self.labels) or 0.0
+
+    def next_ms(self, timeout: float = 10.0) -> float:
+        """The TTFT of the one request finished since the last call."""
+        deadline = time.monotonic() + timeout
+        while (now := self._read())[1] < self.seen[1] + 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not count the request's first token")
+            time.sleep(0.005)
+        ms = (now[0] - self.seen[0]) * 1000
+        self.seen = now
+        return ms
+
+
 def summary(values: list[float]) -> dict:
     ordered = sorted(values)
     return {"median": statistics.median(ordered), "min": ordered[0], "max": ordered[-1],
@@ -93,7 +122,7 @@ def run_page(args) -> Path:
     llm = LLM(args.model, **kw)
     state = make_state(llm.engine, [args.model])
     state.records = RecordsFolder(args.records_dir)
-    page, api, out = [], [], Path(args.out)
+    page, api, page_server, api_server, out = [], [], [], [], Path(args.out)
     scratch = Path(tempfile.mkdtemp(prefix="tokenworks-page-"))
     with (
         ServerThread(build_app(state)) as srv,
@@ -108,18 +137,20 @@ def run_page(args) -> Path:
             "document.getElementById('temperature').value = '0';"
             f"document.getElementById('max_tokens').value = '{args.max_tokens}'"
         )
+        server = ServerTTFT(state, args.model)
         for i in tqdm(range(args.requests), desc="requests"):
             prompt = PROMPTS[i % len(PROMPTS)]
             body = {"model": args.model, "messages": [{"role": "user", "content": prompt}],
                     "stream": True, "stream_options": {"include_usage": True},
                     "temperature": 0, "top_p": 1, "max_tokens": args.max_tokens}  # fmt: skip
             # in turn, so that the machine's drift falls on both alike
-            if i % 2:
-                api.append(api_ttft_ms(client, body))
-                page.append(page_ttft_ms(browser, prompt))
-            else:
-                page.append(page_ttft_ms(browser, prompt))
-                api.append(api_ttft_ms(client, body))
+            for side in ("api", "page") if i % 2 else ("page", "api"):
+                if side == "page":
+                    page.append(page_ttft_ms(browser, prompt))
+                    page_server.append(server.next_ms())
+                else:
+                    api.append(api_ttft_ms(client, body))
+                    api_server.append(server.next_ms())
         # the screenshot: one answer worth looking at, the panel watching it
         browser.evaluate("localStorage.clear()")
         browser.open(srv.url)
@@ -139,10 +170,18 @@ def run_page(args) -> Path:
         only_own = all(u.removeprefix("blob:").startswith(srv.url) for u in browser.requests())
         version = chromium_version()
     added = [p - a for p, a in zip(page, api, strict=True)]
+    # what each client adds past the server's own TTFT; their difference is the page's work
+    # (the engine's share, slowed where the browser takes the CPU from it, left out)
+    own = [
+        (p - ps) - (a - as_)
+        for p, ps, a, as_ in zip(page, page_server, api, api_server, strict=True)
+    ]
     results = {
         "page_ttft_ms": summary(page),
         "api_ttft_ms": summary(api),
         "page_minus_api_ms": summary(added),
+        "server_ttft_ms": {"page": summary(page_server), "api": summary(api_server)},
+        "page_own_ms": summary(own),
         "page_bytes": weights,
         "every_request_to_its_own_server": only_own,
     }
