@@ -228,3 +228,27 @@ def test_markdown_is_rendered_from_text_nodes(browser, server):
         "pre": "if a < b:\n    print('<b>')", "lang": "python", "cells": ["1", "<i>2</i>"],
         "elements": 0,
     }  # fmt: skip
+
+
+def test_tool_calls_and_json_are_shown_as_such(browser, server):
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]  # fmt: skip
+    fresh_page(browser, server.url, temperature="0", tools=json.dumps(tools),
+               extra='{"tool_choice": "required"}')  # fmt: skip
+    send(browser, "What is the weather in Paris?")
+    assert watch_answer(browser)[-1][0] == "done"
+    call = kept_answer(browser)["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather" and "city" in json.loads(call["arguments"])
+    shown = browser.evaluate(f"{LAST_ANSWER}.querySelector('.tool-call').innerText")
+    assert shown.startswith("tool call: get_weather") and '"city"' in shown
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}},
+              "required": ["name"], "additionalProperties": False}
+    fresh_page(browser, server.url, temperature="0", format="json_schema",
+               schema=json.dumps(schema), max_tokens="128")  # fmt: skip
+    send(browser, "Invent a person.")
+    assert watch_answer(browser)[-1][0] == "done"
+    laid_out = browser.evaluate(f"{LAST_ANSWER}.querySelector('pre.json code').textContent")
+    assert json.loads(laid_out) == json.loads(kept_answer(browser)["content"])
+    assert "\n  " in laid_out  # indented, not as it came
