@@ -183,7 +183,7 @@ def test_with_an_api_key_the_page_asks_for_it_once(browser, smol_loaded):
         assert httpx.get(srv.url + "/engine/state").status_code == 401
         assert httpx.get(srv.url + "/v1/models").status_code == 401
         browser.open(srv.url)
-        browser.wait("document.getElementById('key-dialog').open")
+        browser.wait("!!document.getElementById('key-dialog')?.open")
         responses = [e["params"]["response"] for e in browser.events
                      if e.get("method") == "Network.responseReceived"]  # fmt: skip
         statuses = [(r["url"], r["status"]) for r in responses]
@@ -197,7 +197,7 @@ def test_with_an_api_key_the_page_asks_for_it_once(browser, smol_loaded):
         assert watch_answer(browser)[-1][0] == "done"
         browser.open(srv.url)  # the key is kept: not asked again
         browser.wait("!!document.querySelector('#model option')")
-        assert not browser.evaluate("document.getElementById('key-dialog').open")
+        assert not browser.evaluate("!!document.getElementById('key-dialog')?.open")
         browser.screenshot(ARTEFACTS / "web-key.png")
     finally:
         srv.stop()

@@ -16,10 +16,25 @@ function headers(extra) {
 
 let asking = null;
 
+// The key dialog, made the first time it is needed.
+function keyDialog() {
+  let dialog = document.getElementById("key-dialog");
+  if (!dialog) {
+    const input = el("input", { id: "key-input", type: "password", autocomplete: "off" });
+    dialog = el("dialog", { id: "key-dialog" },
+      el("form", { method: "dialog", id: "key-form" },
+        el("p", { text: "This server needs an API key (it answered 401)." }),
+        el("label", {}, "API key ", input),
+        el("button", { type: "submit", text: "use this key" })));
+    document.body.append(dialog);
+  }
+  return dialog;
+}
+
 // Show the key dialog and resolve once a key is given.
 export function askForKey() {
   if (asking) return asking;
-  const dialog = document.getElementById("key-dialog");
+  const dialog = keyDialog();
   const input = document.getElementById("key-input");
   asking = new Promise((resolve) => {
     dialog.addEventListener("close", function done() {
