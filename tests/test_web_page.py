@@ -6,6 +6,7 @@ build/test-artefacts/."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -252,3 +253,34 @@ def test_tool_calls_and_json_are_shown_as_such(browser, server):
     laid_out = browser.evaluate(f"{LAST_ANSWER}.querySelector('pre.json code').textContent")
     assert json.loads(laid_out) == json.loads(kept_answer(browser)["content"])
     assert "\n  " in laid_out  # indented, not as it came
+
+
+def test_the_lab_renders_a_report_with_its_plots(browser, server, tmp_path):
+    from tokenworks.bench.report import load_records, render
+
+    serving = sorted((ROOT / "benchmarks" / "results").glob("serving-*.json"))[-1]
+    shutil.copy(serving, tmp_path / serving.name)
+    render(load_records([tmp_path / serving.name]), tmp_path)
+    plots = sorted(p.name for p in tmp_path.glob("*.png"))
+    kept = server.state.records
+    server.state.records = RecordsFolder(tmp_path)
+    try:
+        browser.open(server.url + "/lab")
+        browser.wait("!!document.querySelector('#reports button')")
+        assert browser.evaluate("document.querySelector('#reports button').textContent") == (
+            "report.md"
+        )
+        browser.evaluate("document.querySelector('#reports button').click()")
+        browser.wait("!document.getElementById('report-view').hidden")
+        view = "document.getElementById('report-view')"
+        assert browser.evaluate(f"{view}.querySelectorAll('table').length") >= 1
+        assert browser.evaluate(f"{view}.querySelector('h4').textContent").startswith("serving")
+        shown = browser.wait(
+            f"(() => {{ const imgs = [...{view}.querySelectorAll('img.plot')];"
+            " return imgs.length && imgs.every(i => i.src.startsWith('blob:') && i.complete"
+            " && i.naturalWidth > 0) && imgs.map(i => i.dataset.file); })()"
+        )
+        assert plots and sorted(shown) == plots
+        only_loopback(browser, server.url)
+    finally:
+        server.state.records = kept
