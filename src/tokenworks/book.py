@@ -54,7 +54,10 @@ CHAPTERS: dict[int, tuple[str, tuple[str, ...]]] = {
         "Request Scheduling and Admission Control",
         ("labs/admission_policies.py", "labs/queueing_overload.py"),
     ),
-    27: ("Concurrent Requests and Streaming", ("labs/many_streams.py", "bench serve", "bench page")),
+    27: (
+        "Concurrent Requests and Streaming",
+        ("labs/many_streams.py", "bench serve", "bench page"),
+    ),
     28: ("Distributed Inference", ("bench parallel",)),
     29: ("Disaggregation", ("bench disaggregation",)),
     30: ("Reliability", ("bench soak",)),

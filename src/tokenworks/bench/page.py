@@ -7,8 +7,8 @@ send to the first token shown, as the page measures it) and straight to the API 
 TTFT for that request (arrival in the engine to the first token): what a client adds past
 it, the page's less the bare client's, is the page's own work. On a small machine the
 browser also takes CPU from the engine, which shows in the server's TTFT instead. The
-prefix cache is off, so neither request helps the other. The page's weight is the bytes it loads before it can be used;
-a screenshot of each page is written beside the record.
+prefix cache is off, so neither request helps the other. The page's weight is the bytes
+it loads before it can be used; a screenshot of each page is written beside the record.
 """
 
 from __future__ import annotations
