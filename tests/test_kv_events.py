@@ -15,6 +15,7 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from zmq.utils.monitor import recv_monitor_message
 
 from tokenworks import LLM, SamplingParams
 from tokenworks.bench.peer_engines import free_port
@@ -55,6 +56,16 @@ def catch_up(index: KVIndex, engine) -> None:
     while index.last_seq != last and time.monotonic() < deadline:
         index.poll(50)
     assert index.last_seq == last
+
+
+def joined(index: KVIndex) -> None:
+    """Until the index's subscription has reached the engine: a PUB socket drops what it
+    sends before then, and a first batch lost so has no later one to reveal the gap."""
+    deadline = time.monotonic() + 20
+    while not index.monitor.poll(50):
+        assert time.monotonic() < deadline, "the index never connected"
+    assert recv_monitor_message(index.monitor)["event"] == zmq.EVENT_CONNECTED
+    time.sleep(0.3)  # the handshake and the subscription, after the connection
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +123,7 @@ def test_a_dropped_batch_comes_back_through_replay_and_a_restart_clears(toy_llm)
     config = events_config()
     llm = small_llm(toy_llm, config)
     index = KVIndex(config["endpoint"], config["replay_endpoint"])
+    joined(index)
     try:
         base = [20 + i % 9 for i in range(40)]
         llm.generate([base + [1]], ONE, use_tqdm=False)

@@ -56,8 +56,8 @@ class RecordsFolder:
         folder = self.path
         if folder is None or not folder.is_dir():
             return {"folder": str(folder) if folder else None, "found": False, "records": [],
-                    "reports": [], "plots": []}  # fmt: skip
-        records, reports, plots = [], [], []
+                    "reports": []}  # fmt: skip
+        records, reports = [], []
         for f in sorted(folder.iterdir()):
             if not f.is_file():
                 continue
@@ -71,11 +71,8 @@ class RecordsFolder:
                     records.append(seen[1])
             elif f.suffix == ".md":
                 reports.append({"name": f.name, "modified_unix": f.stat().st_mtime})
-            elif f.suffix == ".png" and not f.with_suffix(".json").is_file():
-                plots.append(f.name)  # a report's, or a plot whose record is elsewhere
         records.sort(key=lambda r: r["created_unix"] or 0, reverse=True)
-        return {"folder": str(folder), "found": True, "records": records, "reports": reports,
-                "plots": plots}  # fmt: skip
+        return {"folder": str(folder), "found": True, "records": records, "reports": reports}
 
     def file(self, name: str) -> Path | None:
         """The folder's file of that name, if it is one the page may read."""
