@@ -144,11 +144,11 @@ function requestBody(s) {
     messages,
     stream: true,
     stream_options: { include_usage: true },
-    temperature: Number(s.temperature),
-    top_p: Number(s.top_p),
-    max_tokens: Number(s.max_tokens),
   };
-  if (s.seed.trim()) body.seed = Number(s.seed);
+  // a field left empty is left to the server's default
+  for (const f of ["temperature", "top_p", "max_tokens", "seed"]) {
+    if (s[f].trim()) body[f] = Number(s[f]);
+  }
   const stop = s.stop.split("\n").filter((x) => x.length);
   if (stop.length) body.stop = stop;
   if (s.format === "json_object") body.response_format = { type: "json_object" };
