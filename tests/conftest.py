@@ -96,6 +96,16 @@ def hf_smol(smol_loaded):
 
 
 @pytest.fixture(scope="session")
+def llama_cpp_sources():
+    """vendor/llama.cpp of the pinned llama-cpp-python sdist: llama.cpp's own test material,
+    fetched with pip once into $TOKENWORKS_HOME. A test that needs it errors where it cannot
+    be had; it never skips."""
+    from tokenworks.bench.llama_cpp_sources import llama_cpp_sources
+
+    return llama_cpp_sources()
+
+
+@pytest.fixture(scope="session")
 def toy_llm():
     from tokenworks import LLM
     from tokenworks.models import load

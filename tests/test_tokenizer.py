@@ -136,7 +136,10 @@ def _sentencepiece_gguf(path) -> None:
 
 def test_a_llama_sentencepiece_gguf_tokenises_as_transformers_reads_it(tmp_path):
     """Llama 2 / Mistral style: merges from scores, a "▁" in front, byte fallback for
-    characters no piece covers."""
+    characters no piece covers. transformers' reader leaves the "▁" out before text that
+    starts with a space (its Metaspace's prepend_scheme "first"); SentencePiece and llama.cpp
+    put it there too (" x" is "▁▁x": tests/test_vocab_vectors.py holds it to llama.cpp's
+    vectors), so such a text is compared with transformers' reading of one more space."""
     import gguf
 
     transformers = pytest.importorskip("transformers")
@@ -150,7 +153,8 @@ def test_a_llama_sentencepiece_gguf_tokenises_as_transformers_reads_it(tmp_path)
     for text in ["hello world", " the red and hello", "singing in the  rain 123 ößx",
                  "Hello\tworld\n", "  leading", "x", "日本 €"]:  # fmt: skip
         ids = ours.encode(text, add_special_tokens=False).ids
-        assert ids == theirs(text, add_special_tokens=False)["input_ids"], text
+        spelled = f" {text}" if text.startswith(" ") else text
+        assert ids == theirs(spelled, add_special_tokens=False)["input_ids"], text
         assert ours.decode(ids) == theirs.decode(ids), text
 
 
@@ -165,7 +169,7 @@ def test_a_llama_sentencepiece_gguf_tokenises_as_transformers_reads_it(tmp_path)
     ],
 )
 def test_the_newer_families_pre_tokenisers_split_as_their_models_do(pre, pieces):
-    from tokenworks.tokenizer.tokenizer import _pre_tokenizer
+    from tokenworks.tokenizer.splitting import SPLITTINGS
 
-    split = _pre_tokenizer(pre).pre_tokenize_str("Hello world's 12345 CamelCase")
+    split = SPLITTINGS[pre].pre_tokenizer().pre_tokenize_str("Hello world's 12345 CamelCase")
     assert [s.replace("\u0120", " ") for s, _ in split] == pieces

@@ -3,7 +3,9 @@
 Templates come from model files, so they are untrusted code: they run in jinja2's
 ImmutableSandboxedEnvironment (no attribute access to Python internals, no mutation of
 the messages we pass in). The helpers templates expect in the wild (`raise_exception`,
-`tojson`, `strftime_now`) are provided the way transformers provides them.
+`tojson`, `strftime_now`, the `{% generation %}` tag that marks what the assistant wrote for
+training masks) are provided the way transformers provides them, and a message's reasoning
+is there under each name templates read it by, as transformers passes it.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
-from jinja2 import TemplateError, Undefined
+from jinja2 import TemplateError, Undefined, nodes
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 _ROLES = ("system", "user", "assistant", "tool", "developer")
+# a message's reasoning, by the names templates read it under (gpt-oss's: "thinking")
+_REASONING_NAMES = ("reasoning_content", "thinking", "reasoning")
 
 
 class ChatTemplateError(ValueError):
@@ -29,13 +34,37 @@ def _tojson(value, indent=None, ensure_ascii=False, sort_keys=False):
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
 
 
+class _GenerationTag(Extension):
+    """`{% generation %}...{% endgeneration %}`: its body, rendered in place."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller):
+        return caller()
+
+
+def _with_reasoning_names(messages: list[dict]) -> list[dict]:
+    out = []
+    for m in messages:
+        reasoning = next((m[k] for k in _REASONING_NAMES if m.get(k) is not None), None)
+        if reasoning is not None:
+            m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+        out.append(m)
+    return out
+
+
 class ChatTemplate:
     def __init__(self, source: str, tokenizer):
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True,
             lstrip_blocks=True,
             undefined=Undefined,
-            extensions=["jinja2.ext.loopcontrols"],
+            extensions=["jinja2.ext.loopcontrols", _GenerationTag],
         )
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise
@@ -49,15 +78,21 @@ class ChatTemplate:
             return ""
         return self._tokenizer.token_to_str(token_id)
 
+    def special_tokens(self) -> dict[str, str]:
+        """The special tokens' text a template is given, as bos_token and eos_token."""
+        eos = self._tokenizer.eos_token_ids
+        return {
+            "bos_token": self._special(self._tokenizer.bos_token_id),
+            "eos_token": self._special(eos[0] if eos else None),
+        }
+
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
         validate_messages(messages)
-        eos = self._tokenizer.eos_token_ids
         try:
             return self.template.render(
-                messages=messages,
+                messages=_with_reasoning_names(messages),
                 add_generation_prompt=add_generation_prompt,
-                bos_token=self._special(self._tokenizer.bos_token_id),
-                eos_token=self._special(eos[0] if eos else None),
+                **self.special_tokens(),
                 **kwargs,
             )
         except ChatTemplateError:

@@ -7,16 +7,22 @@ recovered from the vocabulary: every way of cutting a piece into two pieces that
 in the vocabulary is a merge, ranked by the piece it makes. Llama's pieces rank by score;
 Gemma's scores do not follow its merge order, and its pieces rank by their place in the
 file instead (as transformers' GGUF reader ranks them). Text is spelled with "▁" for a
-space (Llama's files add one in front of text that does not start with a space; Gemma's
-do not), and bytes that no piece covers fall back to `<0xNN>` pieces.
+space, and bytes that no piece covers fall back to `<0xNN>` pieces. Llama's files put one
+"▁" in front of every stretch of text, one that starts with a space too (SentencePiece's
+dummy prefix, as llama.cpp adds it: " Hello" is "▁▁Hello"), and after each special token;
+Gemma's do not.
 """
 
 from __future__ import annotations
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, normalizers
+
+from tokenworks.tokenizer.added_tokens import CONTROL, add_vocab_tokens
 
 SPACE = "\u2581"
-_CONTROL, _USER_DEFINED = 3, 4  # gguf token types
+# the pieces Phi-3's tokenizer.json lets eat the spaces after them: its control tokens and
+# "</s>", but for these (llama.cpp sets the same)
+_PHI3_KEEPS_SPACES = ("<unk>", "<s>", "<|endoftext|>")
 
 
 def _ranked_merges(tokens: list[str], rank: list[float]) -> list[tuple[str, str]]:
@@ -54,20 +60,16 @@ def sentencepiece_from_gguf(fields: dict, arch: str | None = None) -> Tokenizer:
     )
     tok = Tokenizer(model)
     prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", not gemma))
-    if prefix:  # Llama 2, Mistral: spaces as "▁", and one in front unless the text has one
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(SPACE, prepend_scheme="first", split=False)
-    else:
-        tok.normalizer = normalizers.Replace(" ", SPACE)
+    tok.normalizer = normalizers.Replace(" ", SPACE)
+    if prefix:  # (a normalizer runs on each stretch between added tokens: each gets its "▁")
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), tok.normalizer])
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if prefix:
         steps.append(decoders.Strip(" ", 1, 0))
     tok.decoder = decoders.Sequence(steps)
-    tok.add_special_tokens(
-        [AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types)
-         if t == _CONTROL]
-    )  # fmt: skip
-    tok.add_tokens(
-        [AddedToken(tokens[i], special=False, normalized=False) for i, t in enumerate(types)
-         if t == _USER_DEFINED]
-    )  # fmt: skip
+    rstrip = ()
+    if arch == "phi3":
+        rstrip = {i for i, t in enumerate(tokens) if t not in _PHI3_KEEPS_SPACES
+                  and (types[i] == CONTROL or t == "</s>")}  # fmt: skip
+    add_vocab_tokens(tok, tokens, types, rstrip)
     return tok

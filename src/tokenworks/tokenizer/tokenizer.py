@@ -1,97 +1,17 @@
-"""Text <-> token ids with Hugging Face `tokenizers`, built from GGUF metadata or tokenizer.json.
-
-GGUF files carry either a byte-level BPE vocabulary and merge list plus a pre-tokeniser
-name (`tokenizer.ggml.pre`), or a SentencePiece vocabulary with scores
-(tokenizer/sentencepiece.py). We rebuild the same `tokenizers.Tokenizer` that the model's
-own tokenizer.json describes: the merges, the byte-level alphabet, and the splitting regex
-that the pre-tokeniser name stands for in llama.cpp.
+"""Text <-> token ids with Hugging Face `tokenizers`, built from GGUF metadata
+(tokenizer/gguf_vocab.py: the same `tokenizers.Tokenizer` the model's own tokenizer.json
+describes) or read from tokenizer.json.
 """
 
 from __future__ import annotations
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer
 
 from tokenworks.tokenizer.chat import ChatTemplate
-from tokenworks.tokenizer.sentencepiece import sentencepiece_from_gguf
+from tokenworks.tokenizer.errors import TokenizerError
+from tokenworks.tokenizer.gguf_vocab import tokenizer_from_gguf_fields
 
-# llama.cpp pre-tokeniser names -> the splitting their models were trained with.
-_DIGITS_THEN_BYTELEVEL = ("smollm", "starcoder", "refact", "codeshell", "command-r")
-_LLAMA3_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# o200k (gpt-oss, Phi-4): a word keeps its contraction, its case runs split, digits by 3
-_O200K_PATTERN = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# llama.cpp's pre-tokeniser names -> the splitting regex (dbrx: OLMo 2's cl100k, smaug-bpe:
-# SmolLM3's, both Llama 3's)
-_PATTERNS = {
-    "llama-bpe": _LLAMA3_PATTERN, "llama3": _LLAMA3_PATTERN, "dbrx": _LLAMA3_PATTERN,
-    "smaug-bpe": _LLAMA3_PATTERN, "qwen2": _QWEN2_PATTERN, "gpt-4o": _O200K_PATTERN,
-}  # fmt: skip
-
-_CONTROL = 3  # gguf token_type for control (special) tokens
-_USER_DEFINED = 4
-
-
-class TokenizerError(ValueError):
-    pass
-
-
-def _pre_tokenizer(pre: str):
-    bytelevel = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in ("default", "gpt2", "gpt-2", None):
-        return bytelevel
-    if pre in _DIGITS_THEN_BYTELEVEL:
-        return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), bytelevel])
-    if pre in _PATTERNS:
-        return pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(_PATTERNS[pre]), behavior="isolated", invert=False),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-    raise TokenizerError(
-        f"GGUF pre-tokeniser {pre!r} is not supported yet; pass a Hugging Face directory with "
-        "its tokenizer.json instead"
-    )
-
-
-def tokenizer_from_gguf_fields(fields: dict, arch: str | None = None) -> Tokenizer:
-    kind = fields.get("tokenizer.ggml.model")
-    if kind == "llama":
-        return sentencepiece_from_gguf(fields, arch)
-    if kind != "gpt2":
-        raise TokenizerError(
-            f"GGUF tokenizer model {kind!r} is not supported yet (byte-level BPE 'gpt2' and "
-            "SentencePiece 'llama' are); pass a Hugging Face directory with its "
-            "tokenizer.json instead"
-        )
-    tokens: list[str] = fields["tokenizer.ggml.tokens"]
-    vocab = {t: i for i, t in enumerate(tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in fields["tokenizer.ggml.merges"]]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = _pre_tokenizer(fields.get("tokenizer.ggml.pre"))
-    tok.decoder = decoders.ByteLevel()
-    types = fields.get("tokenizer.ggml.token_type") or []
-    from tokenizers import AddedToken
-
-    special = [
-        AddedToken(tokens[i], special=True, normalized=False)
-        for i, t in enumerate(types)
-        if t in (_CONTROL, _USER_DEFINED)
-    ]
-    tok.add_special_tokens(special)
-    return tok
+__all__ = ["TokenizerError", "TokenizerWrapper", "tokenizer_from_gguf_fields"]
 
 
 class TokenizerWrapper:
@@ -107,6 +27,7 @@ class TokenizerWrapper:
         chat_template: str | None = None,
     ):
         self.tk = tokenizer
+        self._literal_tk: Tokenizer | None = None
         self.bos_token_id = bos_token_id
         self.add_bos = add_bos
         self.eos_token_ids = eos_token_ids
@@ -136,12 +57,27 @@ class TokenizerWrapper:
             chat_template=loaded.chat_template,
         )
 
+    def _literal(self) -> Tokenizer:
+        """A copy of the tokenizer that reads control tokens' text as text (a copy, so the
+        one shared by every request keeps parsing them)."""
+        if self._literal_tk is None:
+            tk = Tokenizer.from_str(self.tk.to_str())
+            tk.encode_special_tokens = True
+            self._literal_tk = tk
+        return self._literal_tk
+
     @property
     def vocab_size(self) -> int:
         return self.tk.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self.tk.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(
+        self, text: str, add_special_tokens: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        """Token ids of text; add_special_tokens: the BOS the model wants in front;
+        parse_special: a control token's text ("<|im_start|>") is that token, else it is
+        tokenised as text (llama.cpp's parse_special)."""
+        tk = self.tk if parse_special else self._literal()
+        ids = tk.encode(text, add_special_tokens=add_special_tokens).ids
         if add_special_tokens and self.add_bos and self.bos_token_id is not None:
             if not ids or ids[0] != self.bos_token_id:
                 ids = [self.bos_token_id, *ids]

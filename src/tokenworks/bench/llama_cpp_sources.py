@@ -1,0 +1,59 @@
+"""llama.cpp's own test material, the oracle for the world's files: tokenizer vocabularies
+with their test vectors, real chat templates, test-chat.cpp's parsed outputs, grammars and
+the GGUF converter.
+
+It is read from the llama-cpp-python sdist that benchmarks/peers.sh builds the peer from
+(the same llama.cpp version), fetched with pip once into $TOKENWORKS_HOME and kept there;
+nothing of it is part of tokenworks.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from tokenworks import paths
+
+VERSION = "0.3.36"  # llama-cpp-python, as benchmarks/peers.sh pins it
+# the parts of vendor/llama.cpp kept: vocabularies and templates, the chat and tokenizer
+# tests, grammars, and the converter with the gguf-py it imports
+_KEPT = ("models", "tests", "grammars", "conversion", "gguf-py", "convert_hf_to_gguf.py")
+
+
+class SourcesUnavailable(RuntimeError):
+    pass
+
+
+def llama_cpp_sources(home: Path | None = None) -> Path:
+    """vendor/llama.cpp of the pinned sdist, fetched and unpacked on first use."""
+    root = (home or paths.home()) / "llama-cpp-sources" / VERSION
+    done = root / "llama.cpp"
+    if done.is_dir():
+        return done
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root) as scratch:
+        fetched = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
+             "llama-cpp-python", f"llama-cpp-python=={VERSION}", "-d", scratch],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        sdists = list(Path(scratch).glob("llama_cpp_python-*.tar.gz"))
+        if fetched.returncode != 0 or not sdists:
+            raise SourcesUnavailable(
+                f"pip could not fetch the llama-cpp-python {VERSION} sdist (llama.cpp's test "
+                f"material): {fetched.stderr.strip()[-500:]}"
+            )
+        prefix = f"llama_cpp_python-{VERSION}/vendor/llama.cpp/"
+        unpacked = Path(scratch) / "unpacked"
+        with tarfile.open(sdists[0]) as tar:
+            members = [
+                m for m in tar.getmembers()
+                if m.name.startswith(prefix) and m.name[len(prefix):].split("/")[0] in _KEPT
+            ]  # fmt: skip
+            tar.extractall(unpacked, members=members, filter="data")
+        shutil.move(str(unpacked / prefix), str(done))  # whole, or not there at all
+    return done
