@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tokenworks.models import build_model, load, reference
+from tokenworks.models.gguf_file import PERMUTED_QK
 from tokenworks.ops.attention import AttentionMetadata
 
 transformers = pytest.importorskip("transformers")
@@ -599,9 +600,9 @@ def _write_gguf(hf, directory, path, q8_0: bool = False, keys=None, extra=None, 
                     tensors[f"blk.{i}.{theirs}"] = np.stack([sd[k] for k in key])
             elif all(p + n in sd for n in names):
                 t = np.concatenate([sd[p + n] for n in names])
-                if garch == "llama" and ours.startswith("self_attn.q_proj."):
+                if garch in PERMUTED_QK and ours.startswith("self_attn.q_proj."):
                     t = _llama_cpp_permute(t, cfg.num_attention_heads)
-                elif garch == "llama" and ours.startswith("self_attn.k_proj."):
+                elif garch in PERMUTED_QK and ours.startswith("self_attn.k_proj."):
                     t = _llama_cpp_permute(t, cfg.num_key_value_heads)
                 tensors[f"blk.{i}.{theirs}"] = t
     for k, v in (tensors | (extra or {})).items():

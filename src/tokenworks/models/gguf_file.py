@@ -20,6 +20,11 @@ from tokenworks.models.spec import ModelSpec
 log = logging.getLogger(__name__)
 
 
+# the architectures whose converter (convert_hf_to_gguf.py's LlamaModel and the classes
+# built on it) writes Q and K rows in the order llama.cpp's interleaved RoPE reads
+PERMUTED_QK = ("llama", "smollm3")
+
+
 def _field(reader, key: str, default=None):
     f = reader.fields.get(key)
     if f is None:
@@ -164,9 +169,9 @@ def gguf_weights(
             weights.update({name: None for name, _ in parts})
             continue
         heads = None
-        if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_q.bias")):
+        if arch in PERMUTED_QK and t.name.endswith(("attn_q.weight", "attn_q.bias")):
             heads = n_heads
-        elif arch == "llama" and t.name.endswith(("attn_k.weight", "attn_k.bias")):
+        elif arch in PERMUTED_QK and t.name.endswith(("attn_k.weight", "attn_k.bias")):
             heads = n_kv
         vectors = n_exp > 1 and len(t.shape) == 2  # every expert's bias: read as floats
         if len(t.shape) >= 2 and t.ggml_type not in blocks.DENSE and not vectors:
@@ -352,7 +357,8 @@ def _load_read(reader, path: Path, model_id: str | None, weights: bool) -> Loade
         rope_scaling=scaling,
         tie_embeddings="lm_head.weight" not in names,
         qkv_bias="model.layers.0.self_attn.q_proj.bias" in names,
-        sliding_window=_field(reader, f"{arch}.attention.sliding_window"),
+        # 0: no window, as llama.cpp reads it (the converter writes 0 for a Phi-3 without one)
+        sliding_window=_field(reader, f"{arch}.attention.sliding_window") or None,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=eos_ids,
         name=str(_field(reader, "general.name", path.stem)),
@@ -361,7 +367,10 @@ def _load_read(reader, path: Path, model_id: str | None, weights: bool) -> Loade
     )
     # stop tokens the family knows of beyond the file's EOS (Gemma's <end_of_turn>)
     kw["eos_token_ids"] = tuple(sorted(set(eos_ids) | set(extra.pop("stop_token_ids", ()))))
-    spec = ModelSpec(**kw | extra)
+    try:
+        spec = ModelSpec(**kw | extra)
+    except ValueError as e:
+        raise ModelLoadError(f"{path}: {e}") from None
     check_shapes(path, stored, spec)
     # scores only where they rank merges (SentencePiece; Gemma ranks by position)
     keep_scores = _field(reader, "tokenizer.ggml.model") == "llama" and not fam.name.startswith(

@@ -182,6 +182,13 @@ class ModelSpec:
             return 1, self.mla.kv_lora_rank + self.mla.qk_rope_head_dim, 0
         return self.n_kv_heads, self.head_dim, self.head_dim
 
+    def __post_init__(self) -> None:
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(
+                f"a sliding window of {self.sliding_window} tokens attends to nothing (a model "
+                "without a window has none)"
+            )
+
     def window(self, layer: int) -> int | None:
         """The sliding window of this layer, or None where it attends to everything."""
         if self.sliding_window is None:

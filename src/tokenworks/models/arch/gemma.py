@@ -91,9 +91,11 @@ def _gguf_common(get, arch: str, pattern: int) -> dict:
 
 
 def _gemma3_gguf(get, arch: str) -> dict:
-    """Gemma 3 also normalises Q and K per head; its windowed layers rotate with base
-    10,000, which llama.cpp assumes too."""
-    return _gguf_common(get, arch, GEMMA3_PATTERN) | dict(qk_norm=True, rope_local_theta=1e4)
+    """Gemma 3 also normalises Q and K per head; its windowed layers rotate with their own
+    base, `rope.freq_base_swa` (10,000 in files written before the key, as llama.cpp
+    assumes)."""
+    local = float(get(f"{arch}.rope.freq_base_swa") or 1e4)
+    return _gguf_common(get, arch, GEMMA3_PATTERN) | dict(qk_norm=True, rope_local_theta=local)
 
 
 def _gemma2_gguf(get, arch: str) -> dict:
@@ -117,6 +119,7 @@ GEMMA3 = Family(
     gguf_archs=("gemma3",),
     gguf_block=GGUF_BLOCK,
     gguf_fields=_gemma3_gguf,
+    gguf_keys={"rope.freq_base_swa": "RoPE's base in the windowed layers"},
     prepare=add_one_to_norms,
 )
 GEMMA2 = Family(

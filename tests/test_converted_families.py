@@ -1,0 +1,155 @@
+"""GGUF files as llama.cpp's own converter writes them today: a random-weight transformers
+model of each family, with a real vocabulary, converted by the pinned sources'
+convert_hf_to_gguf.py in float32, loaded by tokenworks and held to transformers' greedy
+tokens and logits.
+
+The configs are test_architectures' with what real checkpoints' config.json carry where
+the converter reads it: DeepSeek V3's `scoring_func` (without it the file says softmax
+routing, and llama.cpp and tokenworks run softmax where transformers runs sigmoid), a query
+scale equal to the head size for Gemma (a GGUF has no query_pre_attn_scalar: llama.cpp
+uses the head size), no window for Mistral (the converter writes none: llama.cpp runs a
+Mistral file with full attention), and Gemma 3's windowed layers on a RoPE base of their
+own, the `rope.freq_base_swa` every converted Gemma 3 file carries. Converted files are
+kept under $TOKENWORKS_HOME, keyed by everything they are made from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from test_architectures import CONFIGS, sharpen
+
+from tokenworks import LLM, SamplingParams
+from tokenworks.bench.llama_cpp_sources import VERSION
+from tokenworks.models import build_model, load
+from tokenworks.ops.attention import AttentionMetadata
+
+transformers = pytest.importorskip("transformers")
+
+
+_SMALL_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "max_position_embeddings")  # fmt: skip
+
+
+def _small() -> dict:
+    return {k: v for k, v in CONFIGS["llama-gqa"]().to_dict().items() if k in _SMALL_KEYS}
+
+
+def _gemma3_own_swa_base():
+    cfg = CONFIGS["gemma3"]()
+    cfg.rope_parameters["sliding_attention"]["rope_theta"] = 5e4
+    return cfg
+
+
+def _deepseek_v3_sigmoid():
+    cfg = CONFIGS["deepseek-v3"]()
+    cfg.scoring_func, cfg.topk_method = "sigmoid", "noaux_tc"
+    return cfg
+
+
+# family -> (its config, the llama.cpp vocabulary its tokenizer is read from; transformers
+# picks Qwen2's splitting for any tokenizer beside a Qwen2 config, so that one gets Qwen2's)
+FAMILIES = {
+    "llama": (CONFIGS["llama-gqa"], "gpt-2"),
+    "mistral": (lambda: transformers.MistralConfig(**_small(), num_key_value_heads=1), "gpt-2"),
+    "qwen2": (CONFIGS["qwen2-bias"], "qwen2"),
+    "qwen3": (CONFIGS["qwen3"], "gpt-2"),
+    "gemma3": (_gemma3_own_swa_base, "gpt-2"),
+    # the converter writes sliding_window 0 for a Phi-3 without one
+    "phi3": (lambda: transformers.Phi3Config(**_small(), num_key_value_heads=2, pad_token_id=0),
+             "gpt-2"),
+    "phi3-window": (CONFIGS["phi3-window"], "gpt-2"),
+    "olmo2": (CONFIGS["olmo2"], "gpt-2"),
+    "smollm3": (CONFIGS["smollm3"], "gpt-2"),
+    "mixtral": (CONFIGS["mixtral"], "gpt-2"),
+    "qwen3-moe": (CONFIGS["qwen3-moe"], "gpt-2"),
+    "gpt-oss": (CONFIGS["gpt-oss"], "gpt-2"),
+    "deepseek-v2-lite": (CONFIGS["deepseek-v2-lite"], "gpt-2"),
+    "deepseek-v3": (_deepseek_v3_sigmoid, "gpt-2"),
+}  # fmt: skip
+PROMPT = "Once upon a time, there was a little"
+
+
+def _config(name: str, vocab_size: int):
+    cfg = FAMILIES[name][0]()
+    cfg.vocab_size = vocab_size
+    if hasattr(cfg, "query_pre_attn_scalar"):
+        cfg.query_pre_attn_scalar = cfg.head_dim
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def converted(llama_cpp_sources, tmp_path_factory):
+    """name -> (the transformers model, the GGUF llama.cpp's converter wrote of it)."""
+    from tokenworks import paths
+
+    tokenizers = {}
+    made = {}
+
+    def make(name):
+        if name in made:
+            return made[name]
+        vocab = FAMILIES[name][1]
+        if vocab not in tokenizers:
+            tokenizers[vocab] = transformers.AutoTokenizer.from_pretrained(
+                llama_cpp_sources / "models", gguf_file=f"ggml-vocab-{vocab}.gguf"
+            )
+        tok = tokenizers[vocab]
+        cfg = _config(name, len(tok))
+        key = hashlib.sha256(json.dumps(
+            [name, vocab, cfg.to_json_string(), VERSION, transformers.__version__,
+             "sharpened"]).encode()).hexdigest()[:16]  # fmt: skip
+        home = paths.home() / "converted-families" / f"{name}-{key}"
+        gguf_path = home / "model-f32.gguf"
+        if not gguf_path.exists():
+            torch.manual_seed(0)
+            model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+            sharpen(model)
+            scratch = tmp_path_factory.mktemp(name)
+            model.save_pretrained(scratch / "hf")
+            tok.save_pretrained(scratch / "hf")
+            out = subprocess.run(
+                [sys.executable, str(llama_cpp_sources / "convert_hf_to_gguf.py"),
+                 str(scratch / "hf"), "--outtype", "f32", "--outfile", str(scratch / "m.gguf")],
+                capture_output=True, text=True,
+            )  # fmt: skip
+            assert out.returncode == 0, out.stderr[-2000:]
+            home.mkdir(parents=True, exist_ok=True)
+            (scratch / "hf").rename(home / "hf")
+            (scratch / "m.gguf").rename(gguf_path)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            home / "hf", dtype=torch.float32, attn_implementation="eager"
+        ).eval()
+        made[name] = (hf, gguf_path)
+        return made[name]
+
+    return make
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_a_converted_file_runs_as_transformers_runs_the_model(converted, name):
+    hf, path = converted(name)
+    loaded = load(str(path))
+    llm = LLM(str(path), dtype="float32", quantization="none", loaded=loaded, warmup=False,
+              block_size=4)  # fmt: skip
+    prompt = llm.tokenizer.encode(PROMPT)
+    want, ids = [], list(prompt)
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt])).logits[0]
+        for _ in range(12):
+            want.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+            ids.append(want[-1])
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    out = llm.generate([prompt], greedy, use_tqdm=False)[0].outputs[0]
+    assert (list(out.token_ids), out.finish_reason) == (want, "length"), name
+    model = build_model(loaded.spec, loaded.weights, torch.float32, "cpu")
+    n = len(prompt)
+    with torch.no_grad():
+        ours = model(torch.tensor(prompt), torch.arange(n), AttentionMetadata.single(n))
+    assert (ours - logits).abs().max().item() < 1e-4, name
