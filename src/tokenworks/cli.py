@@ -286,11 +286,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "hardware` (default: this CPU measured, or the GPU by its name)")  # fmt: skip
     add_engine_arguments(p)
     p.set_defaults(fn=cmd_profile)
-    add_bench_parsers(sub)
-    from tokenworks.plan.commands import add_plan_parser
-
-    add_plan_parser(sub)
+    _add_lab_parsers(sub)
     return parser
+
+
+def _add_lab_parsers(sub) -> None:
+    """bench, plan and template: the commands that measure, predict and show."""
+    from tokenworks.plan.commands import add_plan_parser
+    from tokenworks.serve.template_command import add_template_parser
+
+    add_bench_parsers(sub)
+    add_plan_parser(sub)
+    add_template_parser(sub)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -160,6 +160,11 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv={self.n_kv_heads}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(
+                f"a sliding window of {self.sliding_window} tokens attends to nothing (a model "
+                "without a window has none)"
+            )
 
     @property
     def q_size(self) -> int:
@@ -181,13 +186,6 @@ class ModelSpec:
         if self.mla:
             return 1, self.mla.kv_lora_rank + self.mla.qk_rope_head_dim, 0
         return self.n_kv_heads, self.head_dim, self.head_dim
-
-    def __post_init__(self) -> None:
-        if self.sliding_window is not None and self.sliding_window < 1:
-            raise ValueError(
-                f"a sliding window of {self.sliding_window} tokens attends to nothing (a model "
-                "without a window has none)"
-            )
 
     def window(self, layer: int) -> int | None:
         """The sliding window of this layer, or None where it attends to everything."""

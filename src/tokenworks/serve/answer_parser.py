@@ -25,7 +25,7 @@ def request_thinking(state, prompt: str, asked: list[tuple[str, object]]) -> Thi
 def answer_parser(state, thinking: Thinking | None, tools: list, id_prefix: str = "call_"):
     """The parser of one completion of a request that offers `tools`."""
     calls = state.tool_format.parser(tools, id_prefix) if tools else None
-    return AnswerParser(state.reasoning, thinking, calls)
+    return AnswerParser(state.reasoning, thinking and thinking.opened, calls)
 
 
 def skip_special(state, tools: list, skip_special_tokens: bool) -> bool:
@@ -41,12 +41,13 @@ class AnswerParser:
     def __init__(
         self,
         reasoning: Reasoning | None = None,
-        thinking: Thinking | None = None,
+        opened: bool | None = None,
         calls: ToolCallParser | None = None,
     ):
+        """opened: whether the output starts as thinking (None: this request does not think)."""
         self._splitter = (
-            ReasoningSplitter(reasoning, thinking.opened)
-            if reasoning is not None and thinking is not None
+            ReasoningSplitter(reasoning, opened)
+            if reasoning is not None and opened is not None
             else None
         )
         self._calls = calls

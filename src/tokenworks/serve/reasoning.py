@@ -62,13 +62,17 @@ def request_budget(reasoning: Reasoning, asked: list[tuple[str, object]], limit:
 def thinking(reasoning: Reasoning, tokenizer, prompt: str, budget: int | None) -> Thinking:
     """What the engine follows for one request: the markers as token ids, and whether the
     prompt (its template) already opened them."""
-    opened = reasoning.always or prompt.rstrip().endswith(reasoning.open)
     return Thinking(
         end_ids=tuple(tokenizer.encode(reasoning.close, add_special_tokens=False)),
         start_ids=tuple(tokenizer.encode(reasoning.open, add_special_tokens=False)),
-        opened=opened,
+        opened=opened_by(reasoning, prompt),
         budget=budget,
     )
+
+
+def opened_by(reasoning: Reasoning, prompt: str) -> bool:
+    """Whether the model's output starts as thinking after this prompt."""
+    return reasoning.always or prompt.rstrip().endswith(reasoning.open)
 
 
 class ReasoningSplitter:

@@ -59,7 +59,7 @@ def _with_reasoning_names(messages: list[dict]) -> list[dict]:
 
 
 class ChatTemplate:
-    def __init__(self, source: str, tokenizer):
+    def __init__(self, source: str, tokenizer=None):
         env = ImmutableSandboxedEnvironment(
             trim_blocks=True,
             lstrip_blocks=True,
@@ -74,15 +74,16 @@ class ChatTemplate:
         self._tokenizer = tokenizer
 
     def _special(self, token_id: int | None) -> str:
-        if token_id is None:
+        if token_id is None or self._tokenizer is None:  # (a template read without its model)
             return ""
         return self._tokenizer.token_to_str(token_id)
 
     def special_tokens(self) -> dict[str, str]:
         """The special tokens' text a template is given, as bos_token and eos_token."""
-        eos = self._tokenizer.eos_token_ids
+        tok = self._tokenizer
+        eos = tok.eos_token_ids if tok is not None else ()
         return {
-            "bos_token": self._special(self._tokenizer.bos_token_id),
+            "bos_token": self._special(tok.bos_token_id if tok is not None else None),
             "eos_token": self._special(eos[0] if eos else None),
         }
 

@@ -1,0 +1,259 @@
+"""llama.cpp's chat-format cases, read from its tests/test-chat.cpp: for a real template, a
+model's output and the message it must parse to (content, reasoning, tool calls).
+
+Each `peg_tester("models/templates/NAME.jinja")` block holds statements like
+
+    tst.test("<tool_call>\\n{...}</tool_call>").tools({ special_function_tool })
+        .reasoning_format(COMMON_REASONING_FORMAT_AUTO).expect(message_assist_call).run();
+
+read here from the C++ text: string literals (adjacent ones joined, raw R"(...)" ones too),
+the tools by their static definitions, the expected message by its `simple_assist_msg(...)`
+definition or the statement's own expect_content / expect_reasoning / expect_tool_calls.
+Cases that continue a prefilled message, take a JSON schema or a forced tool choice, or
+parse a partial output are left out: they test other things than reading a whole answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "'": "'", "0": "\0"}
+_SKIPPED = (".messages(", ".continue_final_message(", ".json_schema(", ".tool_choice(")
+
+
+@dataclass
+class ChatCase:
+    template: str  # the file name in models/templates
+    output: str  # what the model wrote
+    tools: list[dict]  # OpenAI tools
+    reasoning: bool  # False: reasoning_format NONE (thinking is left in the content)
+    enable_thinking: bool
+    content: str
+    reasoning_content: str
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments JSON)
+    line: int = 0
+
+
+def _literal(text: str, i: int) -> tuple[str, int] | None:
+    """The C++ string literal at text[i:] (after blanks and comments) and where it ends."""
+    while True:
+        while i < len(text) and text[i] in " \t\r\n":
+            i += 1
+        if text.startswith("//", i):
+            i = text.index("\n", i)
+            continue
+        break
+    if text.startswith('R"', i):
+        open_paren = text.index("(", i)
+        delim = text[i + 2 : open_paren]
+        end = text.index(f"){delim}\"", open_paren)
+        return text[open_paren + 1 : end], end + len(delim) + 2
+    if not text.startswith('"', i):
+        return None
+    out, i = [], i + 1
+    while text[i] != '"':
+        if text[i] == "\\":
+            nxt = text[i + 1]
+            if nxt == "x":
+                digits = re.match(r"[0-9a-fA-F]+", text[i + 2 :]).group(0)
+                out.append(chr(int(digits, 16)))
+                i += 2 + len(digits)
+                continue
+            if nxt == "u":
+                out.append(chr(int(text[i + 2 : i + 6], 16)))
+                i += 6
+                continue
+            out.append(_ESCAPES.get(nxt, nxt))
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out), i + 1
+
+
+def _literals(text: str, i: int) -> tuple[str, int] | None:
+    """Adjacent literals joined, as the compiler joins them."""
+    first = _literal(text, i)
+    if first is None:
+        return None
+    parts, i = [first[0]], first[1]
+    while (more := _literal(text, i)) is not None:
+        parts.append(more[0])
+        i = more[1]
+    return "".join(parts), i
+
+
+def _call_args(text: str, start: int, pair: str = "()") -> str:
+    """The text between the bracket at `start` and its match (literals skipped whole)."""
+    depth, i = 0, start
+    while True:
+        c = text[i]
+        if c == '"' or text.startswith('R"', i):
+            i = _literal(text, i)[1]
+            continue
+        if c == pair[0]:
+            depth += 1
+        elif c == pair[1]:
+            depth -= 1
+            if depth == 0:
+                return text[start + 1 : i]
+        i += 1
+
+
+def _groups(args: str) -> list[str]:
+    """The top-level {...} groups of an initialiser list (literals skipped whole)."""
+    out, depth, start, i = [], 0, 0, 0
+    while i < len(args):
+        if args[i] == '"' or args.startswith('R"', i):
+            i = _literal(args, i)[1]
+            continue
+        if args[i] == "{":
+            depth += 1
+            start = i if depth == 1 else start
+        elif args[i] == "}":
+            depth -= 1
+            if depth == 0:
+                out.append(args[start + 1 : i])
+        i += 1
+    return out
+
+
+def _strings(args: str) -> list[str]:
+    """The string literals among a call's arguments, in order ("" for {})."""
+    out, i = [], 0
+    while i < len(args):
+        if args[i] == '"' or args.startswith('R"', i):
+            s, i = _literals(args, i)
+            out.append(s)
+        elif args.startswith("{}", i):
+            out.append("")
+            i += 2
+        elif args.startswith("/*", i):
+            i = args.index("*/", i) + 2
+        else:
+            i += 1
+    return out
+
+
+def _tools(source: str) -> dict[str, dict]:
+    found = {}
+    for m in re.finditer(r"static common_chat_tool (\w+)\s*\{", source):
+        body = _call_args(source, m.end() - 1, "{}")
+        strings = _strings(body)
+        if len(strings) < 3:
+            continue
+        name, description, schema = strings[:3]
+        try:
+            params = json.loads(schema)
+        except json.JSONDecodeError:
+            continue
+        found[m.group(1)] = {"type": "function", "function": {
+            "name": name, "description": description, "parameters": params}}  # fmt: skip
+    return found
+
+
+def _messages(source: str) -> dict[str, tuple[str, str, list]]:
+    """name -> (content, reasoning, tool calls) of each `simple_assist_msg(...)` constant."""
+    found = {}
+    for m in re.finditer(r"const common_chat_msg (\w+)\s*=\s*simple_assist_msg\(", source):
+        strings = _strings(_call_args(source, m.end() - 1))
+        content, reasoning, name, arguments = (strings + ["", "", "", ""])[:4]
+        found[m.group(1)] = (content, reasoning, [(name, arguments)] if name else [])
+    return found
+
+
+def read_cases(sources: Path) -> list[ChatCase]:
+    """Every whole-answer case of test-chat.cpp's peg_tester blocks."""
+    source = (sources / "tests" / "test-chat.cpp").read_text(encoding="utf-8")
+    tools, messages = _tools(source), _messages(source)
+    blocks = list(re.finditer(r'peg_tester\("models/templates/([^"]+)"', source))
+    cases = []
+    for k, block in enumerate(blocks):
+        end = blocks[k + 1].start() if k + 1 < len(blocks) else len(source)
+        body = source[block.end() : end]
+        for stmt in re.finditer(r"\btst\.test\(", body):
+            stop = body.find(".run();", stmt.end())
+            if stop < 0:
+                continue
+            text = body[stmt.end() - 1 : stop]
+            case = _case(block.group(1), text, tools, messages)
+            if case is not None:
+                case.line = source.count("\n", 0, block.end() + stmt.start()) + 1
+                cases.append(case)
+    return cases
+
+
+def _case(template: str, text: str, tools: dict, messages: dict) -> ChatCase | None:
+    if any(s in text for s in _SKIPPED) or ".is_partial(true)" in text:
+        return None
+    output = _literals(text, 1)
+    if output is None:
+        return None
+    output, after = output
+    chain = text[after:]
+    offered = []
+    if (m := re.search(r"\.tools\(\{([^}]*)\}\)", chain)) is not None:
+        names = [n.strip() for n in m.group(1).split(",") if n.strip()]
+        if any(n not in tools for n in names):
+            return None
+        offered = [tools[n] for n in names]
+    content = reasoning = None
+    calls: list | None = None
+    if (m := re.search(r"\.expect\((\w+)\)", chain)) is not None:
+        if m.group(1) not in messages:
+            return None
+        content, reasoning, calls = messages[m.group(1)]
+    for what in ("content", "reasoning"):
+        at = chain.find(f".expect_{what}(")
+        if at >= 0:
+            value = _literals(chain, at + len(f".expect_{what}("))[0]
+            content, reasoning = (value, reasoning) if what == "content" else (content, value)
+    at = chain.find(".expect_tool_calls(")
+    if at >= 0:
+        listed = _call_args(chain, at + len(".expect_tool_calls"))
+        calls = [tuple((_strings(group) + ["", ""])[:2]) for group in _groups(listed[1:-1])]
+    if content is None and reasoning is None and calls is None:
+        return None
+    fmt = re.search(r"COMMON_REASONING_FORMAT_(\w+)", chain)
+    return ChatCase(
+        template=template, output=output, tools=offered,
+        reasoning=not (fmt and fmt.group(1) == "NONE"),
+        enable_thinking=".enable_thinking(false)" not in chain,
+        content=content or "", reasoning_content=reasoning or "", tool_calls=calls or [],
+    )  # fmt: skip
+
+
+def check(case: ChatCase, sources: Path) -> tuple[bool, dict]:
+    """Whether tokenworks parses the case's output to its message (content and reasoning
+    compared without surrounding blanks, arguments as JSON values), and what it made."""
+    from tokenworks.serve import reasoning, tool_formats
+    from tokenworks.serve.template_command import parse
+    from tokenworks.tokenizer.chat import ChatTemplate
+
+    source = (sources / "models" / "templates" / case.template).read_text(encoding="utf-8")
+    chat = ChatTemplate(source)
+    fmt = tool_formats.resolve("auto", source, None)
+    thinks = reasoning.resolve("auto" if case.reasoning else "none", source, None)
+    kwargs = {"enable_thinking": case.enable_thinking}
+    try:
+        got = parse(case.output, chat, case.tools, fmt, thinks, kwargs)
+    except Exception as e:  # a template that refuses the probe conversation, say
+        return False, {"error": f"{type(e).__name__}: {e}"}
+    calls = [(c["function"]["name"], _json_value(c["function"]["arguments"]))
+             for c in got.get("tool_calls", [])]  # fmt: skip
+    ok = (
+        (got.get("content") or "").strip() == case.content.strip()
+        and (got.get("reasoning_content") or "").strip() == case.reasoning_content.strip()
+        and calls == [(name, _json_value(args)) for name, args in case.tool_calls]
+    )
+    return ok, got
+
+
+def _json_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text

@@ -1,0 +1,82 @@
+"""llama.cpp's chat-format cases (tests/test-chat.cpp, read by bench/chat_cases.py): a real
+template, a model's output and the message it must parse to. tokenworks parses them through
+`tokenworks template parse`'s path, the server's own (serve/template_command.py). The
+templates listed here parse every case of theirs; docs/world-files.md counts the rest."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from tokenworks.bench.chat_cases import check, read_cases
+from tokenworks.cli import main
+
+# every case of these templates parses to llama.cpp's message
+WHOLE = (
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", "Reka-Edge.jinja",
+    "StepFun3.5-Flash.jinja", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja",
+    "google-gemma-2-2b-it.jinja", "ibm-granite-granite-4.0.jinja",
+    "ibm-granite-granite-4.1.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
+    "meta-llama-Llama-3.2-3B-Instruct.jinja", "meta-llama-Llama-3.3-70B-Instruct.jinja",
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja", "moonshotai-Kimi-K2.jinja",
+    "unsloth-mistral-Devstral-Small-2507.jinja",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cases(llama_cpp_sources):
+    found = read_cases(llama_cpp_sources)
+    assert len(found) >= 250 and len({c.template for c in found}) >= 45
+    return found
+
+
+@pytest.mark.parametrize("template", WHOLE)
+def test_every_case_of_the_family_parses_to_llama_cpps_message(cases, llama_cpp_sources,
+                                                                 template):  # fmt: skip
+    mine = [c for c in cases if c.template == template]
+    assert mine
+    for case in mine:
+        ok, got = check(case, llama_cpp_sources)
+        assert ok, (case.line, case.output, got)
+
+
+def test_template_parse_prints_the_message_and_names_the_format(
+    llama_cpp_sources, tmp_path, monkeypatch, capsys
+):
+    template = llama_cpp_sources / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja"
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]  # fmt: skip
+    (tmp_path / "tools.json").write_text(json.dumps(tools))
+    output = ('<think>\nPlan.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
+              '"arguments": {"city": "Paris"}}\n</tool_call>')  # fmt: skip
+    monkeypatch.setattr("sys.stdin", io.StringIO(output))
+    argv = ["template", "parse", "--chat-template", str(template), "--tools",
+            str(tmp_path / "tools.json")]  # fmt: skip
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    message = json.loads(out)
+    assert message["reasoning_content"].strip() == "Plan."
+    call = message["tool_calls"][0]["function"]
+    assert (call["name"], json.loads(call["arguments"])) == ("get_weather", {"city": "Paris"})
+    assert "tool calls: hermes; reasoning: <think> ... </think>" in err
+
+
+def test_template_render_prints_the_prompt_with_the_tools(llama_cpp_sources, tmp_path, capsys):
+    template = llama_cpp_sources / "models" / "templates" / "Qwen-Qwen3-0.6B.jinja"
+    (tmp_path / "m.json").write_text(json.dumps([{"role": "user", "content": "Weather?"}]))
+    (tmp_path / "t.json").write_text(json.dumps([{"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object"}}}]))  # fmt: skip
+    argv = ["template", "render", "--chat-template", str(template), "--messages",
+            str(tmp_path / "m.json"), "--tools", str(tmp_path / "t.json")]  # fmt: skip
+    assert main(argv) == 0
+    prompt = capsys.readouterr().out
+    assert '"name": "get_weather"' in prompt
+    assert prompt.endswith("<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_template_command_without_a_template_says_what_to_give(tmp_path, capsys):
+    (tmp_path / "m.json").write_text("[]")
+    assert main(["template", "render", "--messages", str(tmp_path / "m.json")]) == 2
+    assert "give --chat-template FILE" in capsys.readouterr().err
