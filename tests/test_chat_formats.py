@@ -13,7 +13,8 @@ import pytest
 from tokenworks.bench.chat_cases import check, read_cases
 from tokenworks.cli import main
 
-# every case of these templates parses to llama.cpp's message
+# every case of these templates parses to llama.cpp's message, whole and streamed in chunks
+# of every size
 WHOLE = (
     "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", "Reka-Edge.jinja",
     "StepFun3.5-Flash.jinja", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja",
@@ -21,7 +22,7 @@ WHOLE = (
     "ibm-granite-granite-4.1.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
     "meta-llama-Llama-3.2-3B-Instruct.jinja", "meta-llama-Llama-3.3-70B-Instruct.jinja",
     "mistralai-Mistral-Nemo-Instruct-2407.jinja", "moonshotai-Kimi-K2.jinja",
-    "unsloth-mistral-Devstral-Small-2507.jinja",
+    "openai-gpt-oss-120b.jinja", "unsloth-mistral-Devstral-Small-2507.jinja",
 )  # fmt: skip
 
 
@@ -38,7 +39,7 @@ def test_every_case_of_the_family_parses_to_llama_cpps_message(cases, llama_cpp_
     mine = [c for c in cases if c.template == template]
     assert mine
     for case in mine:
-        ok, got = check(case, llama_cpp_sources)
+        ok, got = check(case, llama_cpp_sources, streamed=True)
         assert ok, (case.line, case.output, got)
 
 

@@ -33,7 +33,7 @@ TIME = Tool(
     "Current time in a city",
     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 )
-FORMATS = ["hermes", "llama3_json", "mistral", "qwen3_coder"]
+FORMATS = ["hermes", "llama3_json", "mistral", "qwen3_coder", "harmony"]
 
 
 def read(fmt, pieces: list[str]) -> list[tuple]:
@@ -93,6 +93,7 @@ def test_the_format_follows_the_chat_template():
     assert resolved("{{ '[TOOL_CALLS]' }}") == "mistral"
     assert resolved("<tool_call>\n<function={{ name }}>") == "qwen3_coder"
     assert resolved("<tool_call>{{ tool | tojson }}</tool_call>") == "hermes"
+    assert resolved("{{ '<|start|>assistant<|channel|>final<|message|>' }}") == "harmony"
     assert resolved(None) == "hermes"
 
 

@@ -142,17 +142,21 @@ def _tools(source: str) -> dict[str, dict]:
     found = {}
     for m in re.finditer(r"static common_chat_tool (\w+)\s*\{", source):
         body = _call_args(source, m.end() - 1, "{}")
-        strings = _strings(body)
-        if len(strings) < 3:
-            continue
-        name, description, schema = strings[:3]
-        try:
-            params = json.loads(schema)
-        except json.JSONDecodeError:
-            continue
-        found[m.group(1)] = {"type": "function", "function": {
-            "name": name, "description": description, "parameters": params}}  # fmt: skip
+        if (tool := _tool(_strings(body))) is not None:
+            found[m.group(1)] = tool
     return found
+
+
+def _tool(strings: list[str]) -> dict | None:
+    """An OpenAI tool of a common_chat_tool's (name, description, parameters) literals."""
+    if len(strings) < 3:
+        return None
+    try:
+        params = json.loads(strings[2])
+    except json.JSONDecodeError:
+        return None
+    fn = {"name": strings[0], "description": strings[1], "parameters": params}
+    return {"type": "function", "function": fn}
 
 
 def _messages(source: str) -> dict[str, tuple[str, str, list]]:
@@ -195,11 +199,16 @@ def _case(template: str, text: str, tools: dict, messages: dict) -> ChatCase | N
     output, after = output
     chain = text[after:]
     offered = []
-    if (m := re.search(r"\.tools\(\{([^}]*)\}\)", chain)) is not None:
-        names = [n.strip() for n in m.group(1).split(",") if n.strip()]
-        if any(n not in tools for n in names):
+    if (at := chain.find(".tools(")) >= 0:
+        listed = _call_args(chain, at + len(".tools")).strip()[1:-1]  # inside the {...}
+        inline = _groups(listed)
+        if inline:  # { { "name", "description", R"(schema)" }, ... }
+            offered = [_tool(_strings(group)) for group in inline]
+        else:
+            names = [n.strip() for n in listed.split(",") if n.strip()]
+            offered = [tools.get(n) for n in names]
+        if None in offered:
             return None
-        offered = [tools[n] for n in names]
     content = reasoning = None
     calls: list | None = None
     if (m := re.search(r"\.expect\((\w+)\)", chain)) is not None:
@@ -226,9 +235,10 @@ def _case(template: str, text: str, tools: dict, messages: dict) -> ChatCase | N
     )  # fmt: skip
 
 
-def check(case: ChatCase, sources: Path) -> tuple[bool, dict]:
+def check(case: ChatCase, sources: Path, streamed: bool = False) -> tuple[bool, dict]:
     """Whether tokenworks parses the case's output to its message (content and reasoning
-    compared without surrounding blanks, arguments as JSON values), and what it made."""
+    compared without surrounding blanks, arguments as JSON values), and what it made;
+    streamed: also fed in chunks of every size from one character up."""
     from tokenworks.serve import reasoning, tool_formats
     from tokenworks.serve.template_command import parse
     from tokenworks.tokenizer.chat import ChatTemplate
@@ -238,18 +248,22 @@ def check(case: ChatCase, sources: Path) -> tuple[bool, dict]:
     fmt = tool_formats.resolve("auto", source, None)
     thinks = reasoning.resolve("auto" if case.reasoning else "none", source, None)
     kwargs = {"enable_thinking": case.enable_thinking}
+    chunks = (None, *range(1, len(case.output))) if streamed else (None,)
     try:
-        got = parse(case.output, chat, case.tools, fmt, thinks, kwargs)
+        messages = parse(case.output, chat, case.tools, fmt, thinks, kwargs, chunks)
     except Exception as e:  # a template that refuses the probe conversation, say
         return False, {"error": f"{type(e).__name__}: {e}"}
-    calls = [(c["function"]["name"], _json_value(c["function"]["arguments"]))
-             for c in got.get("tool_calls", [])]  # fmt: skip
-    ok = (
-        (got.get("content") or "").strip() == case.content.strip()
-        and (got.get("reasoning_content") or "").strip() == case.reasoning_content.strip()
-        and calls == [(name, _json_value(args)) for name, args in case.tool_calls]
-    )
-    return ok, got
+    want = [(name, _json_value(args)) for name, args in case.tool_calls]
+    for size, got in zip(chunks, messages, strict=True):
+        calls = [(c["function"]["name"], _json_value(c["function"]["arguments"]))
+                 for c in got.get("tool_calls", [])]  # fmt: skip
+        if not (
+            (got.get("content") or "").strip() == case.content.strip()
+            and (got.get("reasoning_content") or "").strip() == case.reasoning_content.strip()
+            and calls == want
+        ):
+            return False, got | {"chunk": size}
+    return True, messages[0]
 
 
 def _json_value(text: str):

@@ -24,14 +24,26 @@ def request_thinking(state, prompt: str, asked: list[tuple[str, object]]) -> Thi
 
 def answer_parser(state, thinking: Thinking | None, tools: list, id_prefix: str = "call_"):
     """The parser of one completion of a request that offers `tools`."""
-    calls = state.tool_format.parser(tools, id_prefix) if tools else None
-    return AnswerParser(state.reasoning, thinking and thinking.opened, calls)
+    opened = thinking.opened if thinking is not None else None
+    return make_answer_parser(state.reasoning, opened, state.tool_format, tools, id_prefix)
+
+
+def make_answer_parser(reasoning: Reasoning | None, opened: bool | None, fmt, tools: list,
+                       id_prefix: str = "call_") -> AnswerParser:  # fmt: skip
+    """opened: whether the output starts as thinking (None: this request does not think).
+    A format that writes its thinking in channels (harmony) reads the whole answer itself."""
+    if fmt.channels:
+        return AnswerParser(calls=fmt.parser(tools, id_prefix, reasoning=reasoning is not None))
+    calls = fmt.parser(tools, id_prefix) if tools else None
+    return AnswerParser(reasoning, opened, calls)
 
 
 def skip_special(state, tools: list, skip_special_tokens: bool) -> bool:
-    """skip_special_tokens for a request: False where tools are offered and the model's
-    calls start with a special token (Mistral's [TOOL_CALLS]), which the parser must see."""
-    return skip_special_tokens and not (tools and state.tool_format.special_marker)
+    """skip_special_tokens for a request: False where the parser must see a special token:
+    the start of a call where tools are offered (Mistral's [TOOL_CALLS]), or a channel's
+    markers (harmony)."""
+    fmt = state.tool_format
+    return skip_special_tokens and not ((tools or fmt.channels) and fmt.special_marker)
 
 
 class AnswerParser:

@@ -1,8 +1,9 @@
 """Reasoning: a model's thinking, between its think markers, kept apart from its answer.
 
 Which markers a model writes is the server's `--reasoning-parser`: auto (Qwen3's <think>
-and </think> where the chat template writes them), none, qwen3, or deepseek_r1 (whose
-answer is thinking until </think>, opened or not). The text between them comes back as
+and </think> where the chat template writes them, gpt-oss's analysis channel where it
+writes harmony's), none, qwen3, or deepseek_r1 (whose answer is thinking until </think>,
+opened or not). The text between them comes back as
 `reasoning_content` in OpenAI chat and as `thinking` blocks in Anthropic Messages; the
 engine counts its tokens and, with a budget, forces the end marker once the budget is
 spent (engine/thinking.py). A request's budget is `max_reasoning_tokens`,
@@ -34,9 +35,12 @@ class Reasoning:
 
 
 def resolve(parser: str, template_source: str | None, budget: int | None) -> Reasoning | None:
-    """The model's reasoning markers under --reasoning-parser (None: it does not think)."""
+    """The model's reasoning markers under --reasoning-parser (None: it does not think);
+    a harmony template's (gpt-oss) are its analysis channel's."""
     if parser == "none":
         return None
+    if parser == "auto" and "<|channel|>" in (template_source or ""):
+        return Reasoning("<|channel|>analysis<|message|>", "<|end|>", budget=budget)
     if parser == "auto" and "</think>" not in (template_source or ""):
         return None
     return Reasoning("<think>", "</think>", always=parser == "deepseek_r1", budget=budget)

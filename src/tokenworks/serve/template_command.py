@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from tokenworks.serve import reasoning, tool_formats
-from tokenworks.serve.answer_parser import AnswerParser
+from tokenworks.serve.answer_parser import make_answer_parser
 from tokenworks.serve.errors import APIError
 from tokenworks.serve.tools import openai_tools, prepare_messages
 from tokenworks.tokenizer.chat import ChatTemplate
@@ -95,16 +95,28 @@ def render(chat: ChatTemplate, messages: list, tools: list, fmt, generation_prom
     return chat.render(prepared, add_generation_prompt=generation_prompt, **extra, **(kwargs or {}))
 
 
-def parse(text: str, chat: ChatTemplate, tools: list, fmt, thinks, kwargs=None) -> dict:
-    """The assistant message the server makes of a model's whole output, after a prompt
-    rendered with kwargs (a request's chat_template_kwargs)."""
+def parse(text: str, chat: ChatTemplate, tools: list, fmt, thinks, kwargs=None,
+          chunks: tuple[int | None, ...] = (None,)) -> list[dict]:  # fmt: skip
+    """The assistant message the server makes of a model's output, after a prompt rendered
+    with kwargs (a request's chat_template_kwargs): one for each chunk size the output is
+    streamed in (None: whole)."""
     offered = openai_tools(tools)
     # does the template's generation prompt open the thinking?
     probe = render(chat, PROBE, tools, fmt, kwargs=kwargs)
     opened = reasoning.opened_by(thinks, probe) if thinks else None
-    parser = AnswerParser(thinks, opened, fmt.parser(offered, "call_") if offered else None)
+    messages = []
+    for size in chunks:
+        parser = make_answer_parser(thinks, opened, fmt, offered)
+        size = size or max(len(text), 1)
+        pieces = [text[i : i + size] for i in range(0, len(text), size)] or [""]
+        events = [e for k, p in enumerate(pieces) for e in parser.feed(p, k == len(pieces) - 1)]
+        messages.append(_message(events))
+    return messages
+
+
+def _message(events: list) -> dict:
     content, thought, calls = [], [], []
-    for kind, value in parser.feed(text, finished=True):
+    for kind, value in events:
         if kind == "text":
             content.append(value)
         elif kind == "reasoning":
@@ -135,7 +147,7 @@ def run(args) -> int:
         thinks = reasoning.resolve(args.reasoning_parser, chat.source, None)
         marks = f"{thinks.open} ... {thinks.close}" if thinks else "none"
         print(f"tool calls: {fmt.name}; reasoning: {marks}", file=sys.stderr)
-        message = parse(sys.stdin.read(), chat, tools, fmt, thinks, args.chat_template_kwargs)
+        [message] = parse(sys.stdin.read(), chat, tools, fmt, thinks, args.chat_template_kwargs)
     except APIError as e:  # a refusal the server would answer with a 400
         raise ValueError(e.message) from None
     print(json.dumps(message, ensure_ascii=False, indent=2))

@@ -8,6 +8,8 @@
                  [TOOL_CALLS]name[ARGS]{...} per call                      (Mistral, Mixtral)
     qwen3_coder  <tool_call><function=NAME><parameter=KEY>value</parameter>...</function>
                  </tool_call>                                              (Qwen3-Coder)
+    harmony      <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}
+                 <|call|>, thinking on the analysis channel (serve/harmony.py) (gpt-oss)
 
 `--tool-call-parser` (vLLM's flag) picks one; auto reads the chat template. Hermes calls
 stream their arguments as they are generated (serve/tools.py's ToolCallParser); the other
@@ -23,6 +25,7 @@ import json
 import re
 
 from tokenworks.engine.request import JSON_OPTIONS, close_objects
+from tokenworks.serve.harmony import CHANNEL, CONSTRAIN, MESSAGE, HarmonyParser
 from tokenworks.serve.tools import (
     CLOSE,
     OPEN,
@@ -34,7 +37,7 @@ from tokenworks.serve.tools import (
     partial_suffix,
 )
 
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "qwen3_coder")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "qwen3_coder", "harmony")
 
 
 class ToolFormat:
@@ -42,13 +45,10 @@ class ToolFormat:
     start = OPEN  # where calls begin in the output
     args_key = "arguments"  # what the call object names its arguments
 
+    channels = False  # whether its parser reads the whole answer, thinking too (harmony)
+
     def __init__(self, tokenizer=None):
-        # the start marker as a grammar terminal: one special token, or its text
-        self.special_marker, self._marker_rule = False, json.dumps(self.start)
-        if tokenizer is not None and self.start:
-            ids = tokenizer.encode(self.start, add_special_tokens=False)
-            if len(ids) == 1 and tokenizer.decode(ids, skip_special_tokens=True) == "":
-                self.special_marker, self._marker_rule = True, f"<[{ids[0]}]>"
+        self.special_marker, self._marker_rule = _terminal(tokenizer, self.start)
 
     def parser(self, tools: list[Tool], id_prefix: str):
         return ToolCallParser(id_prefix)
@@ -91,6 +91,16 @@ class ToolFormat:
         schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
         schema["x-guidance"] = JSON_OPTIONS
         return f"call: %json {json.dumps(schema)}\n"
+
+
+def _terminal(tokenizer, marker: str) -> tuple[bool, str]:
+    """A marker as a grammar terminal: (True, its token) where it is one special token of
+    the tokenizer, else (False, its text)."""
+    if tokenizer is not None and marker:
+        ids = tokenizer.encode(marker, add_special_tokens=False)
+        if len(ids) == 1 and tokenizer.decode(ids, skip_special_tokens=True) == "":
+            return True, f"<[{ids[0]}]>"
+    return False, json.dumps(marker)
 
 
 class Llama3Json(ToolFormat):
@@ -283,14 +293,51 @@ class WholeCallsParser:
         return events
 
 
-FORMATS = {f.name: f for f in (ToolFormat, Llama3Json, Mistral, Qwen3Coder)}
+class Harmony(ToolFormat):
+    name, start = "harmony", CHANNEL
+    channels = True  # the format's parser reads the whole answer: thinking, text and calls
+    _MARKERS = (CHANNEL, CONSTRAIN, MESSAGE, "<|call|>")
+
+    def __init__(self, tokenizer=None):
+        super().__init__(tokenizer)
+        self.special_marker = True  # its markers are control tokens the parser must see
+        self._rules = {m: _terminal(tokenizer, m)[1] for m in self._MARKERS}
+
+    def parser(self, tools: list[Tool], id_prefix: str, reasoning: bool = True):
+        return HarmonyParser(id_prefix, reasoning)
+
+    def describe(self, tools: list[Tool]) -> str:
+        return "\n".join(json.dumps(t.as_openai()) for t in tools)
+
+    def render_call(self, name: str, arguments: dict) -> str:
+        return (f"{CHANNEL}commentary to=functions.{name} {CONSTRAIN}json{MESSAGE}"
+                f"{json.dumps(arguments)}<|call|>")  # fmt: skip
+
+    def grammar(self, tools: list[Tool]) -> str:
+        """One call of one of `tools` on the commentary channel, its arguments valid
+        against the tool's schema, ended by <|call|>."""
+        r = self._rules
+        rules, options = [], []
+        for i, t in enumerate(tools):
+            schema = close_objects(t.parameters) | {"x-guidance": JSON_OPTIONS}
+            rules.append(f"args{i}: %json {json.dumps(schema)}")
+            options.append(
+                f'{r[CHANNEL]} "commentary to=functions.{t.name} " {r[CONSTRAIN]} "json" '
+                f"{r[MESSAGE]} args{i} {r['<|call|>']}"
+            )
+        return "start: " + " | ".join(options) + "\n" + "\n".join(rules) + "\n"
+
+
+FORMATS = {f.name: f for f in (ToolFormat, Llama3Json, Mistral, Qwen3Coder, Harmony)}
 
 
 def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
     """The format under --tool-call-parser; auto: the one the chat template writes."""
     if setting == "auto":
         source = template_source or ""
-        if "<function=" in source:
+        if "<|channel|>" in source:
+            setting = "harmony"
+        elif "<function=" in source:
             setting = "qwen3_coder"
         elif "[TOOL_CALLS]" in source:
             setting = "mistral"
