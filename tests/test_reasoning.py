@@ -204,3 +204,40 @@ def test_reasoning_fields_are_bounded(thinking_server):
         assert r.status_code == 400, (body, r.text)
         error = r.json()["error"]
         assert field in (error.get("param") or error.get("message")), r.text
+
+
+def test_the_markers_follow_the_chat_template():
+    from tokenworks.serve.reasoning import resolve
+
+    def markers(source):
+        found = resolve("auto", source, None)
+        return found and (found.open, found.close)
+
+    assert markers("{{ '<think>' }}...{{ '</think>' }}") == ("<think>", "</think>")
+    assert markers("[THINK]{{ m.thinking }}[/THINK]") == ("[THINK]", "[/THINK]")
+    assert markers("<|START_THINKING|>x<|END_THINKING|>") == (
+        "<|START_THINKING|>", "<|END_THINKING|>"
+    )
+    assert markers("<|start|>assistant<|channel|>final<|message|>") == (
+        "<|channel|>analysis<|message|>", "<|end|>"
+    )
+    assert markers("{{ messages[0].content }}") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "reasoning", "answer"),
+    [
+        # thinking the template opened, never closed, ends where a call starts
+        ("Let me look.\n<tool_call>{}</tool_call>", "Let me look.\n", "<tool_call>{}</tool_call>"),
+        # a call the end marker follows is part of the thinking
+        ("maybe <tool_call>{}</tool_call>?</think>No.", "maybe <tool_call>{}</tool_call>?", "No."),
+    ],
+)
+def test_a_call_ends_thinking_that_is_never_closed(text, reasoning, answer):
+    for size in range(1, len(text) + 1):
+        splitter = ReasoningSplitter(QWEN3, opened=True, call_start="<tool_call>")
+        pieces = [text[i : i + size] for i in range(0, len(text), size)]
+        events = [e for j, p in enumerate(pieces) for e in splitter.feed(p, j == len(pieces) - 1)]
+        got = ("".join(v for k, v in events if k == "reasoning"),
+               "".join(v for k, v in events if k == "text"))  # fmt: skip
+        assert got == (reasoning, answer), size

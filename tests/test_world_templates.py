@@ -7,40 +7,13 @@ from __future__ import annotations
 
 import pytest
 
+from tokenworks.bench.world import CONVERSATIONS
 from tokenworks.models.gguf_metadata import read_metadata
 from tokenworks.tokenizer import ChatTemplateError, TokenizerWrapper
 from tokenworks.tokenizer.chat import ChatTemplate
 from tokenworks.tokenizer.tokenizer import tokenizer_from_gguf_fields
 
 transformers_chat = pytest.importorskip("transformers.utils.chat_template_utils")
-
-TOOLS = [{"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "required": ["city"], "properties": {
-        "city": {"type": "string", "description": "the city"}, "days": {"type": "integer"}}},
-}}]  # fmt: skip
-CONVERSATIONS = {
-    "plain": ([
-        {"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "Hi there"},
-        {"role": "assistant", "content": "Hello!"},
-        {"role": "user", "content": "What is 2+2?"},
-    ], None),
-    "tool round trip": ([
-        {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [{
-            "id": "call12345", "type": "function",  # (Mistral's templates want 9 characters)
-            "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}]},
-        {"role": "tool", "tool_call_id": "call12345", "name": "get_weather",
-         "content": '{"temp": 21}'},
-    ], TOOLS),
-    "reasoning": ([
-        {"role": "user", "content": "What is 2+2?"},
-        {"role": "assistant", "content": "4", "reasoning_content": "Two and two make four."},
-        {"role": "user", "content": "And 3+3?"},
-    ], None),
-}  # fmt: skip
-
 
 @pytest.fixture(scope="module")
 def templates(llama_cpp_sources):

@@ -85,6 +85,11 @@ class LoRABenchConfig(EngineBench):
 
 
 @dataclass(frozen=True)
+class WorldConfig(BenchConfig):
+    """(llama.cpp's sources are fetched once into $TOKENWORKS_HOME)"""
+
+
+@dataclass(frozen=True)
 class PageConfig(EngineBench):
     requests: int = o.count(20, "requests, each sent from the page and to the API in turn")
     max_tokens: int = o.count(16, "tokens each answer generates")

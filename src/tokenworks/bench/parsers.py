@@ -40,6 +40,10 @@ BENCHES = {
     "routing": Bench(c.RoutingBenchConfig, "routing:run_routing",
                      "prefix hit rate of multi-turn conversations across replicas, by router "
                      "policy (round robin, the last prompt's replica, KV events)"),
+    "world": Bench(c.WorldConfig, "world:run_world",
+                   "tokenworks against llama.cpp's own test material: its vocabularies' test "
+                   "vectors, its real chat templates beside transformers, and test-chat.cpp's "
+                   "model outputs parsed to their messages"),
     "page": Bench(c.PageConfig, "page:run_page",
                   "the web page: time to the first token shown against the API's, the "
                   "page's weight in bytes, and a screenshot of each page (headless Chromium)"),

@@ -34,8 +34,9 @@ def make_answer_parser(reasoning: Reasoning | None, opened: bool | None, fmt, to
     A format that writes its thinking in channels (harmony) reads the whole answer itself."""
     if fmt.channels:
         return AnswerParser(calls=fmt.parser(tools, id_prefix, reasoning=reasoning is not None))
-    calls = fmt.parser(tools, id_prefix) if tools else None
-    return AnswerParser(reasoning, opened, calls)
+    if not tools:
+        return AnswerParser(reasoning, opened)
+    return AnswerParser(reasoning, opened, fmt.parser(tools, id_prefix), fmt.start)
 
 
 def skip_special(state, tools: list, skip_special_tokens: bool) -> bool:
@@ -55,10 +56,12 @@ class AnswerParser:
         reasoning: Reasoning | None = None,
         opened: bool | None = None,
         calls: ToolCallParser | None = None,
+        call_start: str | None = None,
     ):
-        """opened: whether the output starts as thinking (None: this request does not think)."""
+        """opened: whether the output starts as thinking (None: this request does not think);
+        call_start: where a tool call begins, which ends thinking never closed."""
         self._splitter = (
-            ReasoningSplitter(reasoning, opened)
+            ReasoningSplitter(reasoning, opened, call_start)
             if reasoning is not None and opened is not None
             else None
         )

@@ -1,9 +1,9 @@
 """Reasoning: a model's thinking, between its think markers, kept apart from its answer.
 
-Which markers a model writes is the server's `--reasoning-parser`: auto (Qwen3's <think>
-and </think> where the chat template writes them, gpt-oss's analysis channel where it
-writes harmony's), none, qwen3, or deepseek_r1 (whose answer is thinking until </think>,
-opened or not). The text between them comes back as
+Which markers a model writes is the server's `--reasoning-parser`: auto (the markers the
+chat template writes: THINK_MARKERS, or gpt-oss's analysis channel where it writes
+harmony's), none, qwen3, or deepseek_r1 (whose answer is thinking until </think>, opened
+or not). The text between them comes back as
 `reasoning_content` in OpenAI chat and as `thinking` blocks in Anthropic Messages; the
 engine counts its tokens and, with a budget, forces the end marker once the budget is
 spent (engine/thinking.py). A request's budget is `max_reasoning_tokens`,
@@ -20,6 +20,12 @@ from tokenworks.serve.errors import bad_request
 from tokenworks.serve.tools import partial_suffix
 
 REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek_r1")
+# the think markers templates write (auto takes the first pair whose end the template
+# names): Qwen3's and DeepSeek's, Mistral's, Command R7B's, Seed-OSS's
+THINK_MARKERS = (
+    ("<think>", "</think>"), ("[THINK]", "[/THINK]"),
+    ("<|START_THINKING|>", "<|END_THINKING|>"), ("<seed:think>", "</seed:think>"),
+)  # fmt: skip
 # reasoning_effort -> thinking tokens at most (None: the model's own length)
 EFFORT_BUDGETS = {"none": 0, "minimal": 0, "low": 512, "medium": 2048, "high": None}
 
@@ -39,10 +45,12 @@ def resolve(parser: str, template_source: str | None, budget: int | None) -> Rea
     a harmony template's (gpt-oss) are its analysis channel's."""
     if parser == "none":
         return None
-    if parser == "auto" and "<|channel|>" in (template_source or ""):
+    source = template_source or ""
+    if parser == "auto" and "<|channel|>" in source:
         return Reasoning("<|channel|>analysis<|message|>", "<|end|>", budget=budget)
-    if parser == "auto" and "</think>" not in (template_source or ""):
-        return None
+    if parser == "auto":
+        found = next(((o, c) for o, c in THINK_MARKERS if c in source), None)
+        return Reasoning(*found, budget=budget) if found else None
     return Reasoning("<think>", "</think>", always=parser == "deepseek_r1", budget=budget)
 
 
@@ -85,8 +93,12 @@ class ReasoningSplitter:
     marker starts at its first non-blank character. Text that may be the start of a
     marker is held back until it is clear."""
 
-    def __init__(self, reasoning: Reasoning, opened: bool):
+    def __init__(self, reasoning: Reasoning, opened: bool, call_start: str | None = None):
+        """call_start: where a tool call begins, which ends thinking that is never closed
+        (a model that goes from thinking straight to a call, as Qwen3.5's may); a call
+        the end marker follows is part of the thinking."""
         self.r = reasoning
+        self._call = call_start
         self._default = "thinking" if opened else "answer"
         self._phase = "before"
         self._buf = ""
@@ -104,14 +116,21 @@ class ReasoningSplitter:
                 self._phase = self._default
         if self._phase == "thinking":
             j = self._buf.find(self.r.close)
-            if j < 0:
-                keep = 0 if finished else partial_suffix(self._buf, self.r.close)
-                cut = len(self._buf) - keep
+            k = self._buf.find(self._call) if self._call and j < 0 else -1
+            if k >= 0 and finished:  # never closed: the call ended the thinking
+                if k:
+                    out.append(("reasoning", self._buf[:k]))
+                self._phase, self._buf = "answer", self._buf[k:]
+            elif j < 0:  # (from a call on, held: the end marker may still close it)
+                ends = (self.r.close, self._call) if self._call else (self.r.close,)
+                keep = 0 if finished else max(partial_suffix(self._buf, m) for m in ends)
+                cut = k if k >= 0 else len(self._buf) - keep
                 piece, self._buf = self._buf[:cut], self._buf[cut:]
                 return out + ([("reasoning", piece)] if piece else [])
-            if j:
-                out.append(("reasoning", self._buf[:j]))
-            self._phase, self._buf = "opening", self._buf[j + len(self.r.close) :]
+            else:
+                if j:
+                    out.append(("reasoning", self._buf[:j]))
+                self._phase, self._buf = "opening", self._buf[j + len(self.r.close) :]
         if self._phase == "opening":  # the answer's leading blank lines are dropped
             self._buf = self._buf.lstrip()
             if not self._buf:

@@ -93,8 +93,7 @@ class ChatTemplate:
             return self.template.render(
                 messages=_with_reasoning_names(messages),
                 add_generation_prompt=add_generation_prompt,
-                **self.special_tokens(),
-                **kwargs,
+                **self.special_tokens() | kwargs,
             )
         except ChatTemplateError:
             raise

@@ -1,0 +1,150 @@
+"""`tokenworks bench world`: tokenworks against llama.cpp's own test material, counted.
+
+- tokenizers: each vocabulary with test vectors, texts tokenised to llama.cpp's ids and
+  decoded back;
+- templates: each real chat template, the conversations rendered as transformers renders
+  them (where transformers is installed);
+- chat formats: each template with test-chat.cpp cases, the tool-call format and reasoning
+  markers chosen and the cases parsed to llama.cpp's message.
+
+One record; docs/world-files.md shows its tables.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from tqdm import tqdm
+
+from tokenworks.bench.chat_cases import check, read_cases
+from tokenworks.bench.llama_cpp_sources import VERSION, llama_cpp_sources
+from tokenworks.bench.record import make_record, write_record
+
+# the conversations every template is rendered with: a plain chat, a tool round trip and a
+# reasoning turn, each (messages, tools)
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string", "description": "the city"}, "days": {"type": "integer"}}},
+}}]  # fmt: skip
+CONVERSATIONS = {
+    "plain": ([
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "What is 2+2?"},
+    ], None),
+    "tool round trip": ([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [{
+            "id": "call12345", "type": "function",  # (Mistral's templates want 9 characters)
+            "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}]},
+        {"role": "tool", "tool_call_id": "call12345", "name": "get_weather",
+         "content": '{"temp": 21}'},
+    ], TOOLS),
+    "reasoning": ([
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4", "reasoning_content": "Two and two make four."},
+        {"role": "user", "content": "And 3+3?"},
+    ], None),
+}  # fmt: skip
+
+
+def tokenizers(sources) -> dict:
+    from tokenworks.models.gguf_metadata import read_metadata
+    from tokenworks.tokenizer import TokenizerWrapper
+    from tokenworks.tokenizer.tokenizer import TokenizerError, tokenizer_from_gguf_fields
+
+    out = {}
+    paths = sorted((sources / "models").glob("ggml-vocab-*.gguf.inp"))
+    for inp in tqdm(paths, desc="vocabularies"):
+        path = inp.with_suffix("")
+        name = path.name[len("ggml-vocab-") : -len(".gguf")]
+        metadata = read_metadata(path)
+        try:
+            tok = TokenizerWrapper(
+                tokenizer_from_gguf_fields(metadata, metadata.get("general.architecture"))
+            )
+        except TokenizerError as e:
+            out[name] = {"refused": str(e)}
+            continue
+        texts = inp.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+        texts = texts[:-1] if texts[-1] == "" else texts
+        lines = path.with_suffix(".gguf.out").read_text(encoding="utf-8").splitlines()
+        exact = round_trip = 0
+        for text, line in zip(texts, lines, strict=True):
+            want = [int(i) for i in line.split()]
+            exact += tok.encode(text, add_special_tokens=False, parse_special=False) == want
+            round_trip += tok.decode(want, skip_special_tokens=False) == text
+        out[name] = {"model": metadata.get("tokenizer.ggml.model"),
+                     "pre": metadata.get("tokenizer.ggml.pre"), "texts": len(texts),
+                     "exact": exact, "round_trip": round_trip}  # fmt: skip
+    return out
+
+
+def templates(sources) -> dict:
+    try:
+        from transformers.utils.chat_template_utils import render_jinja_template
+    except ImportError:
+        return {"status": "NOT_RUN", "reason": "transformers is not installed (the hf extra)"}
+    from tokenworks.tokenizer.chat import ChatTemplate
+
+    special = {"bos_token": "<s>", "eos_token": "</s>"}
+    out = {}
+    for path in tqdm(sorted((sources / "models" / "templates").glob("*.jinja")), "templates"):
+        source = path.read_text(encoding="utf-8")
+        row = {}
+        for name, (messages, tools) in CONVERSATIONS.items():
+            try:
+                theirs = render_jinja_template(
+                    [messages], tools=tools, chat_template=source, add_generation_prompt=True,
+                    **special,
+                )[0][0]
+            except Exception:  # the template refuses the conversation
+                theirs = None
+            try:
+                ours = ChatTemplate(source).render(messages, tools=tools, **special)
+            except ValueError:
+                ours = None
+            row[name] = ("both refuse" if theirs is None and ours is None
+                         else "equal" if ours == theirs else "differ")  # fmt: skip
+        out[path.name] = row
+    return out
+
+
+def chat_formats(sources) -> dict:
+    from tokenworks.serve import reasoning, tool_formats
+
+    rows: dict[str, dict] = defaultdict(lambda: {"cases": 0, "parsed": 0})
+    for case in tqdm(read_cases(sources), desc="chat cases"):
+        row = rows[case.template]
+        if "format" not in row:
+            source = (sources / "models" / "templates" / case.template).read_text("utf-8")
+            thinks = reasoning.resolve("auto", source, None)
+            row["format"] = tool_formats.resolve("auto", source, None).name
+            row["reasoning"] = f"{thinks.open} {thinks.close}" if thinks else None
+        row["cases"] += 1
+        row["parsed"] += check(case, sources)[0]
+    return dict(sorted(rows.items()))
+
+
+def run_world(args) -> None:
+    sources = llama_cpp_sources()
+    results = {"tokenizers": tokenizers(sources), "templates": templates(sources),
+               "chat_formats": chat_formats(sources)}  # fmt: skip
+    record = make_record(
+        kind="world", engine={"name": "tokenworks"}, model={},
+        workload={"material": f"llama-cpp-python {VERSION} sdist, vendor/llama.cpp",
+                  "tokenizers": "models/ggml-vocab-*.gguf with .inp/.out",
+                  "templates": "models/templates/*.jinja, three conversations",
+                  "chat_formats": "tests/test-chat.cpp peg_tester whole-answer cases"},
+        results=results,
+    )  # fmt: skip
+    path = write_record(record, args.out)
+    vocab = results["tokenizers"]
+    print(f"tokenizers exact: {sum(v.get('exact') == v.get('texts') for v in vocab.values())} "
+          f"of {len(vocab)}")  # fmt: skip
+    formats = results["chat_formats"]
+    print(f"chat cases parsed: {sum(r['parsed'] for r in formats.values())} of "
+          f"{sum(r['cases'] for r in formats.values())}")  # fmt: skip
+    print(f"record: {path}")
