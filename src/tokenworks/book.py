@@ -69,7 +69,7 @@ CHAPTERS: dict[int, tuple[str, tuple[str, ...]]] = {
     36: ("Latency and throughput", ("bench serve", "bench throughput")),
     37: ("Cost", ("plan cost",)),
     38: ("GPU utilization", ("benchmarks/gpu_check.sh", "benchmarks/gpu_speed.py")),
-    39: ("Correctness", ("bench invariance", "bench lmeval")),
+    39: ("Correctness", ("bench invariance", "bench lmeval", "bench world")),
     40: ("Benchmarks", ("bench peers", "benchmarks/serve_ab.py")),
     41: ("Runtime design", ("labs/step_anatomy.py",)),
     42: ("Scheduling and caching", ("labs/kv_offload.py",)),

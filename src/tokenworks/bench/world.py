@@ -5,7 +5,8 @@
 - templates: each real chat template, the conversations rendered as transformers renders
   them (where transformers is installed);
 - chat formats: each template with test-chat.cpp cases, the tool-call format and reasoning
-  markers chosen and the cases parsed to llama.cpp's message.
+  markers chosen and the cases parsed to llama.cpp's message, whole and streamed in chunks
+  of every size.
 
 One record; docs/world-files.md shows its tables.
 """
@@ -124,7 +125,7 @@ def chat_formats(sources) -> dict:
             row["format"] = tool_formats.resolve("auto", source, None).name
             row["reasoning"] = f"{thinks.open} {thinks.close}" if thinks else None
         row["cases"] += 1
-        row["parsed"] += check(case, sources)[0]
+        row["parsed"] += check(case, sources, streamed=True)[0]
     return dict(sorted(rows.items()))
 
 
@@ -132,6 +133,7 @@ def run_world(args) -> None:
     sources = llama_cpp_sources()
     results = {"tokenizers": tokenizers(sources), "templates": templates(sources),
                "chat_formats": chat_formats(sources)}  # fmt: skip
+    results["summary"] = summary(results)
     record = make_record(
         kind="world", engine={"name": "tokenworks"}, model={},
         workload={"material": f"llama-cpp-python {VERSION} sdist, vendor/llama.cpp",
@@ -141,10 +143,23 @@ def run_world(args) -> None:
         results=results,
     )  # fmt: skip
     path = write_record(record, args.out)
-    vocab = results["tokenizers"]
-    print(f"tokenizers exact: {sum(v.get('exact') == v.get('texts') for v in vocab.values())} "
-          f"of {len(vocab)}")  # fmt: skip
-    formats = results["chat_formats"]
-    print(f"chat cases parsed: {sum(r['parsed'] for r in formats.values())} of "
-          f"{sum(r['cases'] for r in formats.values())}")  # fmt: skip
+    for key, value in results["summary"].items():
+        print(f"{key.replace('_', ' ')}: {value}")
     print(f"record: {path}")
+
+
+def summary(results: dict) -> dict:
+    vocab, formats = results["tokenizers"].values(), results["chat_formats"].values()
+    renders = [v for row in results["templates"].values() if isinstance(row, dict)
+               for v in row.values()]  # fmt: skip
+    return {
+        "vocabularies": len(vocab),
+        "vocabularies_exact": sum(v.get("exact") == v.get("texts") for v in vocab),
+        "template_renders": len(renders),
+        "template_renders_equal": renders.count("equal"),
+        "template_renders_both_refuse": renders.count("both refuse"),
+        "chat_templates": len(formats),
+        "chat_templates_whole": sum(r["parsed"] == r["cases"] for r in formats),
+        "chat_cases": sum(r["cases"] for r in formats),
+        "chat_cases_parsed": sum(r["parsed"] for r in formats),
+    }
