@@ -52,8 +52,10 @@ def _deepseek_v3_sigmoid():
     return cfg
 
 
+SENTENCEPIECE = "sentencepiece"  # a SentencePiece model trained here (Gemma 2's converter
+# reads tokenizer.model only)
 # family -> (its config, the llama.cpp vocabulary its tokenizer is read from; transformers
-# picks Qwen2's splitting for any tokenizer beside a Qwen2 config, so that one gets Qwen2's)
+# picks Qwen2's splitting for any tokenizer beside a Qwen2 config, so those get Qwen2's)
 FAMILIES = {
     "llama": (CONFIGS["llama-gqa"], "gpt-2"),
     "mistral": (lambda: transformers.MistralConfig(**_small(), num_key_value_heads=1), "gpt-2"),
@@ -65,9 +67,11 @@ FAMILIES = {
              "gpt-2"),
     "phi3-window": (CONFIGS["phi3-window"], "gpt-2"),
     "olmo2": (CONFIGS["olmo2"], "gpt-2"),
+    "gemma2": (CONFIGS["gemma2"], SENTENCEPIECE),
     "smollm3": (CONFIGS["smollm3"], "gpt-2"),
     "mixtral": (CONFIGS["mixtral"], "gpt-2"),
     "qwen3-moe": (CONFIGS["qwen3-moe"], "gpt-2"),
+    "qwen2-moe": (CONFIGS["qwen2-moe"], "qwen2"),
     "gpt-oss": (CONFIGS["gpt-oss"], "gpt-2"),
     "deepseek-v2-lite": (CONFIGS["deepseek-v2-lite"], "gpt-2"),
     "deepseek-v3": (_deepseek_v3_sigmoid, "gpt-2"),
@@ -84,6 +88,26 @@ def _config(name: str, vocab_size: int):
     return cfg
 
 
+def _sentencepiece(sources) -> str:
+    """A 512-piece SentencePiece BPE model (with byte fallback, as Gemma's), trained in a
+    moment on llama.cpp's tokenizer test texts; its bytes as hex."""
+    import io
+
+    import sentencepiece
+
+    lines = [line for path in sorted((sources / "models").glob("ggml-vocab-*.gguf.inp"))
+             for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+             and "__ggml_vocab_test__" not in line]  # fmt: skip
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_writer=model, vocab_size=512, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, add_dummy_prefix=False,
+        remove_extra_whitespaces=False, pad_id=0, eos_id=1, bos_id=2, unk_id=3,
+        user_defined_symbols=["<start_of_turn>", "<end_of_turn>"], minloglevel=2,
+    )  # fmt: skip
+    return model.getvalue().hex()
+
+
 @pytest.fixture(scope="module")
 def converted(llama_cpp_sources, tmp_path_factory):
     """name -> (the transformers model, the GGUF llama.cpp's converter wrote of it)."""
@@ -97,13 +121,17 @@ def converted(llama_cpp_sources, tmp_path_factory):
             return made[name]
         vocab = FAMILIES[name][1]
         if vocab not in tokenizers:
-            tokenizers[vocab] = transformers.AutoTokenizer.from_pretrained(
-                llama_cpp_sources / "models", gguf_file=f"ggml-vocab-{vocab}.gguf"
-            )
+            tokenizers[vocab] = (
+                _sentencepiece(llama_cpp_sources) if vocab == SENTENCEPIECE
+                else transformers.AutoTokenizer.from_pretrained(
+                    llama_cpp_sources / "models", gguf_file=f"ggml-vocab-{vocab}.gguf")
+            )  # fmt: skip
         tok = tokenizers[vocab]
-        cfg = _config(name, len(tok))
+        size = 512 if vocab == SENTENCEPIECE else len(tok)
+        cfg = _config(name, size)
+        made_of = tok if vocab == SENTENCEPIECE else vocab
         key = hashlib.sha256(json.dumps(
-            [name, vocab, cfg.to_json_string(), VERSION, transformers.__version__,
+            [name, str(made_of), cfg.to_json_string(), VERSION, transformers.__version__,
              "sharpened"]).encode()).hexdigest()[:16]  # fmt: skip
         home = paths.home() / "converted-families" / f"{name}-{key}"
         gguf_path = home / "model-f32.gguf"
@@ -113,7 +141,10 @@ def converted(llama_cpp_sources, tmp_path_factory):
             sharpen(model)
             scratch = tmp_path_factory.mktemp(name)
             model.save_pretrained(scratch / "hf")
-            tok.save_pretrained(scratch / "hf")
+            if vocab == SENTENCEPIECE:
+                (scratch / "hf" / "tokenizer.model").write_bytes(bytes.fromhex(tok))
+            else:
+                tok.save_pretrained(scratch / "hf")
             out = subprocess.run(
                 [sys.executable, str(llama_cpp_sources / "convert_hf_to_gguf.py"),
                  str(scratch / "hf"), "--outtype", "f32", "--outfile", str(scratch / "m.gguf")],
