@@ -33,7 +33,8 @@ TIME = Tool(
     "Current time in a city",
     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 )
-FORMATS = ["hermes", "llama3_json", "mistral", "qwen3_coder", "harmony"]
+FORMATS = ["hermes", "llama3_json", "mistral", "qwen3_coder", "deepseek_v3", "deepseek_v32",
+           "harmony"]  # fmt: skip
 SERVED = FORMATS[:-1]  # (harmony's are served under its own template: tests/test_harmony.py)
 
 
@@ -75,6 +76,13 @@ def test_calls_read_back_whole_and_streamed(name):
     ]
 
 
+def test_deepseek_v31_writes_the_name_before_the_separator():
+    fmt = tool_formats.DeepSeekV3()
+    written = ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"city": "Rome"}'
+               "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")  # fmt: skip
+    assert read(fmt, list(written)) == [("call", "get_time", {"city": "Rome"})]
+
+
 def test_other_spellings_and_broken_calls():
     mistral = tool_formats.Mistral()
     newer = '[TOOL_CALLS]get_time[ARGS]{"city": "Rome"}'
@@ -95,6 +103,9 @@ def test_the_format_follows_the_chat_template():
     assert resolved("<tool_call>\n<function={{ name }}>") == "qwen3_coder"
     assert resolved("<tool_call>{{ tool | tojson }}</tool_call>") == "hermes"
     assert resolved("{{ '<|start|>assistant<|channel|>final<|message|>' }}") == "harmony"
+    assert resolved("{{ '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' }}") == "deepseek_v3"
+    dsml = tool_formats.resolve("auto", "{{ '<｜DSML｜tool_calls>' }}", None)
+    assert (dsml.name, dsml.wrapper) == ("deepseek_v32", "tool_calls")
     assert resolved(None) == "hermes"
 
 
@@ -130,10 +141,16 @@ OPENAI_TOOLS = [
 ]
 
 
+def _room(server) -> int:
+    """Tokens a forced call needs: DeepSeek's markers are many tokens in this vocabulary."""
+    return 200 if server.format.startswith("deepseek") else 60
+
+
 def test_each_format_round_trips_through_the_openai_sdk(format_server):
     client = openai.OpenAI(base_url=format_server.url + "/v1", api_key="x", max_retries=0)
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
-    kw = dict(model=MODEL, messages=messages, tools=OPENAI_TOOLS, temperature=0, max_tokens=60)
+    kw = dict(model=MODEL, messages=messages, tools=OPENAI_TOOLS, temperature=0,
+              max_tokens=_room(format_server))
     named = {"type": "function", "function": {"name": "get_weather"}}
     r = client.chat.completions.create(**kw, tool_choice=named)
     assert r.choices[0].finish_reason == "tool_calls"
@@ -163,7 +180,7 @@ def test_each_format_round_trips_through_the_openai_sdk(format_server):
 def test_each_format_round_trips_through_the_anthropic_sdk(format_server):
     client = anthropic.Anthropic(base_url=format_server.url, api_key="x", max_retries=0)
     kw = dict(
-        model=MODEL, max_tokens=60, extra_body={"temperature": 0},
+        model=MODEL, max_tokens=_room(format_server), extra_body={"temperature": 0},
         messages=[{"role": "user", "content": "What time is it in Oslo?"}],
         tools=[{"name": t.name, "description": t.description, "input_schema": t.parameters}
                for t in (WEATHER, TIME)],

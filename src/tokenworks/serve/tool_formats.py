@@ -10,6 +10,10 @@
                  </tool_call>                                              (Qwen3-Coder)
     harmony      <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}
                  <|call|>, thinking on the analysis channel (serve/harmony.py) (gpt-oss)
+    deepseek_v3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
+                 ```json {...}```<｜tool▁call▁end｜>                        (DeepSeek R1, V3, V3.1)
+    deepseek_v32 <｜DSML｜function_calls><｜DSML｜invoke name="NAME"><｜DSML｜parameter
+                 name="KEY" string="true">...                              (DeepSeek V3.2, V4)
 
 `--tool-call-parser` (vLLM's flag) picks one; auto reads the chat template. Hermes calls
 stream their arguments as they are generated (serve/tools.py's ToolCallParser); the other
@@ -37,7 +41,8 @@ from tokenworks.serve.tools import (
     partial_suffix,
 )
 
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "qwen3_coder", "harmony")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "qwen3_coder", "harmony",
+                     "deepseek_v3", "deepseek_v32")  # fmt: skip
 
 
 class ToolFormat:
@@ -230,6 +235,112 @@ class Qwen3Coder(ToolFormat):
         return calls or None
 
 
+class DeepSeekV3(ToolFormat):
+    """DeepSeek R1's and V3's calls: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function
+    <｜tool▁sep｜>NAME, then the arguments in a ```json block (R1, V3), or NAME<｜tool▁sep｜>
+    and the arguments bare (V3.1); each call ended by <｜tool▁call▁end｜>."""
+
+    name, start = "deepseek_v3", "<｜tool▁calls▁begin｜>"
+    _CALL = re.compile(
+        r"<｜tool▁call▁begin｜>\s*(?:function\s*<｜tool▁sep｜>\s*([^\n`<]+?)\s*```(?:json)?\s*"
+        r"(.*?)\s*```|([^<]+?)\s*<｜tool▁sep｜>\s*(.*?))\s*<｜tool▁call▁end｜>", re.S
+    )
+    _MARKERS = ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
+                "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>")  # fmt: skip
+
+    def __init__(self, tokenizer=None):
+        super().__init__(tokenizer)
+        self._rules = [_terminal(tokenizer, m)[1] for m in self._MARKERS]
+
+    def parser(self, tools, id_prefix):
+        return WholeCallsParser(self, tools, id_prefix)
+
+    def render_call(self, name, arguments):
+        calls, call, sep, end, calls_end = self._MARKERS
+        return (f"{calls}{call}function{sep}{name}\n```json\n{json.dumps(arguments)}\n```"
+                f"{end}{calls_end}")  # fmt: skip
+
+    def grammar(self, tools):
+        calls, call, sep, end, calls_end = self._rules
+        rules, options = [], []
+        for i, t in enumerate(tools):
+            schema = close_objects(t.parameters) | {"x-guidance": JSON_OPTIONS}
+            rules.append(f"args{i}: %json {json.dumps(schema)}")
+            options.append(f'{call} "function" {sep} "{t.name}\\n```json\\n" args{i} '
+                           f'"\\n```" {end}')  # fmt: skip
+        return (f"start: {calls} ({' | '.join(options)}) {calls_end}\n" + "\n".join(rules)
+                + "\n")  # fmt: skip
+
+    def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
+        calls = []
+        for m in self._CALL.finditer(region):
+            name = (m.group(1) or m.group(3)).strip()
+            args = _json(m.group(2) if m.group(1) is not None else m.group(4))
+            if not isinstance(args, dict):
+                return None
+            calls.append((name, args))
+        return calls or None
+
+
+class DeepSeekDSML(ToolFormat):
+    """DeepSeek V3.2's and V4's calls, in DSML:
+    <｜DSML｜function_calls> (V4: tool_calls) <｜DSML｜invoke name="NAME">
+    <｜DSML｜parameter name="KEY" string="true">text</｜DSML｜parameter>, a value that is not
+    a string written as JSON with string="false"."""
+
+    name, start = "deepseek_v32", "<｜DSML｜"
+    _INVOKE = re.compile(r'<｜DSML｜invoke name="([^"]+)">(.*?)</｜DSML｜invoke>', re.S)
+    _PARAMETER = re.compile(
+        r'<｜DSML｜parameter name="([^"]+)"(?: string="(true|false)")?>(.*?)</｜DSML｜parameter>',
+        re.S,
+    )
+
+    def __init__(self, tokenizer=None, wrapper: str = "function_calls"):
+        super().__init__(tokenizer)
+        self.wrapper = wrapper
+
+    def parser(self, tools, id_prefix):
+        return WholeCallsParser(self, tools, id_prefix)
+
+    def render_call(self, name, arguments):
+        params = "".join(
+            f'<｜DSML｜parameter name="{k}" string="{str(isinstance(v, str)).lower()}">'
+            f"{v if isinstance(v, str) else json.dumps(v)}</｜DSML｜parameter>\n"
+            for k, v in arguments.items()
+        )
+        w = self.wrapper
+        return (f'<｜DSML｜{w}>\n<｜DSML｜invoke name="{name}">\n{params}</｜DSML｜invoke>\n'
+                f"</｜DSML｜{w}>")  # fmt: skip
+
+    def grammar(self, tools):
+        """One call, every parameter written as JSON (string="false"), required ones
+        present, each at most once in declared order."""
+        rules, options = [], []
+        for i, t in enumerate(tools):
+            required = set(t.parameters.get("required", []))
+            parts = []
+            for j, (k, schema) in enumerate(t.parameters.get("properties", {}).items()):
+                value = close_objects(schema if isinstance(schema, dict) else {})
+                rules.append(f"v{i}_{j}: %json {json.dumps(value | {'x-guidance': JSON_OPTIONS})}")
+                rule = (f'"<｜DSML｜parameter name=\\"{k}\\" string=\\"false\\">" v{i}_{j} '
+                        f'"</｜DSML｜parameter>\\n"')  # fmt: skip
+                parts.append(rule if k in required else f"({rule})?")
+            options.append(f'"<｜DSML｜invoke name=\\"{t.name}\\">\\n" {" ".join(parts)} '
+                           f'"</｜DSML｜invoke>\\n"')  # fmt: skip
+        w = self.wrapper
+        start = (f'start: "<｜DSML｜{w}>\\n" ({" | ".join(options)}) "</｜DSML｜{w}>"')
+        return "\n".join([start, *rules]) + "\n"
+
+    def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
+        calls = []
+        for name, body in self._INVOKE.findall(region):
+            args = {}
+            for key, string, value in self._PARAMETER.findall(body):
+                args[key] = value if string == "true" else _json(value, default=value)
+            calls.append((name.strip(), args))
+        return calls or None
+
+
 MAX_TEXT = 256  # characters of a forced qwen3_coder string without a maxLength
 
 
@@ -328,7 +439,8 @@ class Harmony(ToolFormat):
         return "start: " + " | ".join(options) + "\n" + "\n".join(rules) + "\n"
 
 
-FORMATS = {f.name: f for f in (ToolFormat, Llama3Json, Mistral, Qwen3Coder, Harmony)}
+FORMATS = {f.name: f for f in (ToolFormat, Llama3Json, Mistral, Qwen3Coder, Harmony,
+                                DeepSeekV3, DeepSeekDSML)}  # fmt: skip
 
 
 def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
@@ -337,6 +449,11 @@ def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
         source = template_source or ""
         if "<|channel|>" in source:
             setting = "harmony"
+        elif "｜DSML｜" in source:
+            wrapper = "tool_calls" if "｜DSML｜tool_calls" in source else "function_calls"
+            return DeepSeekDSML(tokenizer, wrapper)
+        elif "tool▁calls▁begin" in source:
+            setting = "deepseek_v3"
         elif "<function=" in source:
             setting = "qwen3_coder"
         elif "[TOOL_CALLS]" in source:
