@@ -34,7 +34,7 @@ TIME = Tool(
     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 )
 FORMATS = ["hermes", "llama3_json", "mistral", "qwen3_coder", "deepseek_v3", "deepseek_v32",
-           "harmony"]  # fmt: skip
+           "kimi_k2", "glm45", "harmony"]  # fmt: skip
 SERVED = FORMATS[:-1]  # (harmony's are served under its own template: tests/test_harmony.py)
 
 
@@ -104,6 +104,8 @@ def test_the_format_follows_the_chat_template():
     assert resolved("<tool_call>{{ tool | tojson }}</tool_call>") == "hermes"
     assert resolved("{{ '<|start|>assistant<|channel|>final<|message|>' }}") == "harmony"
     assert resolved("{{ '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' }}") == "deepseek_v3"
+    assert resolved("{{ '<|tool_calls_section_begin|>' }}") == "kimi_k2"
+    assert resolved("<tool_call>{{ name }}<arg_key>{{ k }}</arg_key>") == "glm45"
     dsml = tool_formats.resolve("auto", "{{ '<｜DSML｜tool_calls>' }}", None)
     assert (dsml.name, dsml.wrapper) == ("deepseek_v32", "tool_calls")
     assert resolved(None) == "hermes"
@@ -142,8 +144,9 @@ OPENAI_TOOLS = [
 
 
 def _room(server) -> int:
-    """Tokens a forced call needs: DeepSeek's markers are many tokens in this vocabulary."""
-    return 200 if server.format.startswith("deepseek") else 60
+    """Tokens a forced call needs: DeepSeek's and Kimi's markers are many tokens in this
+    vocabulary."""
+    return 200 if server.format.startswith(("deepseek", "kimi")) else 60
 
 
 def test_each_format_round_trips_through_the_openai_sdk(format_server):

@@ -1,0 +1,246 @@
+"""The formats of the families whose calls have a syntax of their own (serve/tool_formats.py
+lists them all): DeepSeek's two, Kimi K2's, GLM 4.5's and gpt-oss's harmony."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from tokenworks.engine.request import JSON_OPTIONS, close_objects
+from tokenworks.serve.harmony import CHANNEL, CONSTRAIN, MESSAGE, HarmonyParser
+from tokenworks.serve.tool_format_base import (
+    ToolFormat,
+    WholeCallsParser,
+    json_value,
+    marker_terminal,
+    value_rule,
+)
+from tokenworks.serve.tools import CLOSE, OPEN, Tool
+
+
+class _SectionOfCalls(ToolFormat):
+    """Calls between a section's opening and closing markers (the first and last of
+    _MARKERS), each call's arguments one JSON object, read whole."""
+
+    _MARKERS: tuple[str, ...] = ()
+
+    def __init__(self, tokenizer=None):
+        super().__init__(tokenizer)
+        self._rules = [marker_terminal(tokenizer, m)[1] for m in self._MARKERS]
+
+    def parser(self, tools, id_prefix):
+        return WholeCallsParser(self, tools, id_prefix)
+
+    def _call(self, name: str, args: str) -> str:
+        """The grammar of one call of `name` whose arguments are the rule `args`."""
+        raise NotImplementedError
+
+    def grammar(self, tools):
+        rules, options = [], []
+        for i, t in enumerate(tools):
+            schema = close_objects(t.parameters) | {"x-guidance": JSON_OPTIONS}
+            rules.append(f"args{i}: %json {json.dumps(schema)}")
+            options.append(self._call(t.name, f"args{i}"))
+        opening, closing = self._rules[0], self._rules[-1]
+        return f"start: {opening} ({' | '.join(options)}) {closing}\n" + "\n".join(rules) + "\n"
+
+
+class DeepSeekV3(_SectionOfCalls):
+    """DeepSeek R1's and V3's calls: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function
+    <｜tool▁sep｜>NAME, then the arguments in a ```json block (R1, V3), or NAME<｜tool▁sep｜>
+    and the arguments bare (V3.1); each call ended by <｜tool▁call▁end｜>."""
+
+    name, start = "deepseek_v3", "<｜tool▁calls▁begin｜>"
+    _CALL = re.compile(
+        r"<｜tool▁call▁begin｜>\s*(?:function\s*<｜tool▁sep｜>\s*([^\n`<]+?)\s*```(?:json)?\s*"
+        r"(.*?)\s*```|([^<]+?)\s*<｜tool▁sep｜>\s*(.*?))\s*<｜tool▁call▁end｜>", re.S
+    )
+    _MARKERS = ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
+                "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>")  # fmt: skip
+
+    def render_call(self, name, arguments):
+        calls, call, sep, end, calls_end = self._MARKERS
+        return (f"{calls}{call}function{sep}{name}\n```json\n{json.dumps(arguments)}\n```"
+                f"{end}{calls_end}")  # fmt: skip
+
+    def _call(self, name: str, args: str) -> str:
+        _, call, sep, end, _ = self._rules
+        return f'{call} "function" {sep} "{name}\\n```json\\n" {args} "\\n```" {end}'
+
+    def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
+        calls = []
+        for m in self._CALL.finditer(region):
+            name = (m.group(1) or m.group(3)).strip()
+            args = json_value(m.group(2) if m.group(1) is not None else m.group(4))
+            if not isinstance(args, dict):
+                return None
+            calls.append((name, args))
+        return calls or None
+
+
+class DeepSeekDSML(ToolFormat):
+    """DeepSeek V3.2's and V4's calls, in DSML:
+    <｜DSML｜function_calls> (V4: tool_calls) <｜DSML｜invoke name="NAME">
+    <｜DSML｜parameter name="KEY" string="true">text</｜DSML｜parameter>, a value that is not
+    a string written as JSON with string="false"."""
+
+    name, start = "deepseek_v32", "<｜DSML｜"
+    _INVOKE = re.compile(r'<｜DSML｜invoke name="([^"]+)">(.*?)</｜DSML｜invoke>', re.S)
+    _PARAMETER = re.compile(
+        r'<｜DSML｜parameter name="([^"]+)"(?: string="(true|false)")?>(.*?)</｜DSML｜parameter>',
+        re.S,
+    )
+
+    def __init__(self, tokenizer=None, wrapper: str = "function_calls"):
+        super().__init__(tokenizer)
+        self.wrapper = wrapper
+
+    def parser(self, tools, id_prefix):
+        return WholeCallsParser(self, tools, id_prefix)
+
+    def render_call(self, name, arguments):
+        params = "".join(
+            f'<｜DSML｜parameter name="{k}" string="{str(isinstance(v, str)).lower()}">'
+            f"{v if isinstance(v, str) else json.dumps(v)}</｜DSML｜parameter>\n"
+            for k, v in arguments.items()
+        )
+        w = self.wrapper
+        return (f'<｜DSML｜{w}>\n<｜DSML｜invoke name="{name}">\n{params}</｜DSML｜invoke>\n'
+                f"</｜DSML｜{w}>")  # fmt: skip
+
+    def grammar(self, tools):
+        """One call, every parameter written as JSON (string="false"), required ones
+        present, each at most once in declared order."""
+        rules, options = [], []
+        for i, t in enumerate(tools):
+            required = set(t.parameters.get("required", []))
+            parts = []
+            for j, (k, schema) in enumerate(t.parameters.get("properties", {}).items()):
+                value = close_objects(schema if isinstance(schema, dict) else {})
+                rules.append(f"v{i}_{j}: %json {json.dumps(value | {'x-guidance': JSON_OPTIONS})}")
+                rule = (f'"<｜DSML｜parameter name=\\"{k}\\" string=\\"false\\">" v{i}_{j} '
+                        f'"</｜DSML｜parameter>\\n"')  # fmt: skip
+                parts.append(rule if k in required else f"({rule})?")
+            options.append(f'"<｜DSML｜invoke name=\\"{t.name}\\">\\n" {" ".join(parts)} '
+                           f'"</｜DSML｜invoke>\\n"')  # fmt: skip
+        w = self.wrapper
+        start = (f'start: "<｜DSML｜{w}>\\n" ({" | ".join(options)}) "</｜DSML｜{w}>"')
+        return "\n".join([start, *rules]) + "\n"
+
+    def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
+        calls = []
+        for name, body in self._INVOKE.findall(region):
+            args = {}
+            for key, string, value in self._PARAMETER.findall(body):
+                args[key] = value if string == "true" else json_value(value, default=value)
+            calls.append((name.strip(), args))
+        return calls or None
+
+
+class KimiK2(_SectionOfCalls):
+    """Kimi K2's calls: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:INDEX
+    <|tool_call_argument_begin|>{...}<|tool_call_end|> ... <|tool_calls_section_end|>."""
+
+    name, start = "kimi_k2", "<|tool_calls_section_begin|>"
+    _CALL = re.compile(r"<\|tool_call_begin\|>\s*(?:functions\.)?([^:<\s]+)(?::\d+)?\s*"
+                       r"<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>", re.S)  # fmt: skip
+    _MARKERS = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>",
+                "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|tool_calls_section_end|>")
+
+    def render_call(self, name, arguments):
+        section, call, args, end, section_end = self._MARKERS
+        return f"{section}{call}functions.{name}:0{args}{json.dumps(arguments)}{end}{section_end}"
+
+    def _call(self, name: str, args: str) -> str:
+        _, call, begin, end, _ = self._rules
+        return f'{call} "functions.{name}:0" {begin} {args} {end}'
+
+    def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
+        calls = []
+        for name, body in self._CALL.findall(region):
+            args = json_value(body)
+            if not isinstance(args, dict):
+                return None
+            calls.append((name, args))
+        return calls or None
+
+
+class GLM45(ToolFormat):
+    """GLM 4.5 to 4.7's calls: <tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE
+    </arg_value>...</tool_call>, a value whose parameter is a string written bare, any
+    other as JSON."""
+
+    name = "glm45"
+    _CALL = re.compile(r"<tool_call>\s*([^<\n]+?)\s*(<arg_key>.*?)?</tool_call>", re.S)
+    _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
+
+    def parser(self, tools, id_prefix):
+        return WholeCallsParser(self, tools, id_prefix)
+
+    def render_call(self, name, arguments):
+        args = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>"
+                       f"{v if isinstance(v, str) else json.dumps(v)}</arg_value>\n"
+                       for k, v in arguments.items())  # fmt: skip
+        return f"{OPEN}{name}\n{args}{CLOSE}"
+
+    def grammar(self, tools):
+        """One call, each parameter at most once in declared order, the required ones
+        present; strings as one line of text without "<", other values as JSON."""
+        rules, options = [], []
+        for i, t in enumerate(tools):
+            required = set(t.parameters.get("required", []))
+            parts = []
+            for j, (k, schema) in enumerate(t.parameters.get("properties", {}).items()):
+                rules.append(f"v{i}_{j}: {value_rule(schema)}")
+                rule = f'"<arg_key>{k}</arg_key>\\n<arg_value>" v{i}_{j} "</arg_value>\\n"'
+                parts.append(rule if k in required else f"({rule})?")
+            options.append(f'"{t.name}\\n" {" ".join(parts)}')
+        start = f'start: {self._marker_rule} ({" | ".join(options)}) "{CLOSE}"'
+        return "\n".join([start, *rules]) + "\n"
+
+    def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
+        types = {t.name: t.parameters.get("properties", {}) for t in tools}
+        calls = []
+        for name, body in self._CALL.findall(region):
+            props = types.get(name.strip(), {})
+            args = {}
+            for key, value in self._ARG.findall(body or ""):
+                kind = props.get(key, {}).get("type") if isinstance(props.get(key), dict) else None
+                args[key.strip()] = value if kind == "string" else json_value(value, default=value)
+            calls.append((name.strip(), args))
+        return calls or None
+
+
+class Harmony(ToolFormat):
+    name, start = "harmony", CHANNEL
+    channels = True  # the format's parser reads the whole answer: thinking, text and calls
+    _MARKERS = (CHANNEL, CONSTRAIN, MESSAGE, "<|call|>")
+
+    def __init__(self, tokenizer=None):
+        super().__init__(tokenizer)
+        self.special_marker = True  # its markers are control tokens the parser must see
+        self._rules = {m: marker_terminal(tokenizer, m)[1] for m in self._MARKERS}
+
+    def parser(self, tools: list[Tool], id_prefix: str, reasoning: bool = True):
+        return HarmonyParser(id_prefix, reasoning)
+
+    def describe(self, tools: list[Tool]) -> str:
+        return "\n".join(json.dumps(t.as_openai()) for t in tools)
+
+    def render_call(self, name: str, arguments: dict) -> str:
+        return (f"{CHANNEL}commentary to=functions.{name} {CONSTRAIN}json{MESSAGE}"
+                f"{json.dumps(arguments)}<|call|>")  # fmt: skip
+
+    def grammar(self, tools: list[Tool]) -> str:
+        """One call of one of `tools` on the commentary channel, its arguments valid
+        against the tool's schema, ended by <|call|>."""
+        r = self._rules
+        rules, options = [], []
+        for i, t in enumerate(tools):
+            schema = close_objects(t.parameters) | {"x-guidance": JSON_OPTIONS}
+            rules.append(f"args{i}: %json {json.dumps(schema)}")
+            options.append(
+                f'{r[CHANNEL]} "commentary to=functions.{t.name} " {r[CONSTRAIN]} "json" '
+                f"{r[MESSAGE]} args{i} {r['<|call|>']}"
+            )
+        return "start: " + " | ".join(options) + "\n" + "\n".join(rules) + "\n"
