@@ -6,12 +6,11 @@ tokens' text taken as text."""
 from __future__ import annotations
 
 from functools import cache
-from pathlib import Path
 
 import pytest
 
+from tokenworks.bench.llama_cpp_sources import vocab_vectors, vocabulary
 from tokenworks.models.gguf_metadata import read_metadata
-from tokenworks.tokenizer import TokenizerWrapper
 from tokenworks.tokenizer.tokenizer import tokenizer_from_gguf_fields
 
 # the vocabularies with test vectors; test_every_vocabulary_with_vectors_is_listed notices a
@@ -20,27 +19,11 @@ VOCABULARIES = (
     "bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4", "gpt-2",
     "llama-bpe", "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact", "starcoder",
 )  # fmt: skip
-_SEPARATOR = "\n__ggml_vocab_test__\n"
 # WordPiece lower-cases and drops accents and control characters: its text does not come back
 _NORMALISED = ("bert-bge",)
 
 
-@cache
-def _vocabulary(path: Path) -> TokenizerWrapper:
-    metadata = read_metadata(path)
-    return TokenizerWrapper(
-        tokenizer_from_gguf_fields(metadata, metadata["general.architecture"])
-    )
-
-
-def _vectors(path: Path) -> list[tuple[str, list[int]]]:
-    """test-tokenizer-0's reading: texts between separators, one line of ids for each."""
-    texts = Path(f"{path}.inp").read_text(encoding="utf-8").split(_SEPARATOR)
-    if texts[-1] == "":  # the file ends with a separator
-        texts.pop()
-    lines = Path(f"{path}.out").read_text(encoding="utf-8").splitlines()
-    assert len(texts) == len(lines), path
-    return [(text, [int(i) for i in line.split()]) for text, line in zip(texts, lines, strict=True)]
+_vocabulary = cache(vocabulary)  # each file read once for the tests that share it
 
 
 def test_every_vocabulary_with_vectors_is_listed(llama_cpp_sources):
@@ -53,7 +36,7 @@ def test_every_vocabulary_with_vectors_is_listed(llama_cpp_sources):
 def test_the_vocabulary_gives_llama_cpps_ids_for_every_text(llama_cpp_sources, name):
     path = llama_cpp_sources / "models" / f"ggml-vocab-{name}.gguf"
     tok = _vocabulary(path)
-    vectors = _vectors(path)
+    vectors = vocab_vectors(path)
     assert len(vectors) >= 40
     wrong = [
         (text, want, got)

@@ -57,3 +57,28 @@ def llama_cpp_sources(home: Path | None = None) -> Path:
             tar.extractall(unpacked, members=members, filter="data")
         shutil.move(str(unpacked / prefix), str(done))  # whole, or not there at all
     return done
+
+
+def vocabulary(path: Path):
+    """The tokenizer of one of models/ggml-vocab-*.gguf (a vocabulary with no weights),
+    built from its metadata as a model file's is."""
+    from tokenworks.models.gguf_metadata import read_metadata
+    from tokenworks.tokenizer import TokenizerWrapper
+    from tokenworks.tokenizer.tokenizer import tokenizer_from_gguf_fields
+
+    metadata = read_metadata(path)
+    return TokenizerWrapper(
+        tokenizer_from_gguf_fields(metadata, metadata.get("general.architecture"))
+    )
+
+
+def vocab_vectors(path: Path) -> list[tuple[str, list[int]]]:
+    """A vocabulary's test vectors as test-tokenizer-0 reads them: the .inp texts between
+    separators and the .out line of ids for each."""
+    texts = Path(f"{path}.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    if texts[-1] == "":  # the file ends with a separator
+        texts.pop()
+    lines = Path(f"{path}.out").read_text(encoding="utf-8").splitlines()
+    if len(texts) != len(lines):
+        raise ValueError(f"{path}: {len(texts)} texts but {len(lines)} lines of ids")
+    return [(text, [int(i) for i in line.split()]) for text, line in zip(texts, lines, strict=True)]

@@ -18,7 +18,12 @@ from collections import defaultdict
 from tqdm import tqdm
 
 from tokenworks.bench.chat_cases import check, read_cases
-from tokenworks.bench.llama_cpp_sources import VERSION, llama_cpp_sources
+from tokenworks.bench.llama_cpp_sources import (
+    VERSION,
+    llama_cpp_sources,
+    vocab_vectors,
+    vocabulary,
+)
 from tokenworks.bench.record import make_record, write_record
 
 # the conversations every template is rendered with: a plain chat, a tool round trip and a
@@ -53,32 +58,26 @@ CONVERSATIONS = {
 
 def tokenizers(sources) -> dict:
     from tokenworks.models.gguf_metadata import read_metadata
-    from tokenworks.tokenizer import TokenizerWrapper
-    from tokenworks.tokenizer.tokenizer import TokenizerError, tokenizer_from_gguf_fields
+    from tokenworks.tokenizer.tokenizer import TokenizerError
 
     out = {}
     paths = sorted((sources / "models").glob("ggml-vocab-*.gguf.inp"))
     for inp in tqdm(paths, desc="vocabularies"):
         path = inp.with_suffix("")
         name = path.name[len("ggml-vocab-") : -len(".gguf")]
-        metadata = read_metadata(path)
         try:
-            tok = TokenizerWrapper(
-                tokenizer_from_gguf_fields(metadata, metadata.get("general.architecture"))
-            )
+            tok = vocabulary(path)
         except TokenizerError as e:
             out[name] = {"refused": str(e)}
             continue
-        texts = inp.read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
-        texts = texts[:-1] if texts[-1] == "" else texts
-        lines = path.with_suffix(".gguf.out").read_text(encoding="utf-8").splitlines()
+        vectors = vocab_vectors(path)
         exact = round_trip = 0
-        for text, line in zip(texts, lines, strict=True):
-            want = [int(i) for i in line.split()]
+        for text, want in vectors:
             exact += tok.encode(text, add_special_tokens=False, parse_special=False) == want
             round_trip += tok.decode(want, skip_special_tokens=False) == text
+        metadata = read_metadata(path)
         out[name] = {"model": metadata.get("tokenizer.ggml.model"),
-                     "pre": metadata.get("tokenizer.ggml.pre"), "texts": len(texts),
+                     "pre": metadata.get("tokenizer.ggml.pre"), "texts": len(vectors),
                      "exact": exact, "round_trip": round_trip}  # fmt: skip
     return out
 

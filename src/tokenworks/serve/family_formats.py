@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from abc import ABC, abstractmethod
 
 from tokenworks.engine.request import JSON_OPTIONS, close_objects
 from tokenworks.serve.harmony import CHANNEL, CONSTRAIN, MESSAGE, HarmonyParser
@@ -18,7 +19,7 @@ from tokenworks.serve.tool_format_base import (
 from tokenworks.serve.tools import CLOSE, OPEN, Tool
 
 
-class _SectionOfCalls(ToolFormat):
+class _SectionOfCalls(ToolFormat, ABC):
     """Calls between a section's opening and closing markers (the first and last of
     _MARKERS), each call's arguments one JSON object, read whole."""
 
@@ -31,9 +32,9 @@ class _SectionOfCalls(ToolFormat):
     def parser(self, tools, id_prefix):
         return WholeCallsParser(self, tools, id_prefix)
 
+    @abstractmethod
     def _call(self, name: str, args: str) -> str:
         """The grammar of one call of `name` whose arguments are the rule `args`."""
-        raise NotImplementedError
 
     def grammar(self, tools):
         rules, options = [], []

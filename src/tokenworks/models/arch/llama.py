@@ -32,6 +32,13 @@ EXPERT_GGUF = {
 }
 
 
+def with_experts(block: dict[str, str]) -> dict[str, str]:
+    """A layer's GGUF names with the dense MLP's replaced by the router and the stacked
+    experts (Qwen2-MoE, Qwen3-MoE)."""
+    dense = ("ffn_gate.", "ffn_up.", "ffn_down.")
+    return {k: v for k, v in block.items() if not k.startswith(dense)} | EXPERT_GGUF
+
+
 def _gguf_fields(get, arch: str) -> dict:
     experts = get(f"{arch}.expert_count")
     if not experts:

@@ -5,20 +5,18 @@ whose output is scaled by sigmoid(x . g)."""
 from __future__ import annotations
 
 from tokenworks.models.arch.family import Family
-from tokenworks.models.arch.llama import EXPERT_GGUF
 from tokenworks.models.arch.llama import GGUF_BLOCK as LLAMA_GGUF
+from tokenworks.models.arch.llama import with_experts
 from tokenworks.models.spec import MoESpec
 from tokenworks.shapes import dense_layers
 
 # llama.cpp's names: the routed experts stacked as Mixtral's, the shared one apart
-GGUF_BLOCK = {
-    k: v for k, v in LLAMA_GGUF.items() if not k.startswith(("ffn_gate.", "ffn_up.", "ffn_down."))
-} | EXPERT_GGUF | {
+GGUF_BLOCK = with_experts(LLAMA_GGUF) | {
     "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
     "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
     "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
     "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
-}  # fmt: skip
+}
 
 
 def _moe(cfg: dict) -> dict:

@@ -4,19 +4,13 @@ one (softmax, top-k, renormalised where norm_topk_prob says)."""
 from __future__ import annotations
 
 from tokenworks.models.arch.family import Family
+from tokenworks.models.arch.llama import with_experts
 from tokenworks.models.arch.qwen3 import GGUF_BLOCK as QWEN3_GGUF
 from tokenworks.models.spec import MoESpec
 from tokenworks.shapes import dense_layers
 
 # llama.cpp keeps each layer's experts in one 3-D tensor per matrix ({e}: split on load)
-GGUF_BLOCK = {
-    k: v for k, v in QWEN3_GGUF.items() if not k.startswith(("ffn_gate.", "ffn_up.", "ffn_down."))
-} | {
-    "ffn_gate_inp.weight": "mlp.gate.weight",
-    "ffn_gate_exps.weight": "mlp.experts.{e}.gate_proj.weight",
-    "ffn_up_exps.weight": "mlp.experts.{e}.up_proj.weight",
-    "ffn_down_exps.weight": "mlp.experts.{e}.down_proj.weight",
-}
+GGUF_BLOCK = with_experts(QWEN3_GGUF)
 
 
 def _fields(cfg: dict) -> dict:
