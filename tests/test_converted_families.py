@@ -46,6 +46,17 @@ def _gemma3_own_swa_base():
     return cfg
 
 
+# Granite's four multipliers, none of them 1 (nor the attention's head_dim**-0.5)
+_GRANITE = dict(embedding_multiplier=6.0, residual_multiplier=0.3, attention_multiplier=0.2,
+                logits_scaling=2.5)  # fmt: skip
+
+
+def _granite_moe():
+    return transformers.GraniteMoeSharedConfig(
+        **_small() | {"intermediate_size": 48}, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, shared_intermediate_size=64, **_GRANITE)  # fmt: skip
+
+
 def _deepseek_v3_sigmoid():
     cfg = CONFIGS["deepseek-v3"]()
     cfg.scoring_func, cfg.topk_method = "sigmoid", "noaux_tc"
@@ -75,6 +86,9 @@ FAMILIES = {
     "gpt-oss": (CONFIGS["gpt-oss"], "gpt-2"),
     "deepseek-v2-lite": (CONFIGS["deepseek-v2-lite"], "gpt-2"),
     "deepseek-v3": (_deepseek_v3_sigmoid, "gpt-2"),
+    "granite": (lambda: transformers.GraniteConfig(**_small(), num_key_value_heads=2, **_GRANITE),
+                "gpt-2"),
+    "granite-moe": (_granite_moe, "gpt-2"),
 }  # fmt: skip
 PROMPT = "Once upon a time, there was a little"
 

@@ -35,14 +35,14 @@ VARIANTS = {
     "qwen3": {"arch": "qwen3", "qk_norm": True},
     # Gemma 2's soft-capped attention scores and logits (and its sandwich norms, GeGLU)
     "gemma2": {
-        "arch": "gemma2", "sandwich_norms": True, "mlp_act": "gelu_tanh", "embed_scale": True,
+        "arch": "gemma2", "sandwich_norms": True, "mlp_act": "gelu_tanh", "embed_scale": 4.0,
         "attn_scale": 0.2, "attn_softcap": 2.0, "final_softcap": 1.5,
     },
     # Gemma 3's layer: Q/K norms, the sublayers' outputs normed, GeGLU, a scaled embedding
     # and its own attention scale (its windows over grouped pools: test_gemma3.py)
     "gemma3": {
         "arch": "gemma3", "qk_norm": True, "sandwich_norms": True, "mlp_act": "gelu_tanh",
-        "embed_scale": True, "attn_scale": 0.2,
+        "embed_scale": 4.0, "attn_scale": 0.2,
     },
 }  # fmt: skip
 

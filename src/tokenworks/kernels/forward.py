@@ -258,12 +258,14 @@ class LlamaForward:
         return self._final_softcap(logits), choices
 
     def _final_softcap(self, logits: torch.Tensor | None) -> torch.Tensor | None:
-        """Gemma 2's logits -> cap * tanh(logits / cap); the argmax the greedy step kept in
-        C needs none (tanh keeps the order)."""
-        cap = self.spec.final_softcap
-        if cap is None or logits is None:
+        """Granite's logits divided by its scale, Gemma 2's -> cap * tanh(logits / cap); the
+        argmax the greedy step kept in C needs neither (both keep the order)."""
+        if logits is None:
             return logits
-        return torch.tanh(logits / cap) * cap
+        if self.spec.logit_scale is not None:
+            logits = logits / self.spec.logit_scale
+        cap = self.spec.final_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def _run_whole_step(self, input_ids, positions, batches, head_rows=None, greedy=False):
         """(logits or None, argmax or None) of head_rows (ascending; None: every row)."""

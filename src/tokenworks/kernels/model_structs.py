@@ -128,6 +128,8 @@ def declines(model: nn.Module, pool) -> str:
         return f"it has no code for the {name} family (it runs {', '.join(ARCHS)})"
     if spec.mlp_act not in ck.ACTS:
         return f"it has no code for the {spec.mlp_act} activation"
+    if spec.residual_scale is not None:
+        return "it has no code for a residual multiplier (Granite's)"
     if group_windows(spec, pool.layout) is None:
         return "the layers of a KV group attend over different windows"
     if model.norm.device.type != "cpu":
@@ -214,9 +216,10 @@ class ModelStructs:
         head = linear_view(model.lm_head, keep, packs)
         if head is None:
             return None
-        # Gemma scales the embedding by sqrt(hidden), rounded to the model's dtype
-        scale = float(torch.tensor(spec.hidden_size**0.5, dtype=model.norm.dtype))
+        # the embedding's scale (Gemma's sqrt(hidden)), rounded to the model's dtype
+        scale = 0.0 if spec.embed_scale is None else float(
+            torch.tensor(spec.embed_scale, dtype=model.norm.dtype))
         return layers, ck.Model(
             ck.ptr(embed), embed_code, final_norm, head, ck.ptr(cos), ck.ptr(sin),
-            scale if spec.embed_scale else 0.0, ck.ACTS[spec.mlp_act],
+            scale, ck.ACTS[spec.mlp_act],
         )  # fmt: skip

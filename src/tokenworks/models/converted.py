@@ -29,7 +29,7 @@ from tokenworks.models.loaded import LoadedModel
 from tokenworks.models.spec import MLASpec, ModelSpec, MoESpec, RopeScaling
 
 log = logging.getLogger(__name__)
-FORMAT = 5  # bump when what is stored changes: older copies are then rebuilt
+FORMAT = 6  # bump when what is stored changes: older copies are then rebuilt
 
 
 def key_for(path: Path, sha256: str | None) -> str:

@@ -152,6 +152,8 @@ class LlamaLayer(nn.Module):
         norm = (s.hidden_size,)
         if s.sandwich_norms:
             a = F.rms_norm(a, norm, self.attn_output_norm, s.norm_eps)
+        if s.residual_scale is not None:
+            a = a * s.residual_scale
         x = x + a
         h = F.rms_norm(x, norm, self.post_norm, s.norm_eps) if s.pre_norms else x
         if self.moe is not None:
@@ -161,6 +163,8 @@ class LlamaLayer(nn.Module):
             m = self.down(self.act(gate) * up)
         if s.sandwich_norms:
             m = F.rms_norm(m, norm, self.mlp_output_norm, s.norm_eps)
+        if s.residual_scale is not None:
+            m = m * s.residual_scale
         return x + m
 
 
@@ -269,8 +273,8 @@ class LlamaModel(nn.Module):
 
     def embed_input(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
         x = self.embed(input_ids)
-        if self.spec.embed_scale:  # Gemma: sqrt(hidden), rounded to the model's dtype first
-            x = x * torch.tensor(self.spec.hidden_size**0.5, dtype=x.dtype)
+        if self.spec.embed_scale is not None:  # rounded to the model's dtype first
+            x = x * torch.tensor(self.spec.embed_scale, dtype=x.dtype)
         return x
 
     def run_layers(self, x, positions, meta: AttentionMetadata, cache=None) -> torch.Tensor:
@@ -293,6 +297,8 @@ class LlamaModel(nn.Module):
 
     def head(self, x: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab]
         logits = self.lm_head(x)
+        if self.spec.logit_scale is not None:  # Granite
+            logits = logits / self.spec.logit_scale
         if self.spec.final_softcap is not None:  # Gemma 2
             cap = self.spec.final_softcap
             logits = torch.tanh(logits / cap) * cap

@@ -175,8 +175,8 @@ def llama_forward(ids, w: dict, spec: ModelSpec):  # [n] -> [n, vocab]
     if spec.local_rope is not None:  # Gemma 3's windowed layers: their own base
         local_freq = inv_frequencies(spec.local_rope).numpy()
     x = w["model.embed_tokens.weight"][ids]  # [n, h]
-    if spec.embed_scale:
-        x = x * np.sqrt(spec.hidden_size)
+    if spec.embed_scale is not None:
+        x = x * spec.embed_scale
     act = silu if spec.mlp_act == "silu" else gelu_tanh
     for i in range(spec.n_layers):
         p = f"model.layers.{i}."
@@ -188,15 +188,17 @@ def llama_forward(ids, w: dict, spec: ModelSpec):  # [n] -> [n, vocab]
         a = mla(h, w, p, spec, pos, freq) if spec.mla else gqa(h, w, p, spec, pos, freq, window)
         if spec.sandwich_norms:
             a = rms_norm(a, w[p + "attn_output_norm.weight"], eps)
-        x = x + a
+        x = x + a * (spec.residual_scale or 1.0)
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps) if spec.pre_norms else x
         m = moe(h, w, p, spec.moe) if spec.is_moe_layer(i) else gated_mlp(h, w, p + "mlp.", act)
         if spec.sandwich_norms:
             m = rms_norm(m, w[p + "mlp_output_norm.weight"], eps)
-        x = x + m
+        x = x + m * (spec.residual_scale or 1.0)
     x = rms_norm(x, w["model.norm.weight"], eps)
     head = w["model.embed_tokens.weight" if spec.tie_embeddings else "lm_head.weight"]
     logits = x @ head.T  # [n, vocab]
+    if spec.logit_scale is not None:
+        logits = logits / spec.logit_scale
     if spec.final_softcap is not None:
         logits = np.tanh(logits / spec.final_softcap) * spec.final_softcap
     return logits

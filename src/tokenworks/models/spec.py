@@ -139,7 +139,11 @@ class ModelSpec:
     # times sqrt(hidden), queries scaled by query_pre_attn_scalar**-0.5, soft-capped scores
     sandwich_norms: bool = False
     mlp_act: str = "silu"  # silu (SwiGLU) or gelu_tanh (GeGLU)
-    embed_scale: bool = False
+    # the embedding rows times this, rounded to the model's dtype first (Gemma: sqrt(hidden),
+    # Granite: its embedding_multiplier); None: as stored
+    embed_scale: float | None = None
+    residual_scale: float | None = None  # Granite: each sublayer's output times this as it joins
+    logit_scale: float | None = None  # Granite: the logits divided by this
     # OLMo 2: no norm before either sublayer (its norms are the sandwich's output norms)
     # and Q/K norms over all heads at once rather than each head
     pre_norms: bool = True

@@ -17,6 +17,7 @@ from tokenworks.models.arch import (
     gemma,
     gpt2,
     gpt_oss,
+    granite,
     llama,
     mixtral,
     olmo2,
@@ -31,7 +32,7 @@ from tokenworks.models.arch.family import Family, UnknownArchitectureError
 
 def _families() -> dict[str, Family]:
     modules = (llama, gpt2, qwen3, gemma, phi3, smollm3, olmo2, mixtral, qwen2_moe, qwen3_moe,
-               deepseek_v2, deepseek, gpt_oss)  # fmt: skip
+               deepseek_v2, deepseek, gpt_oss, granite)  # fmt: skip
     # a module declares FAMILY, or FAMILIES where one file holds close relatives
     found = [f for m in modules for f in getattr(m, "FAMILIES", (getattr(m, "FAMILY", None),))]
     return {f.name: f for f in found}

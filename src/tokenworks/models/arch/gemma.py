@@ -42,7 +42,7 @@ def _common(cfg: dict, pattern: int) -> dict:
     return dict(
         sandwich_norms=True,
         mlp_act="gelu_tanh",
-        embed_scale=True,
+        embed_scale=cfg["hidden_size"] ** 0.5,
         attn_scale=cfg.get("query_pre_attn_scalar", cfg.get("head_dim", 256)) ** -0.5,
         sliding_window=cfg.get("sliding_window"),
         window_layers=window_layers(
@@ -83,7 +83,7 @@ def _gguf_common(get, arch: str, pattern: int) -> dict:
     head_dim = int(get(f"{arch}.attention.key_length") or hidden // heads)
     big = n == {2: 46, GEMMA3_PATTERN: 62}[pattern]  # Gemma 2 27B, Gemma 3 27B
     return dict(
-        sandwich_norms=True, mlp_act="gelu_tanh", embed_scale=True,
+        sandwich_norms=True, mlp_act="gelu_tanh", embed_scale=hidden**0.5,
         window_layers=window_layers(None, n, pattern),
         attn_scale=(hidden // heads if big else head_dim) ** -0.5,
         stop_token_ids=tuple(i for i, t in enumerate(tokens) if t == "<end_of_turn>"),
