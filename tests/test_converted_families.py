@@ -57,6 +57,17 @@ def _granite_moe():
         num_experts_per_tok=2, shared_intermediate_size=64, **_GRANITE)  # fmt: skip
 
 
+def _ministral3():
+    """YaRN eight times a trained context of 8 positions, so the queries' temperature grows
+    within the test's tokens, and an mscale_all_dim of its own."""
+    rope = dict(type="yarn", rope_theta=1e6, factor=8.0, original_max_position_embeddings=8,
+                max_position_embeddings=64, beta_fast=32.0, beta_slow=1.0, mscale_all_dim=0.5,
+                mscale=1.0, llama_4_scaling_beta=0.3)  # fmt: skip
+    return transformers.Ministral3Config(
+        **_small() | {"max_position_embeddings": 64}, num_key_value_heads=2, head_dim=16,
+        rope_parameters=rope)  # fmt: skip
+
+
 def _deepseek_v3_sigmoid():
     cfg = CONFIGS["deepseek-v3"]()
     cfg.scoring_func, cfg.topk_method = "sigmoid", "noaux_tc"
@@ -89,6 +100,7 @@ FAMILIES = {
     "granite": (lambda: transformers.GraniteConfig(**_small(), num_key_value_heads=2, **_GRANITE),
                 "gpt-2"),
     "granite-moe": (_granite_moe, "gpt-2"),
+    "ministral3": (_ministral3, "gpt-2"),
 }  # fmt: skip
 PROMPT = "Once upon a time, there was a little"
 

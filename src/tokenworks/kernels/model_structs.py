@@ -130,6 +130,8 @@ def declines(model: nn.Module, pool) -> str:
         return f"it has no code for the {spec.mlp_act} activation"
     if spec.residual_scale is not None:
         return "it has no code for a residual multiplier (Granite's)"
+    if spec.query_temperature is not None:
+        return "it has no code for the queries' temperature (Ministral 3's, Llama 4's)"
     if group_windows(spec, pool.layout) is None:
         return "the layers of a KV group attend over different windows"
     if model.norm.device.type != "cpu":

@@ -26,7 +26,7 @@ import numpy as np
 from tokenworks.models.catalogue import home
 from tokenworks.models.gguf_file import GGUFIndex, StoredTensor, rope_frequencies
 from tokenworks.models.loaded import LoadedModel
-from tokenworks.models.spec import MLASpec, ModelSpec, MoESpec, RopeScaling
+from tokenworks.models.spec import MLASpec, ModelSpec, MoESpec, QueryTemperature, RopeScaling
 
 log = logging.getLogger(__name__)
 FORMAT = 6  # bump when what is stored changes: older copies are then rebuilt
@@ -64,6 +64,7 @@ def load_converted(
     s = meta["spec"]
     rope = s.pop("rope_scaling", None)
     moe, mla = s.pop("moe", None), s.pop("mla", None)
+    temperature = s.pop("query_temperature", None)
     for name in ("window_layers", "nope_layers"):  # JSON's lists back to tuples
         if s.get(name) is not None:
             s[name] = tuple(s[name])
@@ -77,6 +78,7 @@ def load_converted(
         rope_scaling=RopeScaling(**rope) if rope else None,
         moe=moe,
         mla=MLASpec(**mla) if mla else None,
+        query_temperature=QueryTemperature(**temperature) if temperature else None,
     )
     return LoadedModel(
         spec=spec,

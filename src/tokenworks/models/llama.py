@@ -106,6 +106,7 @@ class LlamaLayer(nn.Module):
         sin: torch.Tensor,
         meta: AttentionMetadata,
         cache,
+        temperature: torch.Tensor | None = None,  # [T, 1, 1]: the queries' factors, or None
     ) -> torch.Tensor:
         s = self.spec
         if self.mla is not None:
@@ -113,6 +114,8 @@ class LlamaLayer(nn.Module):
             return self._after_attention(x, self.mla(h, cos, sin, meta, cache))
         before, after = self.compiled or (self._before_attention, self._projected)
         q, k, v = before(x, cos, sin)
+        if temperature is not None:
+            q = q * temperature
         a = attention(q, k, v, meta, cache, self.layer, self.scale, self.window, s.attn_softcap,
                       self.attention_tile, self.sinks)  # fmt: skip
         return after(x, a)
@@ -285,9 +288,13 @@ class LlamaModel(nn.Module):
             (c[positions].to(x.dtype).unsqueeze(1), s[positions].to(x.dtype).unsqueeze(1))
             for c, s in tables[: 1 + (self.spec.rope_local_theta is not None)]
         ]  # each [T, 1, D]
+        qt = self.spec.query_temperature
+        temperature = None if qt is None else qt.factors(positions).to(x.dtype).view(-1, 1, 1)
         for layer in self.layers:
             cos, sin = (None, None) if layer.rope_table is None else rope[layer.rope_table]
-            x = layer(x, cos, sin, meta.for_layer(layer.layer), cache)
+            warm = qt is not None and (layer.rope_table is None or not qt.nope_only)
+            t = temperature if warm else None
+            x = layer(x, cos, sin, meta.for_layer(layer.layer), cache, t)
         return x
 
     def final_norm(self, x: torch.Tensor, rows=None) -> torch.Tensor:

@@ -8,6 +8,7 @@ engine, so a disagreement is in the engine's arithmetic, not in the loading.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from tokenworks.kernels.block_linear import dense
 from tokenworks.models.arch import family
@@ -84,6 +85,9 @@ def gqa(x, w, p, spec, pos, inv_freq, window=None):  # [n, h] -> [n, h]: grouped
     af = attention_factor(spec)
     if inv_freq is not None:  # None: a NoPE layer (SmolLM3)
         q, k = rope(q, pos, inv_freq, af), rope(k, pos, inv_freq, af)
+    qt = spec.query_temperature
+    if qt is not None and (inv_freq is None or not qt.nope_only):
+        q = q * qt.factors(torch.from_numpy(pos).long()).numpy()[:, None, None]
     v = proj["v"].reshape(n, spec.n_kv_heads, spec.head_dim)
     sinks = w[p + "self_attn.sinks"] if spec.attn_sinks else None
     a = causal_attention(q, k, v, window, spec.attn_scale, spec.attn_softcap, sinks)

@@ -99,6 +99,22 @@ class MoESpec:
 
 
 @dataclass(frozen=True)
+class QueryTemperature:
+    """Queries sharpened with distance into a long context (Ministral 3, Llama 4): after RoPE,
+    each query times 1 + beta ln(1 + floor((position + offset) / length)), which is 1 for the
+    first `length` positions."""
+
+    beta: float
+    length: int
+    offset: int = 0
+    nope_only: bool = False  # Llama 4: only the layers without RoPE
+
+    def factors(self, positions):  # a tensor or array of positions -> their factors
+        floor = ((positions + self.offset) // self.length).double()
+        return 1 + self.beta * (1 + floor).log()
+
+
+@dataclass(frozen=True)
 class MLASpec:
     """Multi-head latent attention (DeepSeek-V2/V3): keys and values come from a cached
     latent of kv_lora_rank numbers plus one RoPE key of qk_rope_head_dim shared by all
@@ -144,6 +160,7 @@ class ModelSpec:
     embed_scale: float | None = None
     residual_scale: float | None = None  # Granite: each sublayer's output times this as it joins
     logit_scale: float | None = None  # Granite: the logits divided by this
+    query_temperature: QueryTemperature | None = None
     # OLMo 2: no norm before either sublayer (its norms are the sandwich's output norms)
     # and Q/K norms over all heads at once rather than each head
     pre_norms: bool = True
