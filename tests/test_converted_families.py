@@ -68,6 +68,18 @@ def _ministral3():
         rope_parameters=rope)  # fmt: skip
 
 
+def _llama4():
+    """Four layers: the fourth without RoPE, the second and fourth MoE (one expert of four
+    a token, and the shared one), Llama 3's RoPE scaling."""
+    rope = dict(rope_type="llama3", rope_theta=5e5, factor=16.0, low_freq_factor=1.0,
+                high_freq_factor=4.0, original_max_position_embeddings=32)  # fmt: skip
+    return transformers.Llama4TextConfig(
+        hidden_size=64, intermediate_size=48, intermediate_size_mlp=112, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+        num_experts_per_tok=1, interleave_moe_layer_step=2, max_position_embeddings=64,
+        rope_parameters=rope)  # fmt: skip
+
+
 def _deepseek_v3_sigmoid():
     cfg = CONFIGS["deepseek-v3"]()
     cfg.scoring_func, cfg.topk_method = "sigmoid", "noaux_tc"
@@ -101,6 +113,7 @@ FAMILIES = {
                 "gpt-2"),
     "granite-moe": (_granite_moe, "gpt-2"),
     "ministral3": (_ministral3, "gpt-2"),
+    "llama4": (_llama4, "gpt-2"),
 }  # fmt: skip
 PROMPT = "Once upon a time, there was a little"
 

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 # the architectures whose converter (convert_hf_to_gguf.py's LlamaModel and the classes
 # built on it) writes Q and K rows in the order llama.cpp's interleaved RoPE reads
-PERMUTED_QK = ("llama", "smollm3", "granite", "granitemoe", "mistral3")
+PERMUTED_QK = ("llama", "smollm3", "granite", "granitemoe", "mistral3", "llama4")
 
 
 def _field(reader, key: str, default=None):

@@ -44,7 +44,9 @@ class LlamaLayer(nn.Module):
         # gpt-oss: a logit per head that joins every softmax's denominator
         self.sinks = nn.Parameter(torch.zeros(spec.n_heads), requires_grad=False) if (
             spec.attn_sinks) else None  # fmt: skip
-        if spec.qk_norm:
+        # Llama 4's weightless norms are these at 1 (before RoPE, which keeps each head's norm)
+        self.head_norms = spec.qk_norm or (spec.qk_rms_norm and layer not in spec.nope_layers)
+        if self.head_norms:
             q, k = (spec.q_size, spec.kv_size) if spec.qk_norm_whole else (spec.head_dim,) * 2
             self.q_norm = nn.Parameter(torch.ones(q), requires_grad=False)
             self.k_norm = nn.Parameter(torch.ones(k), requires_grad=False)
@@ -132,7 +134,7 @@ class LlamaLayer(nn.Module):
                              F.rms_norm(k, (s.kv_size,), self.k_norm, s.norm_eps),
                              qkv[:, s.q_size + s.kv_size :]], dim=1)  # fmt: skip
         qk = qkv[:, : s.q_size + s.kv_size].view(t, s.n_heads + s.n_kv_heads, s.head_dim)
-        if s.qk_norm and not s.qk_norm_whole:
+        if self.head_norms and not s.qk_norm_whole:
             d = (s.head_dim,)
             qk = torch.cat(
                 [

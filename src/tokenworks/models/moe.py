@@ -276,8 +276,11 @@ class MoE(nn.Module):
         start = 0
         for e, n in enumerate(counts.tolist()):
             if n:
-                rows = token[start : start + n]
-                y = self._expert(x.index_select(0, rows), e) * w[start : start + n, None]
+                rows, rw = token[start : start + n], w[start : start + n, None]
+                if self.m.weighted_inputs:
+                    y = self._expert(x.index_select(0, rows) * rw, e)
+                else:
+                    y = self._expert(x.index_select(0, rows), e) * rw
                 out.index_add_(0, rows, y)
             start += n
         return out
@@ -285,6 +288,9 @@ class MoE(nn.Module):
     def _grouped(self, x, weights, ids) -> torch.Tensor:
         token, w, counts = self._pairs_by_expert(weights, ids)
         xs = x.index_select(0, token)  # the pairs' tokens, grouped by expert
+        w = w.to(x.dtype)[:, None]
+        if self.m.weighted_inputs:
+            xs, w = xs * w, 1
         # torch's grouped product: every dtype on the CPU, bfloat16 on CUDA
         if hasattr(torch, "_grouped_mm") and (x.device.type == "cpu" or x.dtype == torch.bfloat16):
             ends = torch.cumsum(counts, 0).to(torch.int32)
@@ -296,7 +302,7 @@ class MoE(nn.Module):
         else:
             ys = self._padded_groups(xs, counts)
         out = torch.zeros_like(x)
-        out.index_add_(0, token, ys * w.to(x.dtype)[:, None])
+        out.index_add_(0, token, ys * w)
         return out
 
     def _padded_groups(self, xs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -321,6 +327,8 @@ class MoE(nn.Module):
         return ys.view(len(hit) * width, -1)[slot]
 
     def _dense(self, x, weights, ids) -> torch.Tensor:
+        if self.m.weighted_inputs:  # (each expert would read inputs of its own)
+            return self._grouped(x, weights, ids)
         token, w, counts = self._pairs_by_expert(weights, ids)
         expert = torch.repeat_interleave(torch.arange(self.local, device=x.device), counts)
         dense = torch.zeros(x.shape[0], self.local, dtype=x.dtype, device=x.device)

@@ -85,6 +85,9 @@ def gqa(x, w, p, spec, pos, inv_freq, window=None):  # [n, h] -> [n, h]: grouped
     af = attention_factor(spec)
     if inv_freq is not None:  # None: a NoPE layer (SmolLM3)
         q, k = rope(q, pos, inv_freq, af), rope(k, pos, inv_freq, af)
+        if spec.qk_rms_norm:  # Llama 4: after RoPE, without a weight
+            ones = np.ones(spec.head_dim)
+            q, k = rms_norm(q, ones, spec.norm_eps), rms_norm(k, ones, spec.norm_eps)
     qt = spec.query_temperature
     if qt is not None and (inv_freq is None or not qt.nope_only):
         q = q * qt.factors(torch.from_numpy(pos).long()).numpy()[:, None, None]
@@ -161,9 +164,9 @@ def moe(x, w, p, m):  # [n, h] -> [n, h]: each token through its top-k experts
     for t in range(len(x)):
         for j, e in enumerate(ids[t]):
             e_p = f"{p}mlp.experts.{e}."
-            y = oai_expert(x[t : t + 1], w, e_p, m) if m.act == "swiglu_oai" else gated_mlp(
-                x[t : t + 1], w, e_p)  # fmt: skip
-            out[t] += weights[t, j] * y[0]
+            xt = x[t : t + 1] * (weights[t, j] if m.weighted_inputs else 1.0)
+            y = oai_expert(xt, w, e_p, m) if m.act == "swiglu_oai" else gated_mlp(xt, w, e_p)
+            out[t] += y[0] if m.weighted_inputs else weights[t, j] * y[0]
     if m.shared_intermediate:
         shared = gated_mlp(x, w, p + "mlp.shared_experts.")
         if m.shared_gate:

@@ -77,6 +77,9 @@ class MoESpec:
     act: str = "silu"
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
+    # Llama 4: each expert reads its input times its routing weight, and its output is
+    # added as it is (with one expert a token, the weight then passes through SwiGLU)
+    weighted_inputs: bool = False
     # expert parallelism: the routed experts this rank holds, [first, last) (None: all)
     local_experts: tuple[int, int] | None = None
 
@@ -147,6 +150,7 @@ class ModelSpec:
     tie_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2
     qk_norm: bool = False  # Qwen3, Gemma 3: RMSNorm over each head of Q and K before RoPE
+    qk_rms_norm: bool = False  # Llama 4: the same without a weight, on the layers with RoPE
     sliding_window: int | None = None  # Mistral: attend to at most this many past tokens
     window_layers: tuple[int, ...] | None = None  # the layers with the window (None: all)
     rope_local_theta: float | None = None  # Gemma 3: the RoPE base of the windowed layers

@@ -19,6 +19,7 @@ from tokenworks.models.arch import (
     gpt_oss,
     granite,
     llama,
+    llama4,
     mistral3,
     mixtral,
     olmo2,
@@ -33,7 +34,7 @@ from tokenworks.models.arch.family import Family, UnknownArchitectureError
 
 def _families() -> dict[str, Family]:
     modules = (llama, gpt2, qwen3, gemma, phi3, smollm3, olmo2, mixtral, qwen2_moe, qwen3_moe,
-               deepseek_v2, deepseek, gpt_oss, granite, mistral3)  # fmt: skip
+               deepseek_v2, deepseek, gpt_oss, granite, mistral3, llama4)  # fmt: skip
     # a module declares FAMILY, or FAMILIES where one file holds close relatives
     found = [f for m in modules for f in getattr(m, "FAMILIES", (getattr(m, "FAMILY", None),))]
     return {f.name: f for f in found}
