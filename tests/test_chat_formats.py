@@ -16,7 +16,8 @@ from tokenworks.cli import main
 # every case of these templates parses to llama.cpp's message, whole and streamed in chunks
 # of every size
 WHOLE = (
-    "GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja",
+    "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja",
     "Reka-Edge.jinja", "Spark2.5.jinja", "StepFun3.5-Flash.jinja",
     "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
     "deepseek-ai-DeepSeek-V4-Flash-0731.jinja", "deepseek-ai-DeepSeek-V4.jinja",

@@ -229,7 +229,7 @@ def _case(template: str, text: str, tools: dict, messages: dict) -> ChatCase | N
     fmt = re.search(r"COMMON_REASONING_FORMAT_(\w+)", chain)
     return ChatCase(
         template=template, output=output, tools=offered,
-        reasoning=not (fmt and fmt.group(1) == "NONE"),
+        reasoning=bool(fmt) and fmt.group(1) != "NONE",
         enable_thinking=".enable_thinking(false)" not in chain,
         content=content or "", reasoning_content=reasoning or "", tool_calls=calls or [],
     )  # fmt: skip

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from tokenworks.engine.request import Thinking
 from tokenworks.serve import reasoning
 from tokenworks.serve.reasoning import Reasoning, ReasoningSplitter
-from tokenworks.serve.tools import ToolCallParser
+from tokenworks.serve.tools import ToolCallParser, partial_suffix
 
 
 def request_thinking(state, prompt: str, asked: list[tuple[str, object]]) -> Thinking | None:
@@ -34,9 +34,10 @@ def make_answer_parser(reasoning: Reasoning | None, opened: bool | None, fmt, to
     A format that writes its thinking in channels (harmony) reads the whole answer itself."""
     if fmt.channels:
         return AnswerParser(calls=fmt.parser(tools, id_prefix, reasoning=reasoning is not None))
+    wrap = fmt.answer_markers
     if not tools:
-        return AnswerParser(reasoning, opened)
-    return AnswerParser(reasoning, opened, fmt.parser(tools, id_prefix), fmt.start)
+        return AnswerParser(reasoning, opened, answer_markers=wrap)
+    return AnswerParser(reasoning, opened, fmt.parser(tools, id_prefix), fmt.start, wrap)
 
 
 def skip_special(state, tools: list, skip_special_tokens: bool) -> bool:
@@ -57,21 +58,26 @@ class AnswerParser:
         opened: bool | None = None,
         calls: ToolCallParser | None = None,
         call_start: str | None = None,
+        answer_markers: tuple[str, ...] = (),
     ):
         """opened: whether the output starts as thinking (None: this request does not think);
-        call_start: where a tool call begins, which ends thinking never closed."""
+        call_start: where a tool call begins, which ends thinking never closed;
+        answer_markers: markers the format wraps its answer's text in, taken out of it."""
         self._splitter = (
             ReasoningSplitter(reasoning, opened, call_start)
             if reasoning is not None and opened is not None
             else None
         )
         self._calls = calls
+        self._unwrap = Unwrap(answer_markers) if answer_markers else None
 
     def feed(self, text: str, finished: bool) -> list[tuple[str, object]]:
         if self._splitter is not None:
             pieces = self._splitter.feed(text, finished)
         else:
             pieces = [("text", text)] if text else []
+        if self._unwrap is not None:
+            pieces = self._unwrap.pieces(pieces, finished)
         events: list[tuple[str, object]] = []
         for kind, piece in pieces:
             if kind == "text" and self._calls is not None:
@@ -81,6 +87,33 @@ class AnswerParser:
         if finished and self._calls is not None:
             events += self._calls.finish()
         return events
+
+
+class Unwrap:
+    """Text pieces with markers taken out as they stream (Command R7B's <|START_RESPONSE|>
+    and <|END_RESPONSE|> around its answer): what may be a marker's start is held back until
+    the next piece shows it is not."""
+
+    def __init__(self, markers: tuple[str, ...]):
+        self.markers, self._held = markers, ""
+
+    def pieces(self, pieces: list[tuple[str, str]], finished: bool) -> list[tuple[str, str]]:
+        out = []
+        for kind, piece in pieces:
+            if kind != "text":
+                out.append((kind, piece))
+                continue
+            text = self._held + piece
+            for marker in self.markers:
+                text = text.replace(marker, "")
+            keep = max(partial_suffix(text, m) for m in self.markers)
+            text, self._held = text[: len(text) - keep], text[len(text) - keep :]
+            if text:
+                out.append(("text", text))
+        if finished and self._held:
+            out.append(("text", self._held))
+            self._held = ""
+        return out
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The formats of the families whose calls have a syntax of their own (serve/tool_formats.py
-lists them all): DeepSeek's two, Kimi K2's, GLM 4.5's and gpt-oss's harmony."""
+lists them all): DeepSeek's two, Kimi K2's, Command R7B's, GLM 4.5's and gpt-oss's harmony."""
 
 from __future__ import annotations
 
@@ -164,6 +164,73 @@ class KimiK2(_SectionOfCalls):
                 return None
             calls.append((name, args))
         return calls or None
+
+
+class CommandR7B(_SectionOfCalls):
+    """Command R7B's and Cohere2's calls: <|START_ACTION|>[{"tool_call_id": "0", "tool_name":
+    NAME, "parameters": {...}}, ...]<|END_ACTION|>; their answer's text comes between
+    <|START_RESPONSE|> and <|END_RESPONSE|> (Cohere2: <|START_TEXT|>, <|END_TEXT|>)."""
+
+    name, start = "command_r7b", "<|START_ACTION|>"
+    answer_markers = ("<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_TEXT|>", "<|END_TEXT|>")
+    _MARKERS = ("<|START_ACTION|>", "<|END_ACTION|>")
+
+    def how_to_call(self) -> str:
+        return (
+            f"To call functions, answer {self.start} followed by a JSON list of calls, each "
+            '{"tool_call_id": "<its index>", "tool_name": "<function name>", "parameters": '
+            f"{{<arguments as JSON>}}}}, then {self._MARKERS[1]}."
+        )
+
+    def render_call(self, name, arguments):
+        call = {"tool_call_id": "0", "tool_name": name, "parameters": arguments}
+        return f"{self.start}[\n    {json.dumps(call)}\n]{self._MARKERS[1]}"
+
+    def _call(self, name: str, args: str) -> str:
+        head = f'[\n    {{"tool_call_id": "0", "tool_name": {json.dumps(name)}, "parameters": '
+        return f"{json.dumps(head)} {args} {json.dumps('}' + chr(10) + ']')}"
+
+    def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
+        calls = []
+        for section in filter(str.strip, region.split(self.start)):
+            listed = json_value(self._listed(section))
+            if not isinstance(listed, list):
+                return None
+            for call in listed:
+                if not isinstance(call, dict) or not isinstance(call.get("parameters"), dict):
+                    return None
+                calls.append((str(call.get("tool_name", "")), call["parameters"]))
+        return calls or None
+
+    def _listed(self, section: str) -> str:
+        """A section's JSON list of calls, without what ends it."""
+        return section.split(self._MARKERS[1])[0].strip()
+
+
+class CommandR(CommandR7B):
+    """Command R+'s calls: Action: and a ```json block listing {"tool_name": NAME,
+    "parameters": {...}}; its answer comes after <|CHATBOT_TOKEN|>."""
+
+    name, start = "command_r", "Action:"
+    answer_markers = ("<|CHATBOT_TOKEN|>", "<|END_OF_TURN_TOKEN|>")
+    _MARKERS = ("Action:\n```json\n", "\n```")
+
+    def how_to_call(self) -> str:
+        return (
+            'To call functions, answer "Action:" and a ```json block holding a JSON list of '
+            'calls, each {"tool_name": "<function name>", "parameters": {<arguments as JSON>}}.'
+        )
+
+    def render_call(self, name, arguments):
+        listed = json.dumps([{"tool_name": name, "parameters": arguments}])
+        return f"{self._MARKERS[0]}{listed}{self._MARKERS[1]}"
+
+    def _call(self, name: str, args: str) -> str:
+        head = '[{"tool_name": ' + json.dumps(name) + ', "parameters": '
+        return f'{json.dumps(head)} {args} "}}]"'
+
+    def _listed(self, section: str) -> str:
+        return section.strip().removeprefix("```json").split("```")[0].strip()
 
 
 class GLM45(ToolFormat):

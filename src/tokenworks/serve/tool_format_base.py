@@ -23,6 +23,7 @@ class ToolFormat:
     args_key = "arguments"  # what the call object names its arguments
 
     channels = False  # whether its parser reads the whole answer, thinking too (harmony)
+    answer_markers: tuple[str, ...] = ()  # what it wraps its answer's text in (not the text)
 
     def __init__(self, tokenizer=None):
         self.special_marker, self._marker_rule = marker_terminal(tokenizer, self.start)

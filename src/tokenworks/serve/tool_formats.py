@@ -18,6 +18,10 @@
                  <|tool_call_argument_begin|>{...}<|tool_call_end|>...      (Kimi K2)
     glm45        <tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>
                  </tool_call>                                              (GLM 4.5 to 4.7)
+    command_r7b  <|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters":
+                 {...}}]<|END_ACTION|>, the answer in <|START_RESPONSE|>   (Command R7B,
+                 ... <|END_RESPONSE|>                                      Cohere2)
+    command_r    Action:\n```json\n[{"tool_name": ..., "parameters": {...}}]\n```  (Command R+)
 
 `--tool-call-parser` (vLLM's flag) picks one; auto reads the chat template. Hermes calls
 stream their arguments as they are generated (serve/tools.py's ToolCallParser); the other
@@ -32,7 +36,15 @@ from __future__ import annotations
 import json
 import re
 
-from tokenworks.serve.family_formats import GLM45, DeepSeekDSML, DeepSeekV3, Harmony, KimiK2
+from tokenworks.serve.family_formats import (
+    GLM45,
+    CommandR,
+    CommandR7B,
+    DeepSeekDSML,
+    DeepSeekV3,
+    Harmony,
+    KimiK2,
+)
 from tokenworks.serve.tool_format_base import (
     ToolFormat,
     WholeCallsParser,
@@ -43,7 +55,8 @@ from tokenworks.serve.tools import CLOSE, OPEN, parse_call
 
 __all__ = ["FORMATS", "TOOL_CALL_PARSERS", "ToolFormat", "resolve"]
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "qwen3_coder", "harmony",
-                     "deepseek_v3", "deepseek_v32", "kimi_k2", "glm45")  # fmt: skip
+                     "deepseek_v3", "deepseek_v32", "kimi_k2", "glm45", "command_r7b",
+                     "command_r")  # fmt: skip
 
 
 class Llama3Json(ToolFormat):
@@ -174,7 +187,8 @@ class Qwen3Coder(ToolFormat):
 
 
 FORMATS = {f.name: f for f in (ToolFormat, Llama3Json, Mistral, Qwen3Coder, Harmony,
-                                DeepSeekV3, DeepSeekDSML, KimiK2, GLM45)}  # fmt: skip
+                                DeepSeekV3, DeepSeekDSML, KimiK2, GLM45, CommandR7B,
+                                CommandR)}  # fmt: skip
 
 
 def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
@@ -190,6 +204,10 @@ def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
             setting = "deepseek_v3"
         elif "<|tool_calls_section_begin|>" in source:
             setting = "kimi_k2"
+        elif "<|START_ACTION|>" in source:
+            setting = "command_r7b"
+        elif "Action:\\n```json" in source:
+            setting = "command_r"
         elif "<arg_key>" in source:
             setting = "glm45"
         elif "<function=" in source:
