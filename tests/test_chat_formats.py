@@ -17,13 +17,16 @@ from tokenworks.cli import main
 # of every size
 WHOLE = (
     "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "GLM-4.6.jinja", "GLM-4.7-Flash.jinja", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja",
-    "Reka-Edge.jinja", "Spark2.5.jinja", "StepFun3.5-Flash.jinja",
-    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "GLM-4.6.jinja", "GLM-4.7-Flash.jinja",
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", "Qwen-QwQ-32B.jinja", "Reka-Edge.jinja",
+    "Spark2.5.jinja", "StepFun3.5-Flash.jinja", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja",
+    "deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-ai-DeepSeek-V3.2.jinja",
     "deepseek-ai-DeepSeek-V4-Flash-0731.jinja", "deepseek-ai-DeepSeek-V4.jinja",
-    "google-gemma-2-2b-it.jinja", "ibm-granite-granite-4.0.jinja", "ibm-granite-granite-4.1.jinja",
-    "meta-llama-Llama-3.1-8B-Instruct.jinja", "meta-llama-Llama-3.2-3B-Instruct.jinja",
-    "meta-llama-Llama-3.3-70B-Instruct.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja",
+    "google-gemma-2-2b-it.jinja", "google-gemma-4-31B-it.jinja",
+    "ibm-granite-granite-3.3-2B-Instruct.jinja", "ibm-granite-granite-4.0.jinja",
+    "ibm-granite-granite-4.1.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
+    "meta-llama-Llama-3.2-3B-Instruct.jinja", "meta-llama-Llama-3.3-70B-Instruct.jinja",
+    "mistralai-Ministral-3-14B-Reasoning-2512.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja",
     "moonshotai-Kimi-K2.jinja", "openai-gpt-oss-120b.jinja",
     "unsloth-mistral-Devstral-Small-2507.jinja",
 )  # fmt: skip

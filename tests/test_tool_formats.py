@@ -34,7 +34,7 @@ TIME = Tool(
     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 )
 FORMATS = ["hermes", "llama3_json", "mistral", "qwen3_coder", "deepseek_v3", "deepseek_v32",
-           "kimi_k2", "glm45", "command_r7b", "command_r", "harmony"]  # fmt: skip
+           "kimi_k2", "glm45", "command_r7b", "command_r", "gemma4", "harmony"]  # fmt: skip
 SERVED = FORMATS[:-1]  # (harmony's are served under its own template: tests/test_harmony.py)
 
 

@@ -169,6 +169,23 @@ def _messages(source: str) -> dict[str, tuple[str, str, list]]:
     return found
 
 
+def _pairs(strings: list[str]) -> list[tuple[str, str]]:
+    return list(zip(strings[::2], strings[1::2], strict=False))
+
+
+# test-chat.cpp's functions that build an expected message: their string arguments ->
+# (content, reasoning, tool calls)
+_BUILDERS = {
+    "simple_assist_msg": lambda s: ((s + ["", ""])[0], (s + ["", ""])[1], _pairs(s[2:4])),
+    "message_with_tool_calls": lambda s: ("", "", _pairs(s[:2])),
+    "message_with_tool_calls_and_reasoning": lambda s: ("", s[2], _pairs(s[:2])),
+    "message_with_content_and_tool_call": lambda s: (s[0], "", _pairs(s[1:3])),
+    "message_with_reasoning_and_tool_call": lambda s: ("", s[0], _pairs(s[1:3])),
+    "message_with_reasoning_content_and_multiple_tool_calls": lambda s: (s[1], s[0],
+                                                                         _pairs(s[2:])),
+}
+
+
 def read_cases(sources: Path) -> list[ChatCase]:
     """Every whole-answer case of test-chat.cpp's peg_tester blocks."""
     source = (sources / "tests" / "test-chat.cpp").read_text(encoding="utf-8")
@@ -179,10 +196,11 @@ def read_cases(sources: Path) -> list[ChatCase]:
         end = blocks[k + 1].start() if k + 1 < len(blocks) else len(source)
         body = source[block.end() : end]
         for stmt in re.finditer(r"\btst\.test\(", body):
-            stop = body.find(".run();", stmt.end())
-            if stop < 0:
+            # (a chain may break its lines after the dot: `).\n    run();`)
+            stop = re.compile(r"\)\s*\.\s*run\(\);").search(body, stmt.end())
+            if stop is None:
                 continue
-            text = body[stmt.end() - 1 : stop]
+            text = re.sub(r"\)\.\s*\n\s*", ").", body[stmt.end() - 1 : stop.start() + 1])
             case = _case(block.group(1), text, tools, messages)
             if case is not None:
                 case.line = source.count("\n", 0, block.end() + stmt.start()) + 1
@@ -215,6 +233,10 @@ def _case(template: str, text: str, tools: dict, messages: dict) -> ChatCase | N
         if m.group(1) not in messages:
             return None
         content, reasoning, calls = messages[m.group(1)]
+    elif (m := re.search(r"\.expect\((\w+)\(", chain)) is not None:
+        if m.group(1) not in _BUILDERS:
+            return None
+        content, reasoning, calls = _BUILDERS[m.group(1)](_strings(_call_args(chain, m.end() - 1)))
     for what in ("content", "reasoning"):
         at = chain.find(f".expect_{what}(")
         if at >= 0:

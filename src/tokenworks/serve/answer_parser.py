@@ -34,7 +34,7 @@ def make_answer_parser(reasoning: Reasoning | None, opened: bool | None, fmt, to
     A format that writes its thinking in channels (harmony) reads the whole answer itself."""
     if fmt.channels:
         return AnswerParser(calls=fmt.parser(tools, id_prefix, reasoning=reasoning is not None))
-    wrap = fmt.answer_markers
+    wrap = fmt.answer_markers + (fmt.stray_thinking if opened is not None else ())
     if not tools:
         return AnswerParser(reasoning, opened, answer_markers=wrap)
     return AnswerParser(reasoning, opened, fmt.parser(tools, id_prefix), fmt.start, wrap)
@@ -95,7 +95,13 @@ class Unwrap:
     the next piece shows it is not."""
 
     def __init__(self, markers: tuple[str, ...]):
-        self.markers, self._held = markers, ""
+        self.markers = sorted(markers, key=len, reverse=True)  # the longest matched first
+        self._held = ""
+
+    def _out(self, text: str) -> str:
+        for marker in self.markers:
+            text = text.replace(marker, "")
+        return text
 
     def pieces(self, pieces: list[tuple[str, str]], finished: bool) -> list[tuple[str, str]]:
         out = []
@@ -104,14 +110,13 @@ class Unwrap:
                 out.append((kind, piece))
                 continue
             text = self._held + piece
-            for marker in self.markers:
-                text = text.replace(marker, "")
             keep = max(partial_suffix(text, m) for m in self.markers)
-            text, self._held = text[: len(text) - keep], text[len(text) - keep :]
+            text, self._held = self._out(text[: len(text) - keep]), text[len(text) - keep :]
             if text:
                 out.append(("text", text))
         if finished and self._held:
-            out.append(("text", self._held))
+            if text := self._out(self._held):
+                out.append(("text", text))
             self._held = ""
         return out
 

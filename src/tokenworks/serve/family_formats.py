@@ -1,5 +1,6 @@
 """The formats of the families whose calls have a syntax of their own (serve/tool_formats.py
-lists them all): DeepSeek's two, Kimi K2's, Command R7B's, GLM 4.5's and gpt-oss's harmony."""
+lists them all): DeepSeek's two, Kimi K2's, Command R7B's, Gemma 4's, GLM 4.5's and gpt-oss's
+harmony."""
 
 from __future__ import annotations
 
@@ -231,6 +232,106 @@ class CommandR(CommandR7B):
 
     def _listed(self, section: str) -> str:
         return section.strip().removeprefix("```json").split("```")[0].strip()
+
+
+class Gemma4(ToolFormat):
+    """Gemma 4's calls: <|tool_call>call:NAME{key:value,...}<tool_call|>, its values written
+    as JSON's but with bare keys and strings between <|"|> marks. Where thinking is parsed,
+    the thinking channel's stray markers left in an answer are not part of it."""
+
+    name, start, end, quote = "gemma4", "<|tool_call>", "<tool_call|>", '<|"|>'
+    stray_thinking = ("<|channel>thought\n<channel|>", "<|channel>", "<channel|>")
+    _CALL = re.compile(r"<\|tool_call>call:([^{<\s]+)(\{.*?\})<tool_call\|>", re.S)
+
+    def __init__(self, tokenizer=None):
+        super().__init__(tokenizer)
+        self._end = marker_terminal(tokenizer, self.end)[1]
+        self._quote = marker_terminal(tokenizer, self.quote)[1]
+
+    def parser(self, tools, id_prefix):
+        return WholeCallsParser(self, tools, id_prefix)
+
+    def how_to_call(self) -> str:
+        return (f"To call a function, answer {self.start}call:NAME{{key:value,...}}{self.end}, "
+                f"strings between {self.quote} marks.")  # fmt: skip
+
+    def _value(self, v) -> str:
+        if isinstance(v, str):
+            return f"{self.quote}{v}{self.quote}"
+        if isinstance(v, dict):
+            return "{" + ",".join(f"{k}:{self._value(x)}" for k, x in v.items()) + "}"
+        if isinstance(v, list):
+            return "[" + ",".join(self._value(x) for x in v) + "]"
+        return json.dumps(v)
+
+    def render_call(self, name, arguments):
+        return f"{self.start}call:{name}{self._value(arguments)}{self.end}"
+
+    def grammar(self, tools):
+        """One call, the required parameters in declared order and then the optional ones,
+        each at most once; strings as text without "<" between quote marks, other values as
+        JSON."""
+        rules, options = [], []
+        for i, t in enumerate(tools):
+            props = t.parameters.get("properties", {})
+            required = set(t.parameters.get("required", []))
+            pairs = {}
+            for j, (k, schema) in enumerate(props.items()):
+                string = isinstance(schema, dict) and schema.get("type") == "string"
+                rules.append(f"v{i}_{j}: " + (f"{self._quote} {value_rule(schema)} {self._quote}"
+                                              if string else value_rule(schema)))  # fmt: skip
+                pairs[k] = f'"{k}:" v{i}_{j}'
+            first = [pairs[k] for k in props if k in required]
+            rest = [pairs[k] for k in props if k not in required]
+            if first:
+                body = ' "," '.join(first) + "".join(f' ("," {r})?' for r in rest)
+            elif rest:
+                body = f"({rest[0]}" + "".join(f' ("," {r})?' for r in rest[1:]) + ")?"
+            else:
+                body = ""
+            options.append(f'"call:{t.name}{{" {body} "}}"')
+        return (f"start: {self._marker_rule} ({' | '.join(options)}) {self._end}\n"
+                + "\n".join(rules) + "\n")  # fmt: skip
+
+    def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
+        calls = []
+        for name, body in self._CALL.findall(region):
+            try:
+                args, end = self._read(body, 0)
+            except (ValueError, IndexError):
+                return None
+            if not isinstance(args, dict) or body[end:].strip():
+                return None
+            calls.append((name, args))
+        return calls or None
+
+    def _read(self, text: str, i: int):
+        """The value at text[i:] and where it ends."""
+        while text[i] in " \n\t":
+            i += 1
+        if text.startswith(self.quote, i):
+            j = text.index(self.quote, i + len(self.quote))
+            return text[i + len(self.quote) : j], j + len(self.quote)
+        if text[i] in "{[":
+            close, out = ("}", {}) if text[i] == "{" else ("]", [])
+            i += 1
+            while True:
+                while text[i] in " \n\t,":
+                    i += 1
+                if text[i] == close:
+                    return out, i + 1
+                if close == "}":
+                    colon = text.index(":", i)
+                    key = text[i:colon].strip().strip('"')
+                    out[key], i = self._read(text, colon + 1)
+                else:
+                    value, i = self._read(text, i)
+                    out.append(value)
+        j = i
+        while j < len(text) and text[j] not in ",}]":
+            j += 1
+        word = text[i:j].strip()
+        return json.loads(word) if word[:1] != '"' or word[-1:] == '"' else word, j
 
 
 class GLM45(ToolFormat):

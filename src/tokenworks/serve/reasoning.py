@@ -21,10 +21,11 @@ from tokenworks.serve.tools import partial_suffix
 
 REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek_r1")
 # the think markers templates write (auto takes the first pair whose end the template
-# names): Qwen3's and DeepSeek's, Mistral's, Command R7B's, Seed-OSS's
+# names): Qwen3's and DeepSeek's, Mistral's, Command R7B's, Seed-OSS's, Gemma 4's
 THINK_MARKERS = (
     ("<think>", "</think>"), ("[THINK]", "[/THINK]"),
     ("<|START_THINKING|>", "<|END_THINKING|>"), ("<seed:think>", "</seed:think>"),
+    ("<|channel>thought", "<channel|>"),
 )  # fmt: skip
 # reasoning_effort -> thinking tokens at most (None: the model's own length)
 EFFORT_BUDGETS = {"none": 0, "minimal": 0, "low": 512, "medium": 2048, "high": None}

@@ -24,6 +24,7 @@ class ToolFormat:
 
     channels = False  # whether its parser reads the whole answer, thinking too (harmony)
     answer_markers: tuple[str, ...] = ()  # what it wraps its answer's text in (not the text)
+    stray_thinking: tuple[str, ...] = ()  # thinking markers an answer may repeat (Gemma 4's)
 
     def __init__(self, tokenizer=None):
         self.special_marker, self._marker_rule = marker_terminal(tokenizer, self.start)

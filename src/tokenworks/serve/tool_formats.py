@@ -21,6 +21,7 @@
     command_r7b  <|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters":
                  {...}}]<|END_ACTION|>, the answer in <|START_RESPONSE|>   (Command R7B,
                  ... <|END_RESPONSE|>                                      Cohere2)
+    gemma4       <|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>  (Gemma 4)
     command_r    Action:\n```json\n[{"tool_name": ..., "parameters": {...}}]\n```  (Command R+)
 
 `--tool-call-parser` (vLLM's flag) picks one; auto reads the chat template. Hermes calls
@@ -42,6 +43,7 @@ from tokenworks.serve.family_formats import (
     CommandR7B,
     DeepSeekDSML,
     DeepSeekV3,
+    Gemma4,
     Harmony,
     KimiK2,
 )
@@ -56,7 +58,7 @@ from tokenworks.serve.tools import CLOSE, OPEN, parse_call
 __all__ = ["FORMATS", "TOOL_CALL_PARSERS", "ToolFormat", "resolve"]
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "qwen3_coder", "harmony",
                      "deepseek_v3", "deepseek_v32", "kimi_k2", "glm45", "command_r7b",
-                     "command_r")  # fmt: skip
+                     "command_r", "gemma4")  # fmt: skip
 
 
 class Llama3Json(ToolFormat):
@@ -188,7 +190,7 @@ class Qwen3Coder(ToolFormat):
 
 FORMATS = {f.name: f for f in (ToolFormat, Llama3Json, Mistral, Qwen3Coder, Harmony,
                                 DeepSeekV3, DeepSeekDSML, KimiK2, GLM45, CommandR7B,
-                                CommandR)}  # fmt: skip
+                                CommandR, Gemma4)}  # fmt: skip
 
 
 def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
@@ -204,6 +206,8 @@ def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
             setting = "deepseek_v3"
         elif "<|tool_calls_section_begin|>" in source:
             setting = "kimi_k2"
+        elif "<|tool_call>" in source:
+            setting = "gemma4"
         elif "<|START_ACTION|>" in source:
             setting = "command_r7b"
         elif "Action:\\n```json" in source:
