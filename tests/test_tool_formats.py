@@ -34,7 +34,8 @@ TIME = Tool(
     {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 )
 FORMATS = ["hermes", "llama3_json", "mistral", "qwen3_coder", "deepseek_v3", "deepseek_v32",
-           "kimi_k2", "glm45", "command_r7b", "command_r", "gemma4", "harmony"]  # fmt: skip
+           "kimi_k2", "glm45", "command_r7b", "command_r", "gemma4", "minimax_m2", "minimax_m3",
+           "harmony"]  # fmt: skip
 SERVED = FORMATS[:-1]  # (harmony's are served under its own template: tests/test_harmony.py)
 
 
@@ -144,9 +145,9 @@ OPENAI_TOOLS = [
 
 
 def _room(server) -> int:
-    """Tokens a forced call needs: DeepSeek's and Kimi's markers are many tokens in this
-    vocabulary."""
-    return 200 if server.format.startswith(("deepseek", "kimi")) else 60
+    """Tokens a forced call needs: DeepSeek's, Kimi's and MiniMax M3's markers are many
+    tokens in this vocabulary."""
+    return 200 if server.format.startswith(("deepseek", "kimi", "minimax_m3")) else 60
 
 
 def test_each_format_round_trips_through_the_openai_sdk(format_server):

@@ -21,11 +21,12 @@ from tokenworks.serve.tools import partial_suffix
 
 REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek_r1")
 # the think markers templates write (auto takes the first pair whose end the template
-# names): Qwen3's and DeepSeek's, Mistral's, Command R7B's, Seed-OSS's, Gemma 4's
+# names): Qwen3's and DeepSeek's, Mistral's, Command R7B's, Seed-OSS's, Gemma 4's, MiniMax
+# M3's
 THINK_MARKERS = (
     ("<think>", "</think>"), ("[THINK]", "[/THINK]"),
     ("<|START_THINKING|>", "<|END_THINKING|>"), ("<seed:think>", "</seed:think>"),
-    ("<|channel>thought", "<channel|>"),
+    ("<|channel>thought", "<channel|>"), ("<mm:think>", "</mm:think>"),
 )  # fmt: skip
 # reasoning_effort -> thinking tokens at most (None: the model's own length)
 EFFORT_BUDGETS = {"none": 0, "minimal": 0, "low": 512, "medium": 2048, "high": None}
@@ -111,7 +112,9 @@ class ReasoningSplitter:
             head = self._buf.lstrip()
             if head.startswith(self.r.open):
                 self._phase, self._buf = "thinking", head[len(self.r.open) :]
-            elif self.r.open.startswith(head) and not finished:
+            elif head.startswith(self.r.close):  # an empty thinking, its end alone (MiniMax M3)
+                self._phase, self._buf = "opening", head[len(self.r.close) :]
+            elif (self.r.open.startswith(head) or self.r.close.startswith(head)) and not finished:
                 return out  # maybe a marker yet
             else:
                 self._phase = self._default

@@ -85,11 +85,13 @@ def marker_terminal(tokenizer, marker: str) -> tuple[bool, str]:
 MAX_TEXT = 256  # characters of a forced string without a maxLength
 
 
-def value_rule(schema) -> str:
+def value_rule(schema, stops: str = "<\\n") -> str:
+    """A forced value: JSON valid against schema, a string as text without `stops` (regex
+    class characters), which the markup after it begins with."""
     if not isinstance(schema, dict):
         schema = {}
     if schema.get("type") == "string":
-        return f"/[^<\\n]{{1,{min(int(schema.get('maxLength', MAX_TEXT)), MAX_TEXT)}}}/"
+        return f"/[^{stops}]{{1,{min(int(schema.get('maxLength', MAX_TEXT)), MAX_TEXT)}}}/"
     return f"%json {json.dumps(close_objects(schema) | {'x-guidance': JSON_OPTIONS})}"
 
 
