@@ -91,6 +91,9 @@ def _call_args(text: str, start: int, pair: str = "()") -> str:
     depth, i = 0, start
     while True:
         c = text[i]
+        if text.startswith("//", i):  # (a comment may hold quotes and brackets)
+            i = text.index("\n", i)
+            continue
         if c == '"' or text.startswith('R"', i):
             i = _literal(text, i)[1]
             continue
@@ -103,10 +106,18 @@ def _call_args(text: str, start: int, pair: str = "()") -> str:
         i += 1
 
 
+def _line_end(text: str, i: int) -> int:
+    j = text.find("\n", i)
+    return len(text) if j < 0 else j
+
+
 def _groups(args: str) -> list[str]:
     """The top-level {...} groups of an initialiser list (literals skipped whole)."""
     out, depth, start, i = [], 0, 0, 0
     while i < len(args):
+        if args.startswith("//", i):
+            i = _line_end(args, i)
+            continue
         if args[i] == '"' or args.startswith('R"', i):
             i = _literal(args, i)[1]
             continue
@@ -133,6 +144,8 @@ def _strings(args: str) -> list[str]:
             i += 2
         elif args.startswith("/*", i):
             i = args.index("*/", i) + 2
+        elif args.startswith("//", i):
+            i = _line_end(args, i)
         else:
             i += 1
     return out

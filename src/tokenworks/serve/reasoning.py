@@ -50,6 +50,8 @@ def resolve(parser: str, template_source: str | None, budget: int | None) -> Rea
     source = template_source or ""
     if parser == "auto" and "<|channel|>" in source:
         return Reasoning("<|channel|>analysis<|message|>", "<|end|>", budget=budget)
+    if parser == "auto" and "'<|open|>' + tag" in source:  # Kimi K3's tags, built in Jinja
+        return Reasoning("<|open|>think<|sep|>", "<|close|>think<|sep|>", budget=budget)
     if parser == "auto":
         found = next(((o, c) for o, c in THINK_MARKERS if c in source), None)
         return Reasoning(*found, budget=budget) if found else None

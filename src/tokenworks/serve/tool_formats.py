@@ -26,6 +26,8 @@
                  </parameter></invoke></minimax:tool_call>                 (MiniMax M2)
     minimax_m3   ]<]minimax[>[ before every tag of <tool_call><invoke name="NAME"><KEY>
                  VALUE</KEY></invoke></tool_call>, objects and lists as elements (MiniMax M3)
+    kimi_k3      <|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|><|open|>argument
+                 key="KEY" type="number"<|sep|>1<|close|>argument<|sep|>...   (Kimi K3)
     command_r    Action:\n```json\n[{"tool_name": ..., "parameters": {...}}]\n```  (Command R+)
 
 `--tool-call-parser` (vLLM's flag) picks one; auto reads the chat template. Hermes calls
@@ -58,12 +60,12 @@ from tokenworks.serve.tool_format_base import (
     value_rule,
 )
 from tokenworks.serve.tools import CLOSE, OPEN, parse_call
-from tokenworks.serve.xml_formats import MiniMaxM2, MiniMaxM3
+from tokenworks.serve.xml_formats import KimiK3, MiniMaxM2, MiniMaxM3
 
 __all__ = ["FORMATS", "TOOL_CALL_PARSERS", "ToolFormat", "resolve"]
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "qwen3_coder", "harmony",
                      "deepseek_v3", "deepseek_v32", "kimi_k2", "glm45", "command_r7b",
-                     "command_r", "gemma4", "minimax_m2", "minimax_m3")  # fmt: skip
+                     "command_r", "gemma4", "minimax_m2", "minimax_m3", "kimi_k3")  # fmt: skip
 
 
 class Llama3Json(ToolFormat):
@@ -195,7 +197,7 @@ class Qwen3Coder(ToolFormat):
 
 FORMATS = {f.name: f for f in (ToolFormat, Llama3Json, Mistral, Qwen3Coder, Harmony,
                                 DeepSeekV3, DeepSeekDSML, KimiK2, GLM45, CommandR7B,
-                                CommandR, Gemma4, MiniMaxM2, MiniMaxM3)}  # fmt: skip
+                                CommandR, Gemma4, MiniMaxM2, MiniMaxM3, KimiK3)}  # fmt: skip
 
 
 def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
@@ -211,6 +213,8 @@ def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
             setting = "deepseek_v3"
         elif "<|tool_calls_section_begin|>" in source:
             setting = "kimi_k2"
+        elif "'<|open|>' + tag" in source:
+            setting = "kimi_k3"
         elif "]<]minimax[>[" in source:
             setting = "minimax_m3"
         elif "<minimax:tool_call>" in source:

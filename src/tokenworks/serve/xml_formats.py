@@ -1,5 +1,5 @@
-"""The formats whose calls are XML elements typed by the tool's schema (serve/tool_formats.py
-lists them all): MiniMax M2's and M3's.
+"""The formats whose calls are XML elements or tags like them (serve/tool_formats.py lists
+them all): MiniMax M2's and M3's, typed by the tool's schema, and Kimi K3's.
 
 A value is read as its parameter's schema allows: kept as the element's text where a string
 is allowed, else its child elements as an object (a list where they are all <item>s), else
@@ -175,3 +175,80 @@ class MiniMaxM3(MiniMaxM2):
 
     def _arguments(self, invoke: Element, props: dict) -> dict:
         return {p.name: typed(p, props.get(p.name, {}), self._bare) for p in invoke.children}
+
+
+class KimiK3(ToolFormat):
+    """Kimi K3's calls, in its tags <|open|>NAME attrs<|sep|> ... <|close|>NAME<|sep|>:
+    tools, then call tool="NAME" index="I", then argument key="KEY" type="TYPE" around each
+    value (a string as written, any other type as JSON); its answer is wrapped in response
+    and ended by message, which are not part of it."""
+
+    name, start = "kimi_k3", "<|open|>tools<|sep|>"
+    OPEN, SEP, CLOSE = "<|open|>", "<|sep|>", "<|close|>"
+    answer_markers = ("<|open|>response<|sep|>", "<|close|>response<|sep|>",
+                      "<|close|>message<|sep|>")  # fmt: skip
+    _CALL = re.compile(r'<\|open\|>call tool="([^"]*)"[^<]*<\|sep\|>(.*?)<\|close\|>call<\|sep\|>',
+                       re.S)  # fmt: skip
+    _ARG = re.compile(r'<\|open\|>argument key="([^"]*)" type="([^"]*)"<\|sep\|>(.*?)'
+                      r"<\|close\|>argument<\|sep\|>", re.S)  # fmt: skip
+    _TYPES = {"string": "string", "integer": "number", "number": "number", "boolean": "boolean",
+              "object": "object", "array": "array", "null": "null"}  # fmt: skip
+
+    def __init__(self, tokenizer=None):
+        super().__init__(tokenizer)
+        self._o, self._s, self._c = (marker_terminal(tokenizer, m)[1]
+                                     for m in (self.OPEN, self.SEP, self.CLOSE))  # fmt: skip
+
+    def parser(self, tools, id_prefix):
+        return WholeCallsParser(self, tools, id_prefix)
+
+    def how_to_call(self) -> str:
+        o, s, c = self.OPEN, self.SEP, self.CLOSE
+        return (f'To call a function, answer {self.start}{o}call tool="NAME" index="1"{s}{o}'
+                f'argument key="KEY" type="TYPE"{s}VALUE{c}argument{s}{c}call{s}{c}tools{s}')
+
+    @staticmethod
+    def _type(v) -> str:
+        if isinstance(v, bool):
+            return "boolean"
+        if v is None:
+            return "null"
+        if isinstance(v, int | float):
+            return "number"
+        return {str: "string", dict: "object"}.get(type(v), "array")
+
+    def render_call(self, name, arguments):
+        o, s, c = self.OPEN, self.SEP, self.CLOSE
+        args = "".join(f'{o}argument key="{k}" type="{self._type(v)}"{s}'
+                       f"{v if isinstance(v, str) else json.dumps(v)}{c}argument{s}"
+                       for k, v in arguments.items())  # fmt: skip
+        return f'{self.start}{o}call tool="{name}" index="1"{s}{args}{c}call{s}{c}tools{s}'
+
+    def grammar(self, tools):
+        """One call, the required arguments present, each at most once in declared order;
+        strings as text without "<", other values as JSON."""
+        o, s, c = self._o, self._s, self._c
+        rules, options = [], []
+        for i, t in enumerate(tools):
+            required = set(t.parameters.get("required", []))
+            parts = []
+            for j, (k, schema) in enumerate(t.parameters.get("properties", {}).items()):
+                kind = self._TYPES.get(schema.get("type") if isinstance(schema, dict) else None,
+                                       "object")  # fmt: skip
+                rules.append(f"v{i}_{j}: {value_rule(schema)}")
+                arg = (f'{o} "argument key=\\"{k}\\" type=\\"{kind}\\"" {s} v{i}_{j} {c} '
+                       f'"argument" {s}')  # fmt: skip
+                parts.append(arg if k in required else f"({arg})?")
+            options.append(f'{o} "call tool=\\"{t.name}\\" index=\\"1\\"" {s} {" ".join(parts)} '
+                           f'{c} "call" {s}')  # fmt: skip
+        start = f'start: {o} "tools" {s} ({" | ".join(options)}) {c} "tools" {s}'
+        return "\n".join([start, *rules]) + "\n"
+
+    def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
+        calls = []
+        for name, body in self._CALL.findall(region):
+            args = {}
+            for key, kind, value in self._ARG.findall(body):
+                args[key] = value if kind == "string" else json_value(value, default=value)
+            calls.append((name, args))
+        return calls or None

@@ -89,6 +89,8 @@ class ChatTemplate:
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
         validate_messages(messages)
+        if "enable_thinking" in kwargs:  # DeepSeek V3.1's and Kimi K3's name for it, too
+            kwargs.setdefault("thinking", kwargs["enable_thinking"])
         try:
             return self.template.render(
                 messages=_with_reasoning_names(messages),
