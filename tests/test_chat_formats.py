@@ -16,7 +16,7 @@ from tokenworks.cli import main
 # every case of these templates parses to llama.cpp's message, whole and streamed in chunks
 # of every size
 WHOLE = (
-    "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
+    "ByteDance-Seed-OSS.jinja", "CohereForAI-c4ai-command-r-plus-tool_use.jinja",
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", "GLM-4.6.jinja", "GLM-4.7-Flash.jinja",
     "Kimi-K3.jinja", "MiniMax-M2.jinja", "MiniMax-M3.jinja",
     "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", "Qwen-QwQ-32B.jinja", "Reka-Edge.jinja",
@@ -28,7 +28,7 @@ WHOLE = (
     "ibm-granite-granite-4.1.jinja", "meta-llama-Llama-3.1-8B-Instruct.jinja",
     "meta-llama-Llama-3.2-3B-Instruct.jinja", "meta-llama-Llama-3.3-70B-Instruct.jinja",
     "mistralai-Ministral-3-14B-Reasoning-2512.jinja", "mistralai-Mistral-Nemo-Instruct-2407.jinja",
-    "moonshotai-Kimi-K2.jinja", "openai-gpt-oss-120b.jinja",
+    "moonshotai-Kimi-K2.jinja", "openai-gpt-oss-120b.jinja", "openbmb-MiniCPM5-1B.jinja",
     "unsloth-mistral-Devstral-Small-2507.jinja",
 )  # fmt: skip
 

@@ -8,6 +8,8 @@
                  [TOOL_CALLS]name[ARGS]{...} per call                      (Mistral, Mixtral)
     qwen3_coder  <tool_call><function=NAME><parameter=KEY>value</parameter>...</function>
                  </tool_call>                                              (Qwen3-Coder)
+    seed_oss     the same in <seed:tool_call>, values as written          (Seed-OSS)
+    minicpm5     <function name="NAME"><param name="KEY">VALUE</param></function> (MiniCPM 5)
     harmony      <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}
                  <|call|>, thinking on the analysis channel (serve/harmony.py) (gpt-oss)
     deepseek_v3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
@@ -59,13 +61,14 @@ from tokenworks.serve.tool_format_base import (
     json_value,
     value_rule,
 )
-from tokenworks.serve.tools import CLOSE, OPEN, parse_call
-from tokenworks.serve.xml_formats import KimiK3, MiniMaxM2, MiniMaxM3
+from tokenworks.serve.tools import CLOSE, parse_call
+from tokenworks.serve.xml_formats import KimiK3, MiniCPM5, MiniMaxM2, MiniMaxM3
 
 __all__ = ["FORMATS", "TOOL_CALL_PARSERS", "ToolFormat", "resolve"]
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "qwen3_coder", "harmony",
                      "deepseek_v3", "deepseek_v32", "kimi_k2", "glm45", "command_r7b",
-                     "command_r", "gemma4", "minimax_m2", "minimax_m3", "kimi_k3")  # fmt: skip
+                     "command_r", "gemma4", "minimax_m2", "minimax_m3", "kimi_k3",
+                     "seed_oss", "minicpm5")  # fmt: skip
 
 
 class Llama3Json(ToolFormat):
@@ -141,7 +144,8 @@ class Mistral(ToolFormat):
 
 
 class Qwen3Coder(ToolFormat):
-    name = "qwen3_coder"
+    name, close = "qwen3_coder", CLOSE
+    _pad = "\n"  # around each value
     _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
     _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
 
@@ -151,16 +155,17 @@ class Qwen3Coder(ToolFormat):
     def how_to_call(self) -> str:
         return (
             "To call a function, answer in this form, one block per call:\n"
-            f"{OPEN}\n<function=FUNCTION NAME>\n<parameter=PARAMETER NAME>\nVALUE\n"
-            f"</parameter>\n</function>\n{CLOSE}"
+            f"{self.start}\n<function=FUNCTION NAME>\n<parameter=PARAMETER NAME>\nVALUE\n"
+            f"</parameter>\n</function>\n{self.close}"
         )
 
     def render_call(self, name, arguments):
         params = "".join(
-            f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
+            f"<parameter={k}>{self._pad}{v if isinstance(v, str) else json.dumps(v)}{self._pad}"
+            "</parameter>\n"
             for k, v in arguments.items()
         )
-        return f"{OPEN}\n<function={name}>\n{params}</function>\n{CLOSE}"
+        return f"{self.start}\n<function={name}>\n{params}</function>\n{self.close}"
 
     def grammar(self, tools):
         """One call of one tool, each of its parameters at most once in declared order,
@@ -175,11 +180,12 @@ class Qwen3Coder(ToolFormat):
             for j, (k, schema) in enumerate(props.items()):
                 value = f"v{i}_{j}"
                 rules.append(f"{value}: {value_rule(schema)}")
-                rule = f'"<parameter={k}>\\n" {value} "\\n</parameter>\\n"'
+                pad = json.dumps(self._pad)[1:-1]
+                rule = f'"<parameter={k}>{pad}" {value} "{pad}</parameter>\\n"'
                 parts.append(rule if k in required else f"({rule})?")
             rules.append(f'tool{i}: "<function={t.name}>\\n" {" ".join(parts)} "</function>"')
             options.append(f"tool{i}")
-        start = f'start: {self._marker_rule} "\\n" ({" | ".join(options)}) "\\n{CLOSE}"'
+        start = f'start: {self._marker_rule} "\\n" ({" | ".join(options)}) "\\n{self.close}"'
         return "\n".join([start, *rules]) + "\n"
 
     def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
@@ -195,9 +201,19 @@ class Qwen3Coder(ToolFormat):
         return calls or None
 
 
+class SeedOSS(Qwen3Coder):
+    """Seed-OSS's calls: Qwen3-Coder's in <seed:tool_call>, each value as written (its
+    newlines are part of it)."""
+
+    name, start, close = "seed_oss", "<seed:tool_call>", "</seed:tool_call>"
+    _pad = ""
+    _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.S)
+
+
 FORMATS = {f.name: f for f in (ToolFormat, Llama3Json, Mistral, Qwen3Coder, Harmony,
                                 DeepSeekV3, DeepSeekDSML, KimiK2, GLM45, CommandR7B,
-                                CommandR, Gemma4, MiniMaxM2, MiniMaxM3, KimiK3)}  # fmt: skip
+                                CommandR, Gemma4, MiniMaxM2, MiniMaxM3, KimiK3,
+                                SeedOSS, MiniCPM5)}  # fmt: skip
 
 
 def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
@@ -227,6 +243,10 @@ def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
             setting = "command_r"
         elif "<arg_key>" in source:
             setting = "glm45"
+        elif '<param name="' in source:
+            setting = "minicpm5"
+        elif "<seed:tool_call>" in source:
+            setting = "seed_oss"
         elif "<function=" in source:
             setting = "qwen3_coder"
         elif "[TOOL_CALLS]" in source:

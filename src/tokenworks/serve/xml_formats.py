@@ -1,5 +1,5 @@
 """The formats whose calls are XML elements or tags like them (serve/tool_formats.py lists
-them all): MiniMax M2's and M3's, typed by the tool's schema, and Kimi K3's.
+them all): MiniMax M2's and M3's and MiniCPM 5's, typed by the tool's schema, and Kimi K3's.
 
 A value is read as its parameter's schema allows: kept as the element's text where a string
 is allowed, else its child elements as an object (a list where they are all <item>s), else
@@ -19,6 +19,8 @@ from tokenworks.serve.tool_format_base import (
     value_rule,
 )
 
+_CDATA = re.compile(r"<!\[CDATA\[(.*?)\]\]>", re.S)
+
 
 @dataclass
 class Element:
@@ -32,7 +34,10 @@ def elements(text: str, tag: re.Pattern) -> list[Element]:
     """The elements of text, nested; `tag` matches a tag with groups (slash, name, attrs)."""
     root = Element("", {}, text)
     stack: list[tuple[Element, int]] = [(root, 0)]
+    cdata = [m.span() for m in _CDATA.finditer(text)]  # (tags inside are text)
     for m in tag.finditer(text):
+        if any(a <= m.start() < b for a, b in cdata):
+            continue
         closing, name, attrs = m.group(1), m.group(2), m.group(3) or ""
         if not closing:
             found = Element(name, dict(re.findall(r'(\w+)="([^"]*)"', attrs)), "")
@@ -63,7 +68,8 @@ def typed(element: Element, schema, bare) -> object:
     """element's value under schema; bare: its inner text without the format's markup."""
     kinds = _types(schema)
     if "string" in kinds:
-        return element.inner
+        whole = _CDATA.fullmatch(element.inner.strip())
+        return whole.group(1) if whole else element.inner
     if element.children:
         items = all(c.name == "item" for c in element.children)
         if items and ("array" in kinds or "object" not in kinds):
@@ -81,6 +87,7 @@ class MiniMaxM2(ToolFormat):
 
     name, start, end = "minimax_m2", "<minimax:tool_call>", "</minimax:tool_call>"
     _stops = "<\\n"  # what a forced string stops before: the markup after it
+    _call_tag, _param_tag = "invoke", "parameter"
     _TAG = re.compile(r"<(/?)(invoke|parameter)((?:\s+\w+=\"[^\"]*\")*)\s*>")
 
     def __init__(self, tokenizer=None):
@@ -128,18 +135,47 @@ class MiniMaxM2(ToolFormat):
 
     def _arguments(self, invoke: Element, props: dict) -> dict:
         return {p.attrs.get("name", ""): typed(p, props.get(p.attrs.get("name"), {}), self._bare)
-                for p in invoke.children if p.name == "parameter"}  # fmt: skip
+                for p in invoke.children if p.name == self._param_tag}  # fmt: skip
 
     def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
         types = {t.name: t.parameters.get("properties", {}) for t in tools}
         calls = []
         found = elements(region, self._TAG)  # (M3's <tool_call> is an element too)
-        invokes = [e for top in found for e in ([top] if top.name == "invoke" else top.children)]
+        call = self._call_tag
+        invokes = [e for top in found for e in ([top] if top.name == call else top.children)]
         for invoke in invokes:
-            if invoke.name == "invoke" and "name" in invoke.attrs:
+            if invoke.name == self._call_tag and "name" in invoke.attrs:
                 name = invoke.attrs["name"]
                 calls.append((name, self._arguments(invoke, types.get(name, {}))))
         return calls or None
+
+
+class MiniCPM5(MiniMaxM2):
+    """MiniCPM 5's calls: <function name="NAME"><param name="KEY">VALUE</param>...
+    </function>, a value holding markup written in CDATA."""
+
+    name, start = "minicpm5", '<function name="'
+    _TAG = re.compile(r"<(/?)(function|param)((?:\s+\w+=\"[^\"]*\")*)\s*>")
+    _call_tag, _param_tag = "function", "param"
+
+    def __init__(self, tokenizer=None):
+        super().__init__(tokenizer)
+        self._marker_rule = self._end = ""  # (the call is its own start and end)
+
+    def how_to_call(self) -> str:
+        return ('To call a function, answer <function name="NAME"><param name="KEY">VALUE'
+                "</param></function>")
+
+    def render_call(self, name, arguments):
+        params = "".join(f'<param name="{k}">{self._value(v)}</param>'
+                         for k, v in arguments.items())  # fmt: skip
+        return f'<function name="{name}">{params}</function>'
+
+    def _pair(self, key: str, value: str) -> str:
+        return f'"<param name=\\"{key}\\">" {value} "</param>"'
+
+    def _invoke(self, name: str, body: str) -> str:
+        return f'"<function name=\\"{name}\\">" {body} "</function>"'
 
 
 class MiniMaxM3(MiniMaxM2):
