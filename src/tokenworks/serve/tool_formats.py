@@ -10,6 +10,9 @@
                  </tool_call>                                              (Qwen3-Coder)
     seed_oss     the same in <seed:tool_call>, values as written          (Seed-OSS)
     minicpm5     <function name="NAME"><param name="KEY">VALUE</param></function> (MiniCPM 5)
+    lfm2         <|tool_call_start|>[NAME(key="value", n=1)]<|tool_call_end|>, Python's
+                 syntax (serve/python_calls.py)                             (LFM2)
+    nemotron     <TOOLCALL>[{"name": ..., "arguments": {...}}]</TOOLCALL>  (Nemotron Nano 2)
     harmony      <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}
                  <|call|>, thinking on the analysis channel (serve/harmony.py) (gpt-oss)
     deepseek_v3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME
@@ -55,6 +58,7 @@ from tokenworks.serve.family_formats import (
     Harmony,
     KimiK2,
 )
+from tokenworks.serve.python_calls import PythonCalls
 from tokenworks.serve.tool_format_base import (
     ToolFormat,
     WholeCallsParser,
@@ -68,7 +72,7 @@ __all__ = ["FORMATS", "TOOL_CALL_PARSERS", "ToolFormat", "resolve"]
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "qwen3_coder", "harmony",
                      "deepseek_v3", "deepseek_v32", "kimi_k2", "glm45", "command_r7b",
                      "command_r", "gemma4", "minimax_m2", "minimax_m3", "kimi_k3",
-                     "seed_oss", "minicpm5")  # fmt: skip
+                     "seed_oss", "minicpm5", "lfm2", "nemotron")  # fmt: skip
 
 
 class Llama3Json(ToolFormat):
@@ -143,6 +147,21 @@ class Mistral(ToolFormat):
         return calls or None
 
 
+class Nemotron(Mistral):
+    """Nemotron Nano 2's calls: Mistral's JSON list between <TOOLCALL> and </TOOLCALL>."""
+
+    name, start, end = "nemotron", "<TOOLCALL>", "</TOOLCALL>"
+
+    def render_call(self, name, arguments):
+        return f"{self.start}{json.dumps([{'name': name, 'arguments': arguments}])}{self.end}"
+
+    def grammar(self, tools):
+        return f'start: {self._marker_rule} "[" call "]{self.end}"\n' + self._json_call(tools)
+
+    def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
+        return super().parse(region.replace(self.end, ""), tools)
+
+
 class Qwen3Coder(ToolFormat):
     name, close = "qwen3_coder", CLOSE
     _pad = "\n"  # around each value
@@ -213,7 +232,7 @@ class SeedOSS(Qwen3Coder):
 FORMATS = {f.name: f for f in (ToolFormat, Llama3Json, Mistral, Qwen3Coder, Harmony,
                                 DeepSeekV3, DeepSeekDSML, KimiK2, GLM45, CommandR7B,
                                 CommandR, Gemma4, MiniMaxM2, MiniMaxM3, KimiK3,
-                                SeedOSS, MiniCPM5)}  # fmt: skip
+                                SeedOSS, MiniCPM5, PythonCalls, Nemotron)}  # fmt: skip
 
 
 def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
@@ -243,6 +262,10 @@ def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
             setting = "command_r"
         elif "<arg_key>" in source:
             setting = "glm45"
+        elif "<|tool_call_start|>" in source:
+            setting = "lfm2"
+        elif "<TOOLCALL>" in source:
+            setting = "nemotron"
         elif '<param name="' in source:
             setting = "minicpm5"
         elif "<seed:tool_call>" in source:
