@@ -35,7 +35,8 @@ TIME = Tool(
 )
 FORMATS = ["hermes", "llama3_json", "mistral", "qwen3_coder", "deepseek_v3", "deepseek_v32",
            "kimi_k2", "glm45", "command_r7b", "command_r", "gemma4", "minimax_m2", "minimax_m3",
-           "kimi_k3", "seed_oss", "minicpm5", "lfm2", "nemotron", "harmony"]  # fmt: skip
+           "kimi_k3", "seed_oss", "minicpm5", "lfm2", "nemotron", "gigachat",
+           "harmony"]  # fmt: skip
 SERVED = FORMATS[:-1]  # (harmony's are served under its own template: tests/test_harmony.py)
 
 

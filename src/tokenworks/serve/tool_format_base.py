@@ -29,6 +29,11 @@ class ToolFormat:
     def __init__(self, tokenizer=None):
         self.special_marker, self._marker_rule = marker_terminal(tokenizer, self.start)
 
+    @property
+    def starts(self) -> tuple[str, ...]:
+        """Where calls may begin, read whole (Qwen3-Coder's begin at <function= as well)."""
+        return (self.start,)
+
     def parser(self, tools: list[Tool], id_prefix: str):
         return ToolCallParser(id_prefix)
 
@@ -124,11 +129,12 @@ class WholeCallsParser:
             if head.startswith("{"):
                 self._in_calls, self._buf = True, head
                 return []
-        i = self._buf.find(self.fmt.start)
+        found = [i for i in (self._buf.find(m) for m in self.fmt.starts) if i >= 0]
+        i = min(found, default=-1)
         if i >= 0:
             text, self._buf, self._in_calls = self._buf[:i], self._buf[i:], True
             return [("text", text)] if text else []
-        keep = partial_suffix(self._buf, self.fmt.start)
+        keep = max(partial_suffix(self._buf, m) for m in self.fmt.starts)
         text, self._buf = self._buf[: len(self._buf) - keep], self._buf[len(self._buf) - keep :]
         return [("text", text)] if text else []
 

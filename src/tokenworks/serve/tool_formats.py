@@ -12,6 +12,8 @@
     minicpm5     <function name="NAME"><param name="KEY">VALUE</param></function> (MiniCPM 5)
     lfm2         <|tool_call_start|>[NAME(key="value", n=1)]<|tool_call_end|>, Python's
                  syntax (serve/python_calls.py)                             (LFM2)
+    gigachat     <|function_call|>{"name": ..., "arguments": {...}}, or GigaChat 3's
+                 "function call" turn                                      (GigaChat)
     nemotron     <TOOLCALL>[{"name": ..., "arguments": {...}}]</TOOLCALL>  (Nemotron Nano 2)
     harmony      <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}
                  <|call|>, thinking on the analysis channel (serve/harmony.py) (gpt-oss)
@@ -72,7 +74,7 @@ __all__ = ["FORMATS", "TOOL_CALL_PARSERS", "ToolFormat", "resolve"]
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "qwen3_coder", "harmony",
                      "deepseek_v3", "deepseek_v32", "kimi_k2", "glm45", "command_r7b",
                      "command_r", "gemma4", "minimax_m2", "minimax_m3", "kimi_k3",
-                     "seed_oss", "minicpm5", "lfm2", "nemotron")  # fmt: skip
+                     "seed_oss", "minicpm5", "lfm2", "nemotron", "gigachat")  # fmt: skip
 
 
 class Llama3Json(ToolFormat):
@@ -112,6 +114,36 @@ class Llama3Json(ToolFormat):
             calls.append(call)
 
 
+class GigaChat(ToolFormat):
+    """GigaChat's calls: one JSON object {"name": ..., "arguments": {...}} after
+    <|function_call|> (3.1), or after a turn of the "function call" role (3)."""
+
+    name, start = "gigachat", "<|function_call|>"
+    TURN = "<|message_sep|>\n\nfunction call<|role_sep|>\n"  # GigaChat 3's
+
+    def __init__(self, tokenizer=None, start: str | None = None):
+        self.start = start or self.start
+        super().__init__(tokenizer)
+
+    def parser(self, tools, id_prefix):
+        return WholeCallsParser(self, tools, id_prefix)
+
+    def how_to_call(self) -> str:
+        return (f'To call a function, answer {self.start}{{"name": "<function name>", '
+                '"arguments": {<arguments as JSON>}}.')  # fmt: skip
+
+    def render_call(self, name, arguments):
+        return self.start + json.dumps({"name": name, "arguments": arguments})
+
+    def grammar(self, tools):
+        return f"start: {self._marker_rule} call\n" + self._json_call(tools)
+
+    def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
+        calls = [parse_call(json_value(part.strip()))
+                 for part in filter(str.strip, region.split(self.start))]  # fmt: skip
+        return None if not calls or None in calls else calls
+
+
 class Mistral(ToolFormat):
     name, start = "mistral", "[TOOL_CALLS]"
 
@@ -133,8 +165,9 @@ class Mistral(ToolFormat):
     def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
         calls = []
         for part in filter(str.strip, region.split(self.start)):
-            if "[ARGS]" in part:  # the newer spelling: name[ARGS]{...}
+            if "[ARGS]" in part:  # the newer spelling: name[ARGS]{...} (or [CALL_ID]id[ARGS])
                 name, _, args = part.partition("[ARGS]")
+                name = name.partition("[CALL_ID]")[0]
                 call = parse_call({"name": name.strip(), "arguments": json_value(args)})
                 found = [call] if call is not None else None
             else:
@@ -167,6 +200,10 @@ class Qwen3Coder(ToolFormat):
     _pad = "\n"  # around each value
     _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
     _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+
+    @property
+    def starts(self):  # (a model may leave out the <tool_call> its template writes)
+        return (self.start, "<function=")
 
     def parser(self, tools, id_prefix):
         return WholeCallsParser(self, tools, id_prefix)
@@ -232,7 +269,7 @@ class SeedOSS(Qwen3Coder):
 FORMATS = {f.name: f for f in (ToolFormat, Llama3Json, Mistral, Qwen3Coder, Harmony,
                                 DeepSeekV3, DeepSeekDSML, KimiK2, GLM45, CommandR7B,
                                 CommandR, Gemma4, MiniMaxM2, MiniMaxM3, KimiK3,
-                                SeedOSS, MiniCPM5, PythonCalls, Nemotron)}  # fmt: skip
+                                SeedOSS, MiniCPM5, PythonCalls, Nemotron, GigaChat)}  # fmt: skip
 
 
 def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
@@ -262,6 +299,10 @@ def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
             setting = "command_r"
         elif "<arg_key>" in source:
             setting = "glm45"
+        elif "<|function_call|>" in source:
+            setting = "gigachat"
+        elif "function call<|role_sep|>" in source:
+            return GigaChat(tokenizer, GigaChat.TURN)
         elif "<|tool_call_start|>" in source:
             setting = "lfm2"
         elif "<TOOLCALL>" in source:
