@@ -15,6 +15,7 @@ from tokenworks.serve.tool_format_base import (
     WholeCallsParser,
     json_value,
     marker_terminal,
+    ordered_arguments,
     value_rule,
 )
 from tokenworks.serve.tools import CLOSE, OPEN, Tool
@@ -281,14 +282,7 @@ class Gemma4(ToolFormat):
                 rules.append(f"v{i}_{j}: " + (f"{self._quote} {value_rule(schema)} {self._quote}"
                                               if string else value_rule(schema)))  # fmt: skip
                 pairs[k] = f'"{k}:" v{i}_{j}'
-            first = [pairs[k] for k in props if k in required]
-            rest = [pairs[k] for k in props if k not in required]
-            if first:
-                body = ' "," '.join(first) + "".join(f' ("," {r})?' for r in rest)
-            elif rest:
-                body = f"({rest[0]}" + "".join(f' ("," {r})?' for r in rest[1:]) + ")?"
-            else:
-                body = ""
+            body = ordered_arguments(pairs, required, '","')
             options.append(f'"call:{t.name}{{" {body} "}}"')
         return (f"start: {self._marker_rule} ({' | '.join(options)}) {self._end}\n"
                 + "\n".join(rules) + "\n")  # fmt: skip

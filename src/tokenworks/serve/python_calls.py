@@ -7,7 +7,13 @@ from __future__ import annotations
 import ast
 import json
 
-from tokenworks.serve.tool_format_base import ToolFormat, WholeCallsParser, marker_terminal
+from tokenworks.engine.request import JSON_OPTIONS, close_objects
+from tokenworks.serve.tool_format_base import (
+    ToolFormat,
+    WholeCallsParser,
+    marker_terminal,
+    ordered_arguments,
+)
 
 # JSON's spellings, which models write as often as Python's
 _NAMES = {"true": True, "false": False, "null": None, "True": True, "False": False, "None": None}
@@ -55,8 +61,6 @@ class PythonCalls(ToolFormat):
         """One call, its required arguments in declared order and then the optional ones,
         each value as JSON valid against its schema (which Python reads too, but for true,
         false and null, read here as literals)."""
-        from tokenworks.engine.request import JSON_OPTIONS, close_objects
-
         rules, options = [], []
         for i, t in enumerate(tools):
             props = t.parameters.get("properties", {})
@@ -66,11 +70,7 @@ class PythonCalls(ToolFormat):
                 value = close_objects(schema if isinstance(schema, dict) else {})
                 rules.append(f"v{i}_{j}: %json {json.dumps(value | {'x-guidance': JSON_OPTIONS})}")
                 pairs[k] = f'"{k}=" v{i}_{j}'
-            first = [pairs[k] for k in props if k in required]
-            rest = [pairs[k] for k in props if k not in required]
-            body = ' ", " '.join(first) + "".join(f' (", " {r})?' for r in rest)
-            if not first and rest:
-                body = f"({rest[0]}" + "".join(f' (", " {r})?' for r in rest[1:]) + ")?"
+            body = ordered_arguments(pairs, required, '", "')
             options.append(f'"{t.name}(" {body} ")"')
         start = f'start: {self._marker_rule} "[" ({" | ".join(options)}) "]" {self._end}'
         return "\n".join([start, *rules]) + "\n"

@@ -100,6 +100,19 @@ def value_rule(schema, stops: str = "<\\n") -> str:
     return f"%json {json.dumps(close_objects(schema) | {'x-guidance': JSON_OPTIONS})}"
 
 
+def ordered_arguments(pairs: dict[str, str], required: set, sep: str) -> str:
+    """The grammar of a call's arguments from each one's rule (by name, in declared order):
+    the required ones in order, then each optional one at most once, joined by the Lark
+    literal sep."""
+    first = [rule for k, rule in pairs.items() if k in required]
+    rest = [rule for k, rule in pairs.items() if k not in required]
+    if first:
+        return f" {sep} ".join(first) + "".join(f" ({sep} {r})?" for r in rest)
+    if rest:
+        return f"({rest[0]}" + "".join(f" ({sep} {r})?" for r in rest[1:]) + ")?"
+    return ""
+
+
 def json_value(text: str, default=None):
     try:
         return json.loads(text)
