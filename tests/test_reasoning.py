@@ -235,7 +235,7 @@ def test_the_markers_follow_the_chat_template():
 )
 def test_a_call_ends_thinking_that_is_never_closed(text, reasoning, answer):
     for size in range(1, len(text) + 1):
-        splitter = ReasoningSplitter(QWEN3, opened=True, call_start="<tool_call>")
+        splitter = ReasoningSplitter(QWEN3, opened=True, call_starts=("<tool_call>",))
         pieces = [text[i : i + size] for i in range(0, len(text), size)]
         events = [e for j, p in enumerate(pieces) for e in splitter.feed(p, j == len(pieces) - 1)]
         got = ("".join(v for k, v in events if k == "reasoning"),

@@ -35,7 +35,8 @@ TIME = Tool(
 )
 FORMATS = ["hermes", "llama3_json", "mistral", "qwen3_coder", "deepseek_v3", "deepseek_v32",
            "kimi_k2", "glm45", "command_r7b", "command_r", "gemma4", "minimax_m2", "minimax_m3",
-           "kimi_k3", "seed_oss", "minicpm5", "lfm2", "nemotron", "gigachat",
+           "kimi_k3", "seed_oss", "minicpm5", "lfm2", "nemotron", "gigachat", "apriel",
+           "apertus", "firefunction", "functionary_v31", "functionary_v32",
            "harmony"]  # fmt: skip
 SERVED = FORMATS[:-1]  # (harmony's are served under its own template: tests/test_harmony.py)
 
@@ -71,7 +72,8 @@ def test_calls_read_back_whole_and_streamed(name):
     want = [("call", n, a) for n, a in calls]
     assert read(fmt, [written]) == read(fmt, list(written)) == want
     if name != "llama3_json":  # (whose calls are the whole answer)
-        text = "Let me look.\n" + written
+        # (Functionary v3.2's text has a recipient too; its prompt wrote the first >>>)
+        text = ("all\n" if name == "functionary_v32" else "") + "Let me look.\n" + written
         assert read(fmt, list(text)) == [("text", "Let me look.\n"), *want]
     assert read(fmt, list("No call, just {text} [and] <tags>")) == [
         ("text", "No call, just {text} [and] <tags>")
@@ -110,6 +112,11 @@ def test_the_format_follows_the_chat_template():
     assert resolved("<tool_call>{{ name }}<arg_key>{{ k }}</arg_key>") == "glm45"
     dsml = tool_formats.resolve("auto", "{{ '<｜DSML｜tool_calls>' }}", None)
     assert (dsml.name, dsml.wrapper) == ("deepseek_v32", "tool_calls")
+    assert resolved("{{ '<|tools_prefix|>' }}") == "apertus"
+    assert resolved("{{ '<tool_calls>[' }}") == "apriel"
+    assert resolved("{{ ' functools[' }}") == "firefunction"
+    assert resolved("{{ '<function=' + name + '>' + args }}") == "functionary_v31"
+    assert resolved("{{ '>>>' + tool_call['function']['name'] }}") == "functionary_v32"
     assert resolved(None) == "hermes"
 
 

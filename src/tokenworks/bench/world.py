@@ -94,19 +94,23 @@ def templates(sources) -> dict:
     for path in tqdm(sorted((sources / "models" / "templates").glob("*.jinja")), "templates"):
         source = path.read_text(encoding="utf-8")
         row = {}
+        chat = ChatTemplate(source)
         for name, (messages, tools) in CONVERSATIONS.items():
+            given = special | chat.variables(tools)  # (the same time now for both)
             try:
                 theirs = render_jinja_template(
                     [messages], tools=tools, chat_template=source, add_generation_prompt=True,
-                    **special,
+                    **given,
                 )[0][0]
             except Exception:  # the template refuses the conversation
                 theirs = None
             try:
-                ours = ChatTemplate(source).render(messages, tools=tools, **special)
+                ours = chat.render(messages, tools=tools, **given)
             except ValueError:
                 ours = None
+            # ours only: transformers refuses what llama.cpp renders (tojson of a generator)
             row[name] = ("both refuse" if theirs is None and ours is None
+                         else "ours only" if theirs is None
                          else "equal" if ours == theirs else "differ")  # fmt: skip
         out[path.name] = row
     return out
@@ -157,6 +161,7 @@ def summary(results: dict) -> dict:
         "template_renders": len(renders),
         "template_renders_equal": renders.count("equal"),
         "template_renders_both_refuse": renders.count("both refuse"),
+        "template_renders_ours_only": renders.count("ours only"),
         "chat_templates": len(formats),
         "chat_templates_whole": sum(r["parsed"] == r["cases"] for r in formats),
         "chat_cases": sum(r["cases"] for r in formats),

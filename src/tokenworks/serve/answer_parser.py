@@ -37,7 +37,7 @@ def make_answer_parser(reasoning: Reasoning | None, opened: bool | None, fmt, to
     wrap = fmt.answer_markers + (fmt.stray_thinking if opened is not None else ())
     if not tools:
         return AnswerParser(reasoning, opened, answer_markers=wrap)
-    return AnswerParser(reasoning, opened, fmt.parser(tools, id_prefix), fmt.start, wrap)
+    return AnswerParser(reasoning, opened, fmt.parser(tools, id_prefix), fmt.starts, wrap)
 
 
 def skip_special(state, tools: list, skip_special_tokens: bool) -> bool:
@@ -57,14 +57,14 @@ class AnswerParser:
         reasoning: Reasoning | None = None,
         opened: bool | None = None,
         calls: ToolCallParser | None = None,
-        call_start: str | None = None,
+        call_starts: tuple[str, ...] = (),
         answer_markers: tuple[str, ...] = (),
     ):
         """opened: whether the output starts as thinking (None: this request does not think);
-        call_start: where a tool call begins, which ends thinking never closed;
+        call_starts: where a tool call may begin, which ends thinking never closed;
         answer_markers: markers the format wraps its answer's text in, taken out of it."""
         self._splitter = (
-            ReasoningSplitter(reasoning, opened, call_start)
+            ReasoningSplitter(reasoning, opened, call_starts)
             if reasoning is not None and opened is not None
             else None
         )

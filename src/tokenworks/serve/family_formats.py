@@ -145,8 +145,12 @@ class KimiK2(_SectionOfCalls):
     <|tool_call_argument_begin|>{...}<|tool_call_end|> ... <|tool_calls_section_end|>."""
 
     name, start = "kimi_k2", "<|tool_calls_section_begin|>"
-    _CALL = re.compile(r"<\|tool_call_begin\|>\s*(?:functions\.)?([^:<\s]+)(?::\d+)?\s*"
-                       r"<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>", re.S)  # fmt: skip
+    starts = (start, "<|tool_call_begin|>")  # (a model may leave out the section's markers)
+    _CALL = re.compile(  # (a call may end where the next begins, or at the end)
+        r"<\|tool_call_begin\|>\s*(?:functions\.)?([^:<\s]+)(?::\d+)?\s*"
+        r"<\|tool_call_argument_begin\|>(.*?)(?:<\|tool_call_end\|>|"
+        r"(?=<\|tool_call_begin\|>)|<\|tool_calls_section_end\|>|$)", re.S
+    )
     _MARKERS = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>",
                 "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<|tool_calls_section_end|>")
 

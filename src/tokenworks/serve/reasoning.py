@@ -28,6 +28,7 @@ THINK_MARKERS = (
     ("<|START_THINKING|>", "<|END_THINKING|>"), ("<seed:think>", "</seed:think>"),
     ("<|channel>thought", "<channel|>"), ("<mm:think>", "</mm:think>"),
 )  # fmt: skip
+APRIEL = ("Here are my reasoning steps:\n", "[BEGIN FINAL RESPONSE]")  # words, not markers
 # reasoning_effort -> thinking tokens at most (None: the model's own length)
 EFFORT_BUDGETS = {"none": 0, "minimal": 0, "low": 512, "medium": 2048, "high": None}
 
@@ -39,6 +40,7 @@ class Reasoning:
     open: str
     close: str
     always: bool = False  # the answer starts as thinking even where nothing opened it
+    keep_open: bool = False  # the opening is words of the thinking (Apriel's), kept in it
     budget: int | None = None  # the server's default (--reasoning-budget)
 
 
@@ -52,6 +54,8 @@ def resolve(parser: str, template_source: str | None, budget: int | None) -> Rea
         return Reasoning("<|channel|>analysis<|message|>", "<|end|>", budget=budget)
     if parser == "auto" and "'<|open|>' + tag" in source:  # Kimi K3's tags, built in Jinja
         return Reasoning("<|open|>think<|sep|>", "<|close|>think<|sep|>", budget=budget)
+    if parser == "auto" and APRIEL[1] in source:
+        return Reasoning(*APRIEL, keep_open=True, budget=budget)
     if parser == "auto":
         found = next(((o, c) for o, c in THINK_MARKERS if c in source), None)
         return Reasoning(*found, budget=budget) if found else None
@@ -88,7 +92,7 @@ def thinking(reasoning: Reasoning, tokenizer, prompt: str, budget: int | None) -
 
 def opened_by(reasoning: Reasoning, prompt: str) -> bool:
     """Whether the model's output starts as thinking after this prompt."""
-    return reasoning.always or prompt.rstrip().endswith(reasoning.open)
+    return reasoning.always or prompt.rstrip().endswith(reasoning.open.rstrip())
 
 
 class ReasoningSplitter:
@@ -97,15 +101,15 @@ class ReasoningSplitter:
     marker starts at its first non-blank character. Text that may be the start of a
     marker is held back until it is clear."""
 
-    def __init__(self, reasoning: Reasoning, opened: bool, call_start: str | None = None):
-        """call_start: where a tool call begins, which ends thinking that is never closed
-        (a model that goes from thinking straight to a call, as Qwen3.5's may); a call
-        the end marker follows is part of the thinking."""
+    def __init__(self, reasoning: Reasoning, opened: bool, call_starts: tuple[str, ...] = ()):
+        """call_starts: where a tool call may begin, which ends thinking that is never
+        closed (a model that goes from thinking straight to a call, as Qwen3.5's and Kimi
+        K2's may); a call the end marker follows is part of the thinking."""
         self.r = reasoning
-        self._call = call_start
+        self._calls = call_starts
         self._default = "thinking" if opened else "answer"
         self._phase = "before"
-        self._buf = ""
+        self._buf = reasoning.open if opened and reasoning.keep_open else ""
 
     def feed(self, text: str, finished: bool = False) -> list[tuple[str, str]]:
         self._buf += text
@@ -113,7 +117,8 @@ class ReasoningSplitter:
         if self._phase == "before":
             head = self._buf.lstrip()
             if head.startswith(self.r.open):
-                self._phase, self._buf = "thinking", head[len(self.r.open) :]
+                kept = 0 if self.r.keep_open else len(self.r.open)
+                self._phase, self._buf = "thinking", head[kept:]
             elif head.startswith(self.r.close):  # an empty thinking, its end alone (MiniMax M3)
                 self._phase, self._buf = "opening", head[len(self.r.close) :]
             elif (self.r.open.startswith(head) or self.r.close.startswith(head)) and not finished:
@@ -122,13 +127,14 @@ class ReasoningSplitter:
                 self._phase = self._default
         if self._phase == "thinking":
             j = self._buf.find(self.r.close)
-            k = self._buf.find(self._call) if self._call and j < 0 else -1
+            found = [i for i in map(self._buf.find, self._calls) if i >= 0] if j < 0 else []
+            k = min(found, default=-1)
             if k >= 0 and finished:  # never closed: the call ended the thinking
                 if k:
                     out.append(("reasoning", self._buf[:k]))
                 self._phase, self._buf = "answer", self._buf[k:]
             elif j < 0:  # (from a call on, held: the end marker may still close it)
-                ends = (self.r.close, self._call) if self._call else (self.r.close,)
+                ends = (self.r.close, *self._calls)
                 keep = 0 if finished else max(partial_suffix(self._buf, m) for m in ends)
                 cut = k if k >= 0 else len(self._buf) - keep
                 piece, self._buf = self._buf[:cut], self._buf[cut:]

@@ -36,6 +36,12 @@
     kimi_k3      <|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|><|open|>argument
                  key="KEY" type="number"<|sep|>1<|close|>argument<|sep|>...   (Kimi K3)
     command_r    Action:\n```json\n[{"tool_name": ..., "parameters": {...}}]\n```  (Command R+)
+    apriel       <tool_calls>[{"name": ..., "arguments": {...}}]</tool_calls>  (Apriel)
+    apertus      <|tools_prefix|>[{"NAME": {...}}]<|tools_suffix|>           (Apertus)
+    firefunction  functools[{"name": ..., "arguments": {...}}]               (Firefunction v2)
+    functionary_v31  <function=NAME>{...}</function>                       (Functionary v3.1)
+    functionary_v32  >>>NAME\n{...} per call, >>>all\n before text, the first >>> the
+                 prompt's (serve/functionary.py)                            (Functionary v3.2)
 
 `--tool-call-parser` (vLLM's flag) picks one; auto reads the chat template. Hermes calls
 stream their arguments as they are generated (serve/tools.py's ToolCallParser); the other
@@ -50,6 +56,7 @@ from __future__ import annotations
 import json
 import re
 
+from tokenworks.engine.request import JSON_OPTIONS, close_objects
 from tokenworks.serve.family_formats import (
     GLM45,
     CommandR,
@@ -60,6 +67,7 @@ from tokenworks.serve.family_formats import (
     Harmony,
     KimiK2,
 )
+from tokenworks.serve.functionary import FunctionaryV31, FunctionaryV32
 from tokenworks.serve.python_calls import PythonCalls
 from tokenworks.serve.tool_format_base import (
     ToolFormat,
@@ -71,10 +79,6 @@ from tokenworks.serve.tools import CLOSE, parse_call
 from tokenworks.serve.xml_formats import KimiK3, MiniCPM5, MiniMaxM2, MiniMaxM3
 
 __all__ = ["FORMATS", "TOOL_CALL_PARSERS", "ToolFormat", "resolve"]
-TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json", "mistral", "qwen3_coder", "harmony",
-                     "deepseek_v3", "deepseek_v32", "kimi_k2", "glm45", "command_r7b",
-                     "command_r", "gemma4", "minimax_m2", "minimax_m3", "kimi_k3",
-                     "seed_oss", "minicpm5", "lfm2", "nemotron", "gigachat")  # fmt: skip
 
 
 class Llama3Json(ToolFormat):
@@ -195,6 +199,54 @@ class Nemotron(Mistral):
         return super().parse(region.replace(self.end, ""), tools)
 
 
+class Apriel(Nemotron):
+    """Apriel's calls: the JSON list in <tool_calls> and </tool_calls>."""
+
+    name, start, end = "apriel", "<tool_calls>", "</tool_calls>"
+
+
+class Apertus(Nemotron):
+    """Apertus's calls: a JSON list of {NAME: {arguments}} objects between <|tools_prefix|>
+    and <|tools_suffix|>."""
+
+    name, start, end = "apertus", "<|tools_prefix|>", "<|tools_suffix|>"
+
+    def how_to_call(self) -> str:
+        return (f"To call functions, answer {self.start} followed by a JSON list of calls, each "
+                f'{{"<function name>": {{<arguments as JSON>}}}}, then {self.end}.')  # fmt: skip
+
+    def render_call(self, name, arguments):
+        return f"{self.start}{json.dumps([{name: arguments}])}{self.end}"
+
+    def _json_call(self, tools):
+        schemas = [
+            {"type": "object", "properties": {t.name: close_objects(t.parameters)},
+             "required": [t.name], "additionalProperties": False}
+            for t in tools
+        ]  # fmt: skip
+        schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+        return f"call: %json {json.dumps(schema | {'x-guidance': JSON_OPTIONS})}\n"
+
+    def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
+        calls = []
+        for part in filter(str.strip, region.replace(self.end, "").split(self.start)):
+            listed = json_value(part)
+            for obj in listed if isinstance(listed, list) else [listed]:
+                if not (isinstance(obj, dict) and len(obj) == 1):
+                    return None
+                ((name, args),) = obj.items()
+                if not isinstance(args, dict):
+                    return None
+                calls.append((name, args))
+        return calls or None
+
+
+class Firefunction(Mistral):
+    """Firefunction v2's calls: Mistral's JSON list after "functools"."""
+
+    name, start = "firefunction", "functools"
+
+
 class Qwen3Coder(ToolFormat):
     name, close = "qwen3_coder", CLOSE
     _pad = "\n"  # around each value
@@ -269,54 +321,40 @@ class SeedOSS(Qwen3Coder):
 FORMATS = {f.name: f for f in (ToolFormat, Llama3Json, Mistral, Qwen3Coder, Harmony,
                                 DeepSeekV3, DeepSeekDSML, KimiK2, GLM45, CommandR7B,
                                 CommandR, Gemma4, MiniMaxM2, MiniMaxM3, KimiK3,
-                                SeedOSS, MiniCPM5, PythonCalls, Nemotron, GigaChat)}  # fmt: skip
+                                SeedOSS, MiniCPM5, PythonCalls, Nemotron, GigaChat,
+                                Apriel, Apertus, Firefunction, FunctionaryV31,
+                                FunctionaryV32)}  # fmt: skip
+TOOL_CALL_PARSERS = ("auto", *FORMATS)  # --tool-call-parser's choices
+
+
+# what a chat template writes -> its format, the first that matches (any of its needles)
+_SIGNS = (
+    (("<|channel|>",), "harmony"), (("tool▁calls▁begin",), "deepseek_v3"),
+    (("<|tool_calls_section_begin|>",), "kimi_k2"), (("'<|open|>' + tag",), "kimi_k3"),
+    (("]<]minimax[>[",), "minimax_m3"), (("<minimax:tool_call>",), "minimax_m2"),
+    (("<|tool_call>",), "gemma4"), (("<|START_ACTION|>",), "command_r7b"),
+    (("Action:\\n```json",), "command_r"), (("<arg_key>",), "glm45"),
+    (("<|function_call|>",), "gigachat"), (("<|tool_call_start|>",), "lfm2"),
+    (("<TOOLCALL>",), "nemotron"), (('<param name="',), "minicpm5"),
+    (("<seed:tool_call>",), "seed_oss"), (("<|tools_prefix|>",), "apertus"),
+    (("<tool_calls>",), "apriel"), ((" functools[",), "firefunction"),
+    (("'>>>' + tool_call",), "functionary_v32"),
+    (("<parameter=", "<tool_call>\n<function="), "qwen3_coder"),
+    (("<function=",), "functionary_v31"), (("[TOOL_CALLS]",), "mistral"),
+    (("<|python_tag|>", "ipython"), "llama3_json"),
+)  # fmt: skip
 
 
 def resolve(setting: str, template_source: str | None, tokenizer) -> ToolFormat:
     """The format under --tool-call-parser; auto: the one the chat template writes."""
     if setting == "auto":
         source = template_source or ""
-        if "<|channel|>" in source:
-            setting = "harmony"
-        elif "｜DSML｜" in source:
+        if "｜DSML｜" in source:
             wrapper = "tool_calls" if "｜DSML｜tool_calls" in source else "function_calls"
             return DeepSeekDSML(tokenizer, wrapper)
-        elif "tool▁calls▁begin" in source:
-            setting = "deepseek_v3"
-        elif "<|tool_calls_section_begin|>" in source:
-            setting = "kimi_k2"
-        elif "'<|open|>' + tag" in source:
-            setting = "kimi_k3"
-        elif "]<]minimax[>[" in source:
-            setting = "minimax_m3"
-        elif "<minimax:tool_call>" in source:
-            setting = "minimax_m2"
-        elif "<|tool_call>" in source:
-            setting = "gemma4"
-        elif "<|START_ACTION|>" in source:
-            setting = "command_r7b"
-        elif "Action:\\n```json" in source:
-            setting = "command_r"
-        elif "<arg_key>" in source:
-            setting = "glm45"
-        elif "<|function_call|>" in source:
-            setting = "gigachat"
-        elif "function call<|role_sep|>" in source:
-            return GigaChat(tokenizer, GigaChat.TURN)
-        elif "<|tool_call_start|>" in source:
-            setting = "lfm2"
-        elif "<TOOLCALL>" in source:
-            setting = "nemotron"
-        elif '<param name="' in source:
-            setting = "minicpm5"
-        elif "<seed:tool_call>" in source:
-            setting = "seed_oss"
-        elif "<function=" in source:
-            setting = "qwen3_coder"
-        elif "[TOOL_CALLS]" in source:
-            setting = "mistral"
-        elif "<|python_tag|>" in source or "ipython" in source:
-            setting = "llama3_json"
-        else:
-            setting = "hermes"
+        turn = "function call<|role_sep|>" in source or "'role': 'function call'" in source
+        if turn and "<|function_call|>" not in source:
+            return GigaChat(tokenizer, GigaChat.TURN)  # GigaChat 3's turn of its own
+        signs = (name for needles, name in _SIGNS if any(n in source for n in needles))
+        setting = next(signs, "hermes")
     return FORMATS[setting](tokenizer)

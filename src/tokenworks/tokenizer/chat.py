@@ -5,15 +5,18 @@ ImmutableSandboxedEnvironment (no attribute access to Python internals, no mutat
 the messages we pass in). The helpers templates expect in the wild (`raise_exception`,
 `tojson`, `strftime_now`, the `{% generation %}` tag that marks what the assistant wrote for
 training masks) are provided the way transformers provides them, and a message's reasoning
-is there under each name templates read it by, as transformers passes it.
+is there under each name templates read it by, as transformers passes it. A template that
+names `functions` or `datetime` without setting them (Firefunction's) gets them as
+llama.cpp gives them: the tools as JSON, and the time now.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import datetime
 
-from jinja2 import TemplateError, Undefined, nodes
+from jinja2 import TemplateError, Undefined, meta, nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -31,7 +34,15 @@ def _raise(message: str):
 
 
 def _tojson(value, indent=None, ensure_ascii=False, sort_keys=False):
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys,
+                      default=_listed)  # fmt: skip
+
+
+def _listed(value):
+    """A filter's generator (`tools | map(...)`) as the list it yields."""
+    if isinstance(value, Iterator):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 class _GenerationTag(Extension):
@@ -72,6 +83,7 @@ class ChatTemplate:
         self.source = source
         self.template = env.from_string(source)
         self._tokenizer = tokenizer
+        self._names = meta.find_undeclared_variables(env.parse(source))
 
     def _special(self, token_id: int | None) -> str:
         if token_id is None or self._tokenizer is None:  # (a template read without its model)
@@ -87,6 +99,13 @@ class ChatTemplate:
             "eos_token": self._special(eos[0] if eos else None),
         }
 
+    def variables(self, tools: list | None = None) -> dict[str, str]:
+        """What the template is given beyond the messages, the tools and the special tokens,
+        where it names them: `functions` and `datetime`."""
+        given = {"functions": lambda: json.dumps(tools or [], indent=2),
+                 "datetime": lambda: datetime.now().strftime("%b %d %Y %H:%M:%S GMT")}  # fmt: skip
+        return {name: value() for name, value in given.items() if name in self._names}
+
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
         validate_messages(messages)
         if "enable_thinking" in kwargs:  # DeepSeek V3.1's and Kimi K3's name for it, too
@@ -95,7 +114,7 @@ class ChatTemplate:
             return self.template.render(
                 messages=_with_reasoning_names(messages),
                 add_generation_prompt=add_generation_prompt,
-                **self.special_tokens() | kwargs,
+                **self.special_tokens() | self.variables(kwargs.get("tools")) | kwargs,
             )
         except ChatTemplateError:
             raise
