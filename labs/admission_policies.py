@@ -181,7 +181,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results")
-    args = parse_lab_args(ap, fast=dict(requests=6, loads="1.5", estimates="1", sim_requests=2000,
+    args = parse_lab_args(ap, fast=dict(requests=3, loads="1.5", estimates="1", sim_requests=2000,
                                         repeats=1))  # fmt: skip
     checked = theory(4 * args.sim_requests)
     for name, v in checked.items():

@@ -239,9 +239,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128, help="tokens each fast reader streams")
     ap.add_argument("--slow-tokens", type=int, default=1024, help="tokens the slow reader asks")
     ap.add_argument("--slow-seconds", type=float, default=12.0, help="before it hangs up")
+    ap.add_argument("--policies", default=",".join(POLICIES), help="the stream policies run")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results")
-    args = parse_lab_args(ap, fast=dict(streams=4, tokens=8, slow_tokens=64, slow_seconds=2.0))
+    args = parse_lab_args(ap, fast=dict(streams=4, tokens=8, slow_tokens=64, slow_seconds=2.0,
+                                        policies="buffer_all,socket_8k_stall_2s"))  # fmt: skip
+    if unknown := set(args.policies.split(",")) - set(POLICIES):
+        ap.error(f"--policies: {', '.join(sorted(unknown))} unknown; known: {', '.join(POLICIES)}")
+    chosen = {name: POLICIES[name] for name in args.policies.split(",")}
     logs = Path(tempfile.mkdtemp(prefix="many-streams-"))
     base = [
         "--model",
@@ -253,7 +258,7 @@ def main() -> None:
     ]
     policies = {}
     overlap = gone_client = None
-    for name, flags in tqdm(POLICIES.items(), desc="policies", unit="policy"):
+    for name, flags in tqdm(chosen.items(), desc="policies", unit="policy"):
         with running_server(
             tokenworks_server(base + flags, "lab"), {}, logs / f"{name}.log"
         ) as url:
@@ -295,7 +300,7 @@ def main() -> None:
             "model": args.model,
             "threads": args.threads,
             "max_num_seqs": args.streams + 1,
-            "policies": POLICIES,
+            "policies": chosen,
         },
         model={"id": args.model},
         workload={

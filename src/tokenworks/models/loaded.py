@@ -3,7 +3,7 @@ tokenizer and chat template come from, and the file it came from."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tokenworks.models.spec import ModelSpec
@@ -27,3 +27,6 @@ class LoadedModel:
     file_sha256: str | None  # of the weights file, where there is one file
     file_path: str
     gguf_index: GGUFIndex | None = None  # a GGUF's tensor table (models/converted.py)
+    # the tokenizer built from a GGUF's vocabulary, with the fields it was built from, so
+    # the engines over one load build it once (Gemma's 262k pieces take seconds)
+    built_tokenizer: tuple | None = field(default=None, repr=False, compare=False)

@@ -38,7 +38,11 @@ class TokenizerWrapper:
         src = loaded.tokenizer_source
         if src.get("kind") == "gguf":
             f = src["fields"]
-            tk = tokenizer_from_gguf_fields(f, loaded.spec.arch)
+            built = loaded.built_tokenizer  # (a tokenizer is never changed once built)
+            if built is None or built[0] is not f:
+                built = (f, tokenizer_from_gguf_fields(f, loaded.spec.arch))
+                loaded.built_tokenizer = built
+            tk = built[1]
             add_bos = bool(f.get("tokenizer.ggml.add_bos_token", False))
         elif src.get("kind") == "object":
             tk, add_bos = src["tokenizer"], False
