@@ -33,7 +33,7 @@ WHOLE = (
     "meetkai-functionary-medium-v3.1.jinja", "meetkai-functionary-medium-v3.2.jinja",
     "meta-llama-Llama-3.1-8B-Instruct.jinja", "meta-llama-Llama-3.2-3B-Instruct.jinja",
     "meta-llama-Llama-3.3-70B-Instruct.jinja", "mistralai-Ministral-3-14B-Reasoning-2512.jinja",
-    "mistralai-Mistral-Nemo-Instruct-2407.jinja", "moonshotai-Kimi-K2.jinja",
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja", "moonshotai-Kimi-K2.jinja", "muse-glimmer.jinja",
     "openai-gpt-oss-120b.jinja", "openbmb-MiniCPM5-1B.jinja", "unsloth-Apriel-1.5.jinja",
     "unsloth-mistral-Devstral-Small-2507.jinja",
 )  # fmt: skip

@@ -36,7 +36,7 @@ TIME = Tool(
 FORMATS = ["hermes", "llama3_json", "mistral", "qwen3_coder", "deepseek_v3", "deepseek_v32",
            "kimi_k2", "glm45", "command_r7b", "command_r", "gemma4", "minimax_m2", "minimax_m3",
            "kimi_k3", "seed_oss", "minicpm5", "lfm2", "nemotron", "gigachat", "apriel",
-           "apertus", "firefunction", "functionary_v31", "functionary_v32",
+           "apertus", "firefunction", "functionary_v31", "functionary_v32", "atem",
            "harmony"]  # fmt: skip
 SERVED = FORMATS[:-1]  # (harmony's are served under its own template: tests/test_harmony.py)
 
@@ -117,6 +117,7 @@ def test_the_format_follows_the_chat_template():
     assert resolved("{{ ' functools[' }}") == "firefunction"
     assert resolved("{{ '<function=' + name + '>' + args }}") == "functionary_v31"
     assert resolved("{{ '>>>' + tool_call['function']['name'] }}") == "functionary_v32"
+    assert resolved("{{- '<atem:function_calls>\\n<atem:invoke name=\"' -}}") == "atem"
     assert resolved(None) == "hermes"
 
 
@@ -153,9 +154,9 @@ OPENAI_TOOLS = [
 
 
 def _room(server) -> int:
-    """Tokens a forced call needs: DeepSeek's, Kimi's and MiniMax M3's markers are many
-    tokens in this vocabulary."""
-    return 200 if server.format.startswith(("deepseek", "kimi", "minimax_m3")) else 60
+    """Tokens a forced call needs: DeepSeek's, Kimi's, MiniMax M3's and ATEM's markers are
+    many tokens in this vocabulary."""
+    return 200 if server.format.startswith(("deepseek", "kimi", "minimax_m3", "atem")) else 60
 
 
 def test_each_format_round_trips_through_the_openai_sdk(format_server):

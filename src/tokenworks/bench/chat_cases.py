@@ -6,7 +6,8 @@ Each `peg_tester("models/templates/NAME.jinja")` block holds statements like
     tst.test("<tool_call>\\n{...}</tool_call>").tools({ special_function_tool })
         .reasoning_format(COMMON_REASONING_FORMAT_AUTO).expect(message_assist_call).run();
 
-read here from the C++ text: string literals (adjacent ones joined, raw R"(...)" ones too),
+read here from the C++ text: string literals (adjacent ones joined, raw R"(...)" ones too,
+and the block's `const std::string` constants added to them with "+"),
 the tools by their static definitions, the expected message by its `simple_assist_msg(...)`
 definition or the statement's own expect_content / expect_reasoning / expect_tool_calls.
 Cases that continue a prefilled message, take a JSON schema or a forced tool choice, or
@@ -84,6 +85,33 @@ def _literals(text: str, i: int) -> tuple[str, int] | None:
         parts.append(more[0])
         i = more[1]
     return "".join(parts), i
+
+
+def _expression(text: str, i: int, constants: dict[str, str]) -> tuple[str, int] | None:
+    """A string expression at text[i:]: literals and the block's string constants joined
+    by "+" ("I think.\\n" + get_time_call), and where it ends."""
+    parts = []
+    while True:
+        found = _literals(text, i)
+        if found is None:
+            name = re.match(r"\s*(\w+)", text[i:])
+            if name is None or name.group(1) not in constants:
+                return None
+            found = constants[name.group(1)], i + name.end()
+        parts.append(found[0])
+        plus = re.match(r"\s*\+", text[found[1] :])
+        if plus is None:
+            return "".join(parts), found[1]
+        i = found[1] + plus.end()
+
+
+def _constants(body: str) -> dict[str, str]:
+    """A block's `const std::string NAME = ...;` values, each read with those before it."""
+    found: dict[str, str] = {}
+    for m in re.finditer(r"const std::string (\w+)\s*=", body):
+        if (value := _expression(body, m.end(), found)) is not None:
+            found[m.group(1)] = value[0]
+    return found
 
 
 def _call_args(text: str, start: int, pair: str = "()") -> str:
@@ -208,23 +236,25 @@ def read_cases(sources: Path) -> list[ChatCase]:
     for k, block in enumerate(blocks):
         end = blocks[k + 1].start() if k + 1 < len(blocks) else len(source)
         body = source[block.end() : end]
+        constants = _constants(body)
         for stmt in re.finditer(r"\btst\.test\(", body):
             # (a chain may break its lines after the dot: `).\n    run();`)
             stop = re.compile(r"\)\s*\.\s*run\(\);").search(body, stmt.end())
             if stop is None:
                 continue
             text = re.sub(r"\)\.\s*\n\s*", ").", body[stmt.end() - 1 : stop.start() + 1])
-            case = _case(block.group(1), text, tools, messages)
+            case = _case(block.group(1), text, tools, messages, constants)
             if case is not None:
                 case.line = source.count("\n", 0, block.end() + stmt.start()) + 1
                 cases.append(case)
     return cases
 
 
-def _case(template: str, text: str, tools: dict, messages: dict) -> ChatCase | None:
+def _case(template: str, text: str, tools: dict, messages: dict,
+          constants: dict[str, str]) -> ChatCase | None:  # fmt: skip
     if any(s in text for s in _SKIPPED) or ".is_partial(true)" in text:
         return None
-    output = _literals(text, 1)
+    output = _expression(text, 1, constants)
     if output is None:
         return None
     output, after = output
@@ -253,7 +283,10 @@ def _case(template: str, text: str, tools: dict, messages: dict) -> ChatCase | N
     for what in ("content", "reasoning"):
         at = chain.find(f".expect_{what}(")
         if at >= 0:
-            value = _literals(chain, at + len(f".expect_{what}("))[0]
+            found = _expression(chain, at + len(f".expect_{what}("), constants)
+            if found is None:
+                return None
+            value = found[0]
             content, reasoning = (value, reasoning) if what == "content" else (content, value)
     at = chain.find(".expect_tool_calls(")
     if at >= 0:

@@ -23,7 +23,7 @@ from tokenworks.serve.tools import ToolCall, new_call_id, partial_suffix
 
 MESSAGE, CHANNEL, START, CONSTRAIN = "<|message|>", "<|channel|>", "<|start|>", "<|constrain|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
-_RECIPIENT = re.compile(r"to=([^\s<]+)")
+RECIPIENT = re.compile(r"to=([^\s<]+)")
 _CHANNEL = re.compile(re.escape(CHANNEL) + r"\s*(\w+)")
 _HEADER_START = re.compile("|".join(map(re.escape, (CHANNEL, START, " to="))))
 
@@ -31,6 +31,8 @@ _HEADER_START = re.compile("|".join(map(re.escape, (CHANNEL, START, " to="))))
 class HarmonyParser:
     """The ToolCallParser interface over a harmony answer: feed(text) -> events
     ("reasoning", str), ("text", str) and the call events; finish() at the end."""
+
+    ENDS = ENDS  # what ends a message
 
     def __init__(self, id_prefix: str = "call_", reasoning: bool = True):
         self._prefix, self._reasoning = id_prefix, reasoning
@@ -52,9 +54,9 @@ class HarmonyParser:
                 self._buf = self._buf[i + len(MESSAGE) :]
                 if self._kind == "raw":
                     events.append(("text", self._header + MESSAGE))
-            end = min(((self._buf.find(e), e) for e in ENDS if e in self._buf), default=None)
+            end = min(((self._buf.find(e), e) for e in self.ENDS if e in self._buf), default=None)
             if end is None:
-                keep = max(partial_suffix(self._buf, e) for e in ENDS)
+                keep = max(partial_suffix(self._buf, e) for e in self.ENDS)
                 cut = len(self._buf) - keep
                 piece, self._buf = self._buf[:cut], self._buf[cut:]
                 events += self._body(piece)
@@ -92,7 +94,7 @@ class HarmonyParser:
     def _open(self, header: str) -> None:
         header = header.replace(START, "")
         channel = _CHANNEL.findall(header)
-        recipient = _RECIPIENT.search(header)
+        recipient = RECIPIENT.search(header)
         to = recipient.group(1) if recipient else None
         channel = channel[-1] if channel else "final"
         self._header, self._in_body, self._args = header.strip(), True, ""
@@ -106,6 +108,13 @@ class HarmonyParser:
             self._kind = "text"
         if self._kind == "raw":  # as the model wrote it, less the role
             self._header = CHANNEL + header.split(CHANNEL, 1)[-1] if CHANNEL in header else header
+
+    def _arguments(self, body: str) -> str | None:
+        """A call's arguments as JSON text, from its message's body."""
+        try:
+            return json.dumps(json.loads(body))
+        except json.JSONDecodeError:
+            return body.strip()
 
     def _body(self, piece: str) -> list[tuple[str, object]]:
         if not piece:
@@ -121,10 +130,9 @@ class HarmonyParser:
         self._in_body = False
         if self._kind != "call":
             return []
-        try:
-            arguments = json.dumps(json.loads(self._args))
-        except json.JSONDecodeError:
-            arguments = self._args.strip()
+        arguments = self._arguments(self._args)
+        if arguments is None:  # not a call's body after all: as the model wrote it
+            return [("text", self._header + MESSAGE + self._args)]
         call = ToolCall(new_call_id(self._prefix), self._name, arguments)
         self.calls.append(call)
         return [("call_start", call), ("call_args", call.arguments), ("call_end", call)]

@@ -52,6 +52,8 @@ def resolve(parser: str, template_source: str | None, budget: int | None) -> Rea
     source = template_source or ""
     if parser == "auto" and "<|channel|>" in source:
         return Reasoning("<|channel|>analysis<|message|>", "<|end|>", budget=budget)
+    if parser == "auto" and "to=self<|message|>" in source:  # Muse Glimmer's message to self
+        return Reasoning(" to=self<|message|>", "<|eom|>", budget=budget)
     if parser == "auto" and "'<|open|>' + tag" in source:  # Kimi K3's tags, built in Jinja
         return Reasoning("<|open|>think<|sep|>", "<|close|>think<|sep|>", budget=budget)
     if parser == "auto" and APRIEL[1] in source:

@@ -42,6 +42,9 @@
     functionary_v31  <function=NAME>{...}</function>                       (Functionary v3.1)
     functionary_v32  >>>NAME\n{...} per call, >>>all\n before text, the first >>> the
                  prompt's (serve/functionary.py)                            (Functionary v3.2)
+    atem         <|start|>assistant to=NAME<|message|><atem:function_calls><atem:invoke
+                 name="NAME"><atem:parameter name="KEY">...; to=self thinks, to=user
+                 answers (serve/atem.py)                                    (Muse Glimmer)
 
 `--tool-call-parser` (vLLM's flag) picks one; auto reads the chat template. Hermes calls
 stream their arguments as they are generated (serve/tools.py's ToolCallParser); the other
@@ -57,6 +60,7 @@ import json
 import re
 
 from tokenworks.engine.request import JSON_OPTIONS, close_objects
+from tokenworks.serve.atem import Atem
 from tokenworks.serve.family_formats import (
     GLM45,
     CommandR,
@@ -323,13 +327,14 @@ FORMATS = {f.name: f for f in (ToolFormat, Llama3Json, Mistral, Qwen3Coder, Harm
                                 CommandR, Gemma4, MiniMaxM2, MiniMaxM3, KimiK3,
                                 SeedOSS, MiniCPM5, PythonCalls, Nemotron, GigaChat,
                                 Apriel, Apertus, Firefunction, FunctionaryV31,
-                                FunctionaryV32)}  # fmt: skip
+                                FunctionaryV32, Atem)}  # fmt: skip
 TOOL_CALL_PARSERS = ("auto", *FORMATS)  # --tool-call-parser's choices
 
 
 # what a chat template writes -> its format, the first that matches (any of its needles)
 _SIGNS = (
-    (("<|channel|>",), "harmony"), (("tool▁calls▁begin",), "deepseek_v3"),
+    (("<|channel|>",), "harmony"), (("<atem:function_calls>",), "atem"),
+    (("tool▁calls▁begin",), "deepseek_v3"),
     (("<|tool_calls_section_begin|>",), "kimi_k2"), (("'<|open|>' + tag",), "kimi_k3"),
     (("]<]minimax[>[",), "minimax_m3"), (("<minimax:tool_call>",), "minimax_m2"),
     (("<|tool_call>",), "gemma4"), (("<|START_ACTION|>",), "command_r7b"),

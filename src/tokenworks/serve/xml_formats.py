@@ -127,8 +127,11 @@ class MiniMaxM2(ToolFormat):
                 pair = self._pair(k, f"v{i}_{j}")
                 parts.append(pair if k in required else f"({pair})?")
             options.append(self._invoke(t.name, " ".join(parts)))
-        start = f"start: {self._marker_rule} ({' | '.join(options)}) {self._end}"
-        return "\n".join([start, *rules]) + "\n"
+        return "\n".join([f"start: {self._around(' | '.join(options))}", *rules]) + "\n"
+
+    def _around(self, options: str) -> str:
+        """The grammar of the calls' section around the options of one call."""
+        return f"{self._marker_rule} ({options}) {self._end}"
 
     def _bare(self, text: str) -> str:
         return text
