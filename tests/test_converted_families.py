@@ -1,7 +1,9 @@
 """GGUF files as llama.cpp's own converter writes them today: a random-weight transformers
 model of each family, with a real vocabulary, converted by the pinned sources'
 convert_hf_to_gguf.py in float32, loaded by tokenworks and held to transformers' greedy
-tokens and logits.
+tokens and logits; and again in Q8_0 as the converter quantises it, held to the f32 file's
+values within the format's step. (Greedy tokens are no oracle for a quantised file of
+random weights: their logits are close enough that a step's rounding reorders them.)
 
 The configs are test_architectures' with what real checkpoints' config.json carry where
 the converter reads it: DeepSeek V3's `scoring_func` (without it the file says softmax
@@ -202,6 +204,28 @@ def converted(llama_cpp_sources, tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="module")
+def quantised(converted, llama_cpp_sources, tmp_path_factory):
+    """name -> the f32 file and the Q8_0 one llama.cpp's converter writes of the same model
+    (`--outtype q8_0`, gguf-py's quantiser, the C one's equal)."""
+
+    def make(name):
+        f32 = converted(name)[1]
+        q8 = f32.with_name("model-q8_0.gguf")
+        if not q8.exists():
+            scratch = tmp_path_factory.mktemp(f"{name}-q8") / "m.gguf"
+            out = subprocess.run(
+                [sys.executable, str(llama_cpp_sources / "convert_hf_to_gguf.py"),
+                 str(f32.parent / "hf"), "--outtype", "q8_0", "--outfile", str(scratch)],
+                capture_output=True, text=True,
+            )  # fmt: skip
+            assert out.returncode == 0, out.stderr[-2000:]
+            scratch.rename(q8)
+        return f32, q8
+
+    return make
+
+
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_a_converted_file_runs_as_transformers_runs_the_model(converted, name):
     hf, path = converted(name)
@@ -223,3 +247,27 @@ def test_a_converted_file_runs_as_transformers_runs_the_model(converted, name):
     with torch.no_grad():
         ours = model(torch.tensor(prompt), torch.arange(n), AttentionMetadata.single(n))
     assert (ours - logits).abs().max().item() < 1e-4, name
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_a_q8_0_file_from_the_converter_holds_its_blocks_values(quantised, name):
+    """Each weight the Q8_0 file holds is the f32 file's within about half a quantisation
+    step (a block's largest value / 127, the step itself stored in f16: 127 steps of its
+    rounding more), norms and other vectors exactly (the converter keeps them in f32); and
+    the file generates through the engine's own kernels."""
+    f32, q8 = quantised(name)
+    weights = {}
+    for path in (f32, q8):
+        loaded = load(str(path))
+        model = build_model(loaded.spec, loaded.weights, torch.float32, "cpu")
+        weights[path] = model.state_dict()
+    exact, blocked = weights[f32], weights[q8]
+    assert exact.keys() == blocked.keys(), name
+    for key, w in exact.items():
+        step = w.abs().max().item() / 127
+        err = (blocked[key] - w).abs().max().item()
+        assert err <= (0 if w.dim() == 1 else 0.6 * step), (name, key, err, step)
+    llm = LLM(str(q8), warmup=False, block_size=4)
+    greedy = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    out = llm.generate([llm.tokenizer.encode(PROMPT)], greedy, use_tqdm=False)[0].outputs[0]
+    assert (len(out.token_ids), out.finish_reason) == (4, "length"), name

@@ -18,7 +18,7 @@ from tokenworks.serve.tool_format_base import (
     ordered_arguments,
     value_rule,
 )
-from tokenworks.serve.tools import CLOSE, OPEN, Tool
+from tokenworks.serve.tools import CLOSE, OPEN, Tool, parse_call
 
 
 class _SectionOfCalls(ToolFormat, ABC):
@@ -51,13 +51,16 @@ class _SectionOfCalls(ToolFormat, ABC):
 class DeepSeekV3(_SectionOfCalls):
     """DeepSeek R1's and V3's calls: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function
     <｜tool▁sep｜>NAME, then the arguments in a ```json block (R1, V3), or NAME<｜tool▁sep｜>
-    and the arguments bare (V3.1); each call ended by <｜tool▁call▁end｜>."""
+    and the arguments bare (V3.1); each call ended by <｜tool▁call▁end｜>. Hermes's
+    <tool_call> blocks are read too (R1's Qwen distills write them)."""
 
     name, start = "deepseek_v3", "<｜tool▁calls▁begin｜>"
     _CALL = re.compile(
         r"<｜tool▁call▁begin｜>\s*(?:function\s*<｜tool▁sep｜>\s*([^\n`<]+?)\s*```(?:json)?\s*"
         r"(.*?)\s*```|([^<]+?)\s*<｜tool▁sep｜>\s*(.*?))\s*<｜tool▁call▁end｜>", re.S
     )
+    starts = (start, OPEN)
+    _HERMES = re.compile(re.escape(OPEN) + r"\s*(.*?)\s*" + re.escape(CLOSE), re.S)
     _MARKERS = ("<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
                 "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>")  # fmt: skip
 
@@ -78,6 +81,9 @@ class DeepSeekV3(_SectionOfCalls):
             if not isinstance(args, dict):
                 return None
             calls.append((name, args))
+        if not calls:  # R1's Qwen distills may write Qwen's own calls
+            calls = [parse_call(json_value(body)) for body in self._HERMES.findall(region)]
+            calls = calls if None not in calls else []
         return calls or None
 
 
