@@ -56,3 +56,35 @@ def test_one_loop_steps_the_engine():
             ):
                 callers.append(f"{path.relative_to(root)}:{node.lineno}")
     assert not callers, f"step these through an EngineLoop: {callers}"
+
+
+MAX_POSITIONAL_FIELDS = 6  # a record built by position past this swaps fields silently
+
+
+def _records() -> set[str]:
+    """The names of src's dataclasses and msgspec Structs."""
+    names = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            marks = [ast.unparse(d) for d in node.decorator_list]
+            bases = [ast.unparse(b) for b in node.bases]
+            if any(m.startswith("dataclass") for m in marks) or any(
+                b.split(".")[-1] == "Struct" for b in bases
+            ):
+                names.add(node.name)
+    return names
+
+
+def test_records_are_built_by_keyword():
+    records, found = _records(), []
+    assert {"EngineGauges", "Ready", "RequestMetrics"} <= records
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+            if name in records and len(node.args) > MAX_POSITIONAL_FIELDS:
+                found.append(f"{path.relative_to(SRC)}:{node.lineno} {name}")
+    assert not found, found

@@ -74,10 +74,11 @@ class EngineCore:
     def ready(self) -> m.Ready:
         e, adm = self.engine, self.engine.admission
         return m.Ready(
-            os.getpid(), e.loaded.model_id, e.describe(), adm.vocab_size, adm.context,
-            adm.context_source, adm.num_blocks, adm.block_size,
-            [(list(g.layers), g.window) for g in adm.layout.groups], adm.layout.size,
-            adm.chunk,
+            pid=os.getpid(), model_id=e.loaded.model_id, describe=e.describe(),
+            vocab_size=adm.vocab_size, max_model_len=adm.context, context_source=adm.context_source,
+            num_blocks=adm.num_blocks, block_size=adm.block_size,
+            kv_groups=[(list(g.layers), g.window) for g in adm.layout.groups],
+            kv_group_size=adm.layout.size, prompt_pass=adm.chunk,
         )  # fmt: skip
 
     def send(self, message) -> None:

@@ -62,14 +62,14 @@ class RequestText:
             return None, stops
         return (
             RequestUpdate(
-                update.request_id,
-                deltas,
-                finished,
-                update.prompt_tokens,
-                update.cached_tokens,
-                self._prompt_logprobs(update.prompt_logprobs),
-                update.embedding,
-                update.kv_blocks,
+                request_id=update.request_id,
+                deltas=deltas,
+                finished=finished,
+                prompt_tokens=update.prompt_tokens,
+                cached_tokens=update.cached_tokens,
+                prompt_logprobs=self._prompt_logprobs(update.prompt_logprobs),
+                embedding=update.embedding,
+                kv_blocks=update.kv_blocks,
             ),
             stops,
         )
@@ -123,6 +123,7 @@ class RequestText:
         logprobs = out.logprobs[had:] if out.logprobs is not None else None
         text = out.take_stream_text(reason is not None)
         delta = CompletionDelta(
-            d.index, text, token_ids, logprobs, reason, stop_reason, d.reasoning_tokens
+            index=d.index, text=text, token_ids=token_ids, logprobs=logprobs, finish_reason=reason,
+            stop_reason=stop_reason, reasoning_tokens=d.reasoning_tokens,
         )
         return delta, stop

@@ -162,13 +162,13 @@ class LLMEngine:
         if config.kv_offload_gib:  # evicted cached blocks go to host memory, not away
             self.blocks.host = HostTier(self.pool, int(config.kv_offload_gib * GiB))
         self.admission = Admission(
-            self.spec.vocab_size,
-            self.max_model_len,
-            self._context_source(),
-            num_blocks,
-            bs,
-            self.kv_layout,
-            self._prompt_pass(),
+            vocab_size=self.spec.vocab_size,
+            context=self.max_model_len,
+            context_source=self._context_source(),
+            num_blocks=num_blocks,
+            block_size=bs,
+            layout=self.kv_layout,
+            chunk=self._prompt_pass(),
         )
         self.scheduler = Scheduler(config, self.blocks, fixed_chunks=self.invariance == "torch")
         # speculative decoding, checked against the target now rather than at a request

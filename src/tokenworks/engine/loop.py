@@ -35,24 +35,24 @@ def gauges_of(engine) -> EngineGauges:
     scheduler, loras, blocks = engine.scheduler, engine.lora, engine.blocks
     windows = blocks.windows if len(blocks.windows) > 1 else []
     return EngineGauges(
-        len(engine.scheduler.running),
-        len(engine.scheduler.waiting),
-        engine.blocks.usage,
-        prefix.queried_tokens if prefix is not None else None,
-        prefix.hit_tokens if prefix is not None else None,
-        spec.metrics if spec is not None else None,
-        engine.totals["generation_tokens"],
-        host.offloaded if host is not None else None,
-        host.restored if host is not None else None,
-        host.nbytes if host is not None else None,
-        host.dropped if host is not None else None,
-        loras.max_loras if loras is not None else None,
-        sorted({s.lora for s in scheduler.running if s.lora}) if loras else [],
-        sorted({s.lora for s in scheduler.waiting if s.lora}) if loras else [],
-        blocks.num_blocks,
-        blocks.num_free,
-        list(windows),
-        blocks.held_by_group(scheduler.running) if windows else [],
+        running=len(engine.scheduler.running),
+        waiting=len(engine.scheduler.waiting),
+        kv_usage=engine.blocks.usage,
+        prefix_queried=prefix.queried_tokens if prefix is not None else None,
+        prefix_hits=prefix.hit_tokens if prefix is not None else None,
+        speculation=spec.metrics if spec is not None else None,
+        generation_tokens=engine.totals["generation_tokens"],
+        offloaded_blocks=host.offloaded if host is not None else None,
+        restored_blocks=host.restored if host is not None else None,
+        offload_bytes=host.nbytes if host is not None else None,
+        offload_dropped_blocks=host.dropped if host is not None else None,
+        max_loras=loras.max_loras if loras is not None else None,
+        running_loras=sorted({s.lora for s in scheduler.running if s.lora}) if loras else [],
+        waiting_loras=sorted({s.lora for s in scheduler.waiting if s.lora}) if loras else [],
+        kv_blocks=blocks.num_blocks,
+        kv_free_blocks=blocks.num_free,
+        kv_group_windows=list(windows),
+        kv_group_blocks=blocks.held_by_group(scheduler.running) if windows else [],
     )
 
 
@@ -60,15 +60,15 @@ def request_metrics(head: Sequence, t_first: float | None, now: float) -> Reques
     """A finished request's timings, from its first sequence."""
     t_submit = head.arrival_time
     return RequestMetrics(
-        head.request_id,
-        [str(s.finish_reason) for s in head.group],
-        len(head.prompt_ids),
-        sum(len(s.output_ids) for s in head.group),
-        head.scheduled_time - t_submit if head.scheduled_time is not None else None,
-        t_first - t_submit if t_first is not None else None,
-        now - t_submit,
-        head.num_cached_prompt_tokens,
-        head.prefix_miss,
+        request_id=head.request_id,
+        finish_reasons=[str(s.finish_reason) for s in head.group],
+        prompt_tokens=len(head.prompt_ids),
+        generation_tokens=sum(len(s.output_ids) for s in head.group),
+        queue_time=head.scheduled_time - t_submit if head.scheduled_time is not None else None,
+        ttft=t_first - t_submit if t_first is not None else None,
+        e2e=now - t_submit,
+        cached_tokens=head.num_cached_prompt_tokens,
+        prefix_miss=head.prefix_miss,
     )
 
 
@@ -92,23 +92,23 @@ def request_update(head: Sequence, seqs: list[Sequence], emitted: dict[int, int]
         logprobs = s.logprobs[k:] if s.logprobs is not None else None
         deltas.append(
             CompletionDelta(
-                s.index,
-                "",
-                s.output_ids[k:],
-                logprobs,
-                s.finish_reason,
-                s.stop_reason,
-                s.reasoning_tokens,
+                index=s.index,
+                text="",
+                token_ids=s.output_ids[k:],
+                logprobs=logprobs,
+                finish_reason=s.finish_reason,
+                stop_reason=s.stop_reason,
+                reasoning_tokens=s.reasoning_tokens,
             )  # fmt: skip
         )
     return RequestUpdate(
-        head.request_id,
-        deltas,
-        head.group_finished,
-        len(head.prompt_ids),
-        head.num_cached_prompt_tokens,
-        head.prompt_logprobs if first else None,
-        head.embedding if head.group_finished else None,
+        request_id=head.request_id,
+        deltas=deltas,
+        finished=head.group_finished,
+        prompt_tokens=len(head.prompt_ids),
+        cached_tokens=head.num_cached_prompt_tokens,
+        prompt_logprobs=head.prompt_logprobs if first else None,
+        embedding=head.embedding if head.group_finished else None,
     )
 
 

@@ -142,8 +142,11 @@ class ModelRunner:
                 out = ForwardOutput(*self.kernels.forward(ids_t, pos_t, layout, rows, argmax_only))
                 return lambda: _with_prompt_rows(out, head_rows, last_rows, prompt_rows)
         hidden_rows = _rows(head_rows, pooled_rows) if pooled_rows else None
-        step = TorchStep(ids, positions, q_lens, ctx_lens, tables, head_rows, hidden_rows,
-                         list(copies), self.micro_batches)  # fmt: skip
+        step = TorchStep(
+            ids=ids, positions=positions, query_lens=q_lens, context_lens=ctx_lens, tables=tables,
+            head_rows=head_rows, hidden_rows=hidden_rows, copies=list(copies),
+            micro_batches=self.micro_batches,
+        )  # fmt: skip
         later = self._run_step(step, ids_t, pos_t)
 
         @torch.inference_mode()

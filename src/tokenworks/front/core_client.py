@@ -258,9 +258,11 @@ class CoreClient(EngineFront):
         stream = Stream(request_id, asyncio.get_running_loop(), asyncio.Queue(), text)
         with self._lock:
             self._streams[request_id] = stream
-        self._send(m.AddRequest(request_id, list(job.prompt_token_ids), job.params, job.priority,
-                                job.cache_salt, job.kv_export, job.kv_import,
-                                job.lora))  # fmt: skip
+        self._send(m.AddRequest(
+            request_id=request_id, prompt_token_ids=list(job.prompt_token_ids), params=job.params,
+            priority=job.priority, cache_salt=job.cache_salt, kv_export=job.kv_export,
+            kv_import=job.kv_import, lora=job.lora,
+        ))  # fmt: skip
         return await once_accepted(stream, self.abort, job.deadline)
 
     async def lora(self, action: str, name: str, path: str | None = None) -> None:

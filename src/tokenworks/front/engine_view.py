@@ -46,8 +46,9 @@ class EngineView:
             ready.kv_group_size,
         )
         admission = Admission(
-            ready.vocab_size, ready.max_model_len, ready.context_source, ready.num_blocks,
-            ready.block_size, layout, ready.prompt_pass,
+            vocab_size=ready.vocab_size, context=ready.max_model_len,
+            context_source=ready.context_source, num_blocks=ready.num_blocks,
+            block_size=ready.block_size, layout=layout, chunk=ready.prompt_pass,
         )  # fmt: skip
         return cls(
             loaded.spec, TokenizerWrapper.from_loaded(loaded), ready.max_model_len, admission

@@ -304,7 +304,9 @@ class HFFront(EngineFront):
         if self.observer is not None:
             now = time.monotonic()
             self.observer.on_request_finished(RequestMetrics(
-                stream.request_id, [str(stream.text.reasons.get(0, "stop"))],
-                len(job.prompt_ids), state["n"], 0.0,
-                state["first"] - job.arrived if state["first"] else None, now - job.arrived,
+                request_id=stream.request_id,
+                finish_reasons=[str(stream.text.reasons.get(0, "stop"))],
+                prompt_tokens=len(job.prompt_ids), generation_tokens=state["n"], queue_time=0.0,
+                ttft=state["first"] - job.arrived if state["first"] else None,
+                e2e=now - job.arrived,
             ))  # fmt: skip

@@ -202,8 +202,9 @@ def split_step(
     step = compute + comm
     name = "one device" if tp * pp == 1 else f"tp {tp} x pp {pp}"
     return Split(
-        name, tp, pp, phase, tokens, compute, comm, step, t_one / step, moved, moved / tokens,
-        messages, step < t_one,
+        strategy=name, tp=tp, pp=pp, phase=phase, tokens=tokens, compute_s=compute, comm_s=comm,
+        step_s=step, speedup=t_one / step, bytes_per_step=moved, bytes_per_token=moved / tokens,
+        messages=messages, pays=step < t_one,
     )  # fmt: skip
 
 

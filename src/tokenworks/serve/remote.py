@@ -195,9 +195,10 @@ class RemoteBackend:
         usage = answer.get("usage") or {}
         reasons = [str(c.get("finish_reason")) for c in answer.get("choices", [])] or ["stop"]
         self.observer.on_request_finished(RequestMetrics(
-            self.new_request_id(), reasons, usage.get("prompt_tokens", 0),
-            usage.get("completion_tokens", 0), None,
-            None if first is None else first - t0, time.monotonic() - t0,
+            request_id=self.new_request_id(), finish_reasons=reasons,
+            prompt_tokens=usage.get("prompt_tokens", 0),
+            generation_tokens=usage.get("completion_tokens", 0), queue_time=None,
+            ttft=None if first is None else first - t0, e2e=time.monotonic() - t0,
         ))  # fmt: skip
 
     async def chat_chunks(self, body: dict, deadline: float | None):
