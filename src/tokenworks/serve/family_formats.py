@@ -13,6 +13,7 @@ from tokenworks.serve.harmony import CHANNEL, CONSTRAIN, MESSAGE, HarmonyParser
 from tokenworks.serve.tool_format_base import (
     ToolFormat,
     WholeCallsParser,
+    arguments_rules,
     json_value,
     marker_terminal,
     ordered_arguments,
@@ -39,13 +40,10 @@ class _SectionOfCalls(ToolFormat, ABC):
         """The grammar of one call of `name` whose arguments are the rule `args`."""
 
     def grammar(self, tools):
-        rules, options = [], []
-        for i, t in enumerate(tools):
-            schema = close_objects(t.parameters) | {"x-guidance": JSON_OPTIONS}
-            rules.append(f"args{i}: %json {json.dumps(schema)}")
-            options.append(self._call(t.name, f"args{i}"))
+        options = [self._call(t.name, f"args{i}") for i, t in enumerate(tools)]
         opening, closing = self._rules[0], self._rules[-1]
-        return f"start: {opening} ({' | '.join(options)}) {closing}\n" + "\n".join(rules) + "\n"
+        rules = "\n".join(arguments_rules(tools))
+        return f"start: {opening} ({' | '.join(options)}) {closing}\n{rules}\n"
 
 
 class DeepSeekV3(_SectionOfCalls):
@@ -408,12 +406,9 @@ class Harmony(ToolFormat):
         """One call of one of `tools` on the commentary channel, its arguments valid
         against the tool's schema, ended by <|call|>."""
         r = self._rules
-        rules, options = [], []
-        for i, t in enumerate(tools):
-            schema = close_objects(t.parameters) | {"x-guidance": JSON_OPTIONS}
-            rules.append(f"args{i}: %json {json.dumps(schema)}")
-            options.append(
-                f'{r[CHANNEL]} "commentary to=functions.{t.name} " {r[CONSTRAIN]} "json" '
-                f"{r[MESSAGE]} args{i} {r['<|call|>']}"
-            )
-        return "start: " + " | ".join(options) + "\n" + "\n".join(rules) + "\n"
+        options = [
+            f'{r[CHANNEL]} "commentary to=functions.{t.name} " {r[CONSTRAIN]} "json" '
+            f"{r[MESSAGE]} args{i} {r['<|call|>']}"
+            for i, t in enumerate(tools)
+        ]
+        return "start: " + " | ".join(options) + "\n" + "\n".join(arguments_rules(tools)) + "\n"

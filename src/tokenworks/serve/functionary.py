@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import re
 
-from tokenworks.engine.request import JSON_OPTIONS, close_objects
-from tokenworks.serve.tool_format_base import ToolFormat, WholeCallsParser, json_value
+from tokenworks.serve.tool_format_base import (
+    ToolFormat,
+    WholeCallsParser,
+    arguments_rules,
+    json_value,
+)
 from tokenworks.serve.tools import Tool, ToolCall, new_call_id, partial_suffix
-
-
-def _args_rules(tools: list[Tool]) -> list[str]:
-    schemas = (close_objects(t.parameters) | {"x-guidance": JSON_OPTIONS} for t in tools)
-    return [f"args{i}: %json {json.dumps(schema)}" for i, schema in enumerate(schemas)]
 
 
 class FunctionaryV31(ToolFormat):
@@ -37,7 +36,7 @@ class FunctionaryV31(ToolFormat):
 
     def grammar(self, tools):
         options = " | ".join(f'"<function={t.name}>" args{i}' for i, t in enumerate(tools))
-        return f'start: ({options}) "{self.end}"\n' + "\n".join(_args_rules(tools)) + "\n"
+        return f'start: ({options}) "{self.end}"\n' + "\n".join(arguments_rules(tools)) + "\n"
 
     def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
         calls = [(name.strip(), json_value(body.strip()))
@@ -64,7 +63,7 @@ class FunctionaryV32(ToolFormat):
     def grammar(self, tools):
         """One call, from the recipient on (the prompt wrote the first >>>)."""
         options = " | ".join(f'"{t.name}\\n" args{i}' for i, t in enumerate(tools))
-        return f"start: {options}\n" + "\n".join(_args_rules(tools)) + "\n"
+        return f"start: {options}\n" + "\n".join(arguments_rules(tools)) + "\n"
 
 
 class RecipientParser:

@@ -61,17 +61,18 @@ class ToolFormat:
         arguments valid against the tool's schema (objects closed to undeclared keys)."""
         return f'start: {self._marker_rule} "\\n" call "\\n{CLOSE}"\n' + self._json_call(tools)
 
-    def _json_call(self, tools: list[Tool]) -> str:
+    def _call_schema(self, tool: Tool) -> dict:
+        """The JSON schema of one call of `tool` as the format writes it."""
         key = self.args_key
-        schemas = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": t.name}, key: close_objects(t.parameters)},
-                "required": ["name", key],
-                "additionalProperties": False,
-            }
-            for t in tools
-        ]
+        return {
+            "type": "object",
+            "properties": {"name": {"const": tool.name}, key: close_objects(tool.parameters)},
+            "required": ["name", key],
+            "additionalProperties": False,
+        }
+
+    def _json_call(self, tools: list[Tool]) -> str:
+        schemas = [self._call_schema(t) for t in tools]
         schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
         schema["x-guidance"] = JSON_OPTIONS
         return f"call: %json {json.dumps(schema)}\n"
@@ -98,6 +99,12 @@ def value_rule(schema, stops: str = "<\\n") -> str:
     if schema.get("type") == "string":
         return f"/[^{stops}]{{1,{min(int(schema.get('maxLength', MAX_TEXT)), MAX_TEXT)}}}/"
     return f"%json {json.dumps(close_objects(schema) | {'x-guidance': JSON_OPTIONS})}"
+
+
+def arguments_rules(tools: list[Tool]) -> list[str]:
+    """Grammar rules args0, args1, ...: each tool's arguments, JSON valid against its
+    schema."""
+    return [f"args{i}: {value_rule(t.parameters)}" for i, t in enumerate(tools)]
 
 
 def ordered_arguments(pairs: dict[str, str], required: set, sep: str) -> str:

@@ -59,7 +59,7 @@ from __future__ import annotations
 import json
 import re
 
-from tokenworks.engine.request import JSON_OPTIONS, close_objects
+from tokenworks.engine.request import close_objects
 from tokenworks.serve.atem import Atem
 from tokenworks.serve.family_formats import (
     GLM45,
@@ -222,14 +222,9 @@ class Apertus(Nemotron):
     def render_call(self, name, arguments):
         return f"{self.start}{json.dumps([{name: arguments}])}{self.end}"
 
-    def _json_call(self, tools):
-        schemas = [
-            {"type": "object", "properties": {t.name: close_objects(t.parameters)},
-             "required": [t.name], "additionalProperties": False}
-            for t in tools
-        ]  # fmt: skip
-        schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-        return f"call: %json {json.dumps(schema | {'x-guidance': JSON_OPTIONS})}\n"
+    def _call_schema(self, tool):
+        return {"type": "object", "properties": {tool.name: close_objects(tool.parameters)},
+                "required": [tool.name], "additionalProperties": False}  # fmt: skip
 
     def parse(self, region: str, tools) -> list[tuple[str, dict]] | None:
         calls = []
